@@ -1,0 +1,36 @@
+"""One exception family for everything bitfold refuses.
+
+Every error names the offending value and what would have been accepted.
+``FoldError`` subclasses ``ValueError`` so that callers who already catch
+``ValueError`` keep working; errors about the *type* of an argument are
+``FoldTypeError``, which is also a ``TypeError``.
+"""
+
+from __future__ import annotations
+
+
+class FoldError(ValueError):
+    """Base class of every error bitfold raises on bad input."""
+
+
+class FoldTypeError(FoldError, TypeError):
+    """An argument has a type or dtype that bitfold does not accept."""
+
+
+class IndexRangeError(FoldError):
+    """An index value is negative or not below ``K``."""
+
+
+class ShapeError(FoldError):
+    """Values do not match the plan's size, or a state array has the wrong shape."""
+
+
+class UnknownStrategyError(FoldError, KeyError):
+    """A strategy name is not in the registry."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class DeviceError(FoldError):
+    """Values live on a device the plan cannot serve (or the device is unavailable)."""

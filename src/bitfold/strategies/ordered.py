@@ -1,0 +1,34 @@
+"""``ordered``: the seed's fixed order, in O(N) memory and one pass.
+
+Order, exactly: ``out`` starts as ``+0.0`` in the output dtype; then for
+``i = 0, 1, ..., N-1`` (positions of the flat index, C order)
+``out[index[i]] = out[index[i]] + values[i]``, each addition rounded to
+nearest-even in the output dtype (float32 by default, float64 for float64
+values). Within a bucket this adds its values in increasing position, which
+is the stable sorted-index order, without gathering through it. Same bits on
+every run of the same backend; not correctly rounded (use ``exact``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..kernels import cpu
+from . import register
+
+if TYPE_CHECKING:
+    from ..plan import Fold
+
+
+@register("ordered", "same bits on every run of the same backend (a fixed, documented order)")
+def fold_ordered(plan: Fold, values: np.ndarray, out_dtype: np.dtype) -> np.ndarray:
+    """Sequential left-to-right sum per bucket in ``out_dtype`` (see the module docstring)."""
+    out = np.zeros(plan.K, out_dtype)
+    if out_dtype == np.float16:  # Numba has no float16 arithmetic: add in order in NumPy
+        for i, k in enumerate(plan.index.tolist()):
+            out[k] = out[k] + np.float16(values[i])
+        return out
+    cpu.ordered_fold(plan.index, values.astype(out_dtype, copy=False), out)
+    return out
