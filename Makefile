@@ -1,0 +1,41 @@
+# The two commands of the quick start: `make probe` and `make test`.
+# Both create .venv when it is missing and install what they need into it.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Without an NVIDIA GPU, install the CPU build of torch first so that the
+# `torch` extra does not pull a multi-GB CUDA build.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+TORCH_CPU ?= torch==2.13.0
+
+.PHONY: probe test lint bench gpu-check clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.installed-base: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e ".[progress]"
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+ifneq ($(HAS_GPU),yes)
+	$(PIP) install --quiet "$(TORCH_CPU)"
+endif
+	$(PIP) install --quiet -e ".[test]"
+	touch $@ $(VENV)/.installed-base
+
+probe: $(VENV)/.installed-base
+	$(VENV)/bin/bitfold probe $(ARGS)
+
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
+
+test: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

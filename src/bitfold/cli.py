@@ -1,0 +1,63 @@
+"""The ``bitfold`` command line: ``bitfold probe | bench | train | diff | digest``.
+
+Each subcommand lives in its own module, which exposes ``HELP`` (one line),
+``configure(parser)`` and ``main(args) -> int``. Modules are imported here
+only to build the parser; they import frameworks only when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+
+from ._version import __version__
+from .errors import FoldError
+
+#: subcommand -> module that implements it
+COMMANDS = {
+    "probe": "bitfold.probe",
+    "bench": "bitfold.bench",
+    "train": "bitfold.train",
+    "diff": "bitfold.manifest",
+    "digest": "bitfold.checkpoint",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser, one subparser per available subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="bitfold",
+        description="Exact, bit-reproducible folds (static-index scatter-adds).",
+    )
+    parser.add_argument("--version", action="version", version=f"bitfold {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, module_name in COMMANDS.items():
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.configure(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2 for refused input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._module.main(args) or 0)
+    except FoldError as err:
+        print(f"bitfold {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"bitfold {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
