@@ -1,0 +1,93 @@
+"""The test oracle: exact rational sums (``fractions.Fraction``) rounded directly to the target.
+
+Independent of bitfold's kernels by construction: it shares no code with
+them. Rounding goes straight from the exact rational to the target format
+(never through a float64 sum and a second rounding).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+# name -> (precision bits, exponent of the smallest subnormal, largest exponent)
+FORMATS = {
+    "float16": (11, -24, 15),
+    "float32": (24, -149, 127),
+    "float64": (53, -1074, 1023),
+}
+CANONICAL_NAN = {"float16": 0x7E00, "float32": 0x7FC00000, "float64": 0x7FF8000000000000}
+UINT = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}
+
+
+def round_fraction(x: Fraction, out: str = "float32") -> float:
+    """``x`` rounded once to nearest-even in format ``out`` (±inf beyond the range).
+
+    Returns a Python float holding the rounded value exactly; a zero result
+    carries the sign of ``x``.
+    """
+    precision, sub_exp, emax = FORMATS[out]
+    if x == 0:
+        return 0.0
+    sign = -1.0 if x < 0 else 1.0
+    a = abs(x)
+    e = a.numerator.bit_length() - a.denominator.bit_length()
+    if a < Fraction(2) ** e:
+        e -= 1
+    if a >= Fraction(2) ** (e + 1):
+        e += 1
+    q = max(e - precision + 1, sub_exp)
+    m = a / Fraction(2) ** q
+    n = m.numerator // m.denominator
+    rest = m - n
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and n % 2 == 1):
+        n += 1
+    if n * Fraction(2) ** q >= Fraction(2) ** (emax + 1):
+        return sign * math.inf
+    return sign * math.ldexp(float(n), q) if n else math.copysign(0.0, sign)
+
+
+def bucket_oracle(terms: list[float], out: str = "float32") -> float:
+    """The contract's result for one bucket whose terms are ``terms`` (Python floats)."""
+    if any(math.isnan(t) for t in terms):
+        return math.nan
+    pos = any(t == math.inf for t in terms)
+    neg = any(t == -math.inf for t in terms)
+    if pos and neg:
+        return math.nan
+    if pos:
+        return math.inf
+    if neg:
+        return -math.inf
+    total = sum((Fraction(t) for t in terms), Fraction(0))
+    if total == 0:
+        all_negzero = bool(terms) and all(t == 0 and math.copysign(1, t) < 0 for t in terms)
+        return -0.0 if all_negzero else 0.0
+    return round_fraction(total, out)
+
+
+def exact_fold_oracle(index, values, K: int, out: str = "float32") -> np.ndarray:
+    """The exact fold by definition: Fraction sums per bucket, each rounded once to ``out``."""
+    idx = np.asarray(index).reshape(-1)
+    vals = np.asarray(values).reshape(-1)
+    buckets: list[list[float]] = [[] for _ in range(K)]
+    for k, v in zip(idx.tolist(), vals.astype(np.float64).tolist(), strict=True):
+        buckets[k].append(v)
+    res = np.array([bucket_oracle(b, out) for b in buckets], dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        result = res.astype(out)
+    nan = np.isnan(result)
+    result.view(UINT[out])[nan] = CANONICAL_NAN[out]
+    return result
+
+
+def ordered_fold_reference(index, values, K: int, out: str = "float32") -> np.ndarray:
+    """The documented ``ordered`` order, as a plain Python loop with NumPy scalars."""
+    dt = np.dtype(out).type
+    acc = [dt(0.0) for _ in range(K)]
+    for k, v in zip(np.asarray(index).reshape(-1).tolist(), np.asarray(values).reshape(-1),
+                    strict=True):
+        acc[k] = dt(acc[k] + dt(v))
+    return np.array(acc, dtype=out)
