@@ -130,13 +130,18 @@ def require_host(x: Any, what: str) -> None:
         )
 
 
-def from_numpy(result: np.ndarray, like: Any) -> Any:
-    """Return ``result`` as an array of the same library as ``like`` (host arrays only)."""
+def from_numpy(result: np.ndarray, like: Any, dtype_name: str | None = None) -> Any:
+    """Return ``result`` as an array of the same library as ``like`` (host arrays only).
+
+    ``dtype_name="bfloat16"`` marks a float32 array holding bfloat16 values:
+    torch gets a bfloat16 tensor (an exact conversion), others the float32.
+    """
     lib = library_of(like)
     if lib == "torch":
         import torch
 
-        return torch.from_numpy(np.ascontiguousarray(result))
+        t = torch.from_numpy(np.ascontiguousarray(result))
+        return t.to(torch.bfloat16) if dtype_name == "bfloat16" else t
     if lib == "jax":
         import jax.numpy as jnp
 

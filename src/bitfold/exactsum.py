@@ -53,6 +53,7 @@ CANONICAL_NAN_BITS = {"float16": 0x7E00, "float32": 0x7FC00000, "float64": 0x7FF
 
 _UINT_OF = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}
 _TARGETS = {  # name -> (precision bits, exponent of the smallest subnormal)
+    "bfloat16": (8, -133),
     "float16": (11, -24),
     "float32": (24, -149),
     "float64": (53, -1074),
@@ -157,13 +158,21 @@ def accumulate(
         raise FoldError(f"unknown exact kernel {kernel!r}; choose 'auto', 'binned' or 'limbs'")
 
 
-def round_state(state: np.ndarray, fmt: LimbFormat, out_dtype: np.dtype) -> np.ndarray:
-    """Round every bucket of ``state`` once to ``out_dtype`` (see the module docstring)."""
-    name = np.dtype(out_dtype).name
+def round_state(state: np.ndarray, fmt: LimbFormat, out_dtype: Any) -> np.ndarray:
+    """Round every bucket of ``state`` once to ``out_dtype`` (see the module docstring).
+
+    ``out_dtype`` is ``"float16"``, ``"float32"``, ``"float64"`` or
+    ``"bfloat16"``; NumPy has no bfloat16, so bfloat16 results come back as
+    a float32 array whose values are all exactly representable in bfloat16
+    (``torch.Tensor.to(torch.bfloat16)`` converts them without rounding).
+    """
+    name = out_dtype if isinstance(out_dtype, str) else np.dtype(out_dtype).name
     precision, sub_exp = _TARGETS[name]
     q_min = max(0, sub_exp - fmt.unit_exp)
     wide = np.empty(state.shape[0], np.float64)
     cpu.finalise(np.ascontiguousarray(state), fmt.limbs, fmt.unit_exp, precision, q_min, wide)
+    if name == "bfloat16":  # NumPy has no bfloat16: bfloat16 values, held exactly in float32
+        name = "float32"
     with np.errstate(over="ignore", invalid="ignore"):
         out = wide.astype(name)
     nan = np.isnan(out)

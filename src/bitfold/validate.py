@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .plan import Fold
 
 #: Output dtypes a fold can round to.
-SUPPORTED_OUT_DTYPES = ("float16", "float32", "float64")
+SUPPORTED_OUT_DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 
 def check_K(K: Any) -> int:
@@ -78,18 +78,32 @@ def host_values(plan: Fold, values: Any, *, start: int | None = None) -> tuple[n
     return np.ascontiguousarray(arr.reshape(-1)), name
 
 
-def out_dtype_for(value_name: str, out_dtype: Any = None) -> np.dtype:
-    """The output dtype: float64 for float64 values, else float32, unless ``out_dtype`` says."""
+def out_dtype_for(value_name: str, out_dtype: Any = None) -> str:
+    """The output dtype name: float64 for float64 values, else float32, unless ``out_dtype`` says.
+
+    Accepts NumPy dtypes, torch dtypes and names; ``"bfloat16"`` is allowed
+    (the exact strategy rounds to it; see :func:`bitfold.exactsum.round_state`).
+    """
     if out_dtype is None:
-        return np.dtype(np.float64 if value_name == "float64" else np.float32)
-    try:
-        name = np.dtype(out_dtype).name if not hasattr(out_dtype, "is_floating_point") else None
-    except TypeError:
-        name = None
-    if name is None:
-        name = str(out_dtype).replace("torch.", "")
+        return "float64" if value_name == "float64" else "float32"
+    name = str(out_dtype).replace("torch.", "")
+    if name not in SUPPORTED_OUT_DTYPES:
+        try:
+            name = np.dtype(out_dtype).name
+        except TypeError:
+            pass
     if name not in SUPPORTED_OUT_DTYPES:
         raise FoldTypeError(
             f"out_dtype must be one of {', '.join(SUPPORTED_OUT_DTYPES)}; got {out_dtype!r}"
+        )
+    return name
+
+
+def numpy_out_dtype(name: str, strategy: str) -> np.dtype:
+    """The NumPy dtype for a rounding strategy's output; bfloat16 only where it is exact."""
+    if name == "bfloat16":
+        raise FoldTypeError(
+            f"out_dtype bfloat16 is available with the exact strategy only (got {strategy!r}); "
+            "use float32"
         )
     return np.dtype(name)

@@ -21,7 +21,7 @@ from ..validate import host_values, out_dtype_for
 if TYPE_CHECKING:
     from ..plan import Fold
 
-HostFold = Callable[["Fold", np.ndarray, np.dtype], np.ndarray]
+HostFold = Callable[["Fold", np.ndarray, str], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,9 @@ class Strategy:
     def fold(self, plan: Fold, values: Any, *, out_dtype: Any = None) -> Any:
         """Validate ``values`` against ``plan``, fold them, return the library of ``values``."""
         flat, name = host_values(plan, values)
-        out = self.host_fold(plan, flat, out_dtype_for(name, out_dtype))
-        return from_numpy(out, like=values)
+        out_name = out_dtype_for(name, out_dtype)
+        out = self.host_fold(plan, flat, out_name)
+        return from_numpy(out, like=values, dtype_name=out_name)
 
 
 _REGISTRY: dict[str, Strategy] = {}

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..validate import numpy_out_dtype
 from . import register
 
 if TYPE_CHECKING:
@@ -18,8 +19,9 @@ if TYPE_CHECKING:
 
 
 @register("atomic", "none: the order of the additions is the backend's choice")
-def fold_atomic(plan: Fold, values: np.ndarray, out_dtype: np.dtype) -> np.ndarray:
+def fold_atomic(plan: Fold, values: np.ndarray, out_dtype: str) -> np.ndarray:
     """``np.add.at`` into zeros of ``out_dtype``, values cast to ``out_dtype`` first."""
-    out = np.zeros(plan.K, out_dtype)
-    np.add.at(out, plan.index, values.astype(out_dtype, copy=False))
+    dtype = numpy_out_dtype(out_dtype, "atomic")
+    out = np.zeros(plan.K, dtype)
+    np.add.at(out, plan.index, values.astype(dtype, copy=False))
     return out

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 @register("exact", "correctly rounded: same bits for every order, thread count and backend")
-def fold_exact(plan: Fold, values: np.ndarray, out_dtype: np.dtype) -> np.ndarray:
+def fold_exact(plan: Fold, values: np.ndarray, out_dtype: str) -> np.ndarray:
     """One exact accumulation of all values, rounded once to ``out_dtype``."""
     acc = ExactAccumulator(plan, values.dtype.name)
     return acc.add(values).result(out_dtype)

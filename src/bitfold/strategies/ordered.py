@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..kernels import cpu
+from ..validate import numpy_out_dtype
 from . import register
 
 if TYPE_CHECKING:
@@ -23,12 +24,13 @@ if TYPE_CHECKING:
 
 
 @register("ordered", "same bits on every run of the same backend (a fixed, documented order)")
-def fold_ordered(plan: Fold, values: np.ndarray, out_dtype: np.dtype) -> np.ndarray:
+def fold_ordered(plan: Fold, values: np.ndarray, out_dtype: str) -> np.ndarray:
     """Sequential left-to-right sum per bucket in ``out_dtype`` (see the module docstring)."""
-    out = np.zeros(plan.K, out_dtype)
-    if out_dtype == np.float16:  # Numba has no float16 arithmetic: add in order in NumPy
+    dtype = numpy_out_dtype(out_dtype, "ordered")
+    out = np.zeros(plan.K, dtype)
+    if dtype == np.float16:  # Numba has no float16 arithmetic: add in order in NumPy
         for i, k in enumerate(plan.index.tolist()):
             out[k] = out[k] + np.float16(values[i])
         return out
-    cpu.ordered_fold(plan.index, values.astype(out_dtype, copy=False), out)
+    cpu.ordered_fold(plan.index, values.astype(dtype, copy=False), out)
     return out

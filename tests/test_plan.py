@@ -1,0 +1,86 @@
+"""The plan: validation table, counting sort, expand, and the large-map code path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bitfold
+from bitfold import plan as plan_module
+
+
+@pytest.mark.parametrize(
+    ("index", "K", "error", "words"),
+    [
+        ([0, 1, 3], 3, bitfold.IndexRangeError, ["index[2] = 3", "0 <= index < K = 3"]),
+        ([[0, 1], [-1, 0]], 2, bitfold.IndexRangeError, ["index[1, 0] = -1", "position 2"]),
+        (np.array([0.0, 1.0]), 2, bitfold.FoldTypeError, ["integers", "float64"]),
+        (np.array([True, False]), 2, bitfold.FoldTypeError, ["integers", "bool"]),
+        (np.array([0, 1], dtype=object), 2, bitfold.FoldTypeError, ["integers", "object"]),
+        ([0, 1], 0, bitfold.FoldError, ["K >= 1", "K = 0"]),
+        ([0, 1], -3, bitfold.FoldError, ["K = -3"]),
+        ([0, 1], 2.0, bitfold.FoldTypeError, ["positive integer", "2.0"]),
+        ([0, 1], True, bitfold.FoldTypeError, ["positive integer", "True"]),
+        ([0, 1], "2", bitfold.FoldTypeError, ["positive integer", "'2'"]),
+        (np.array([0, 2**63 + 5], dtype=np.uint64), 4, bitfold.IndexRangeError, ["index[1]"]),
+    ],
+)
+def test_bad_plans_are_refused_with_a_clear_message(index, K, error, words):
+    with pytest.raises(error) as info:
+        bitfold.Fold(index, K)
+    assert isinstance(info.value, ValueError)
+    for w in words:
+        assert w in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.int32, np.uint32, np.int64])
+def test_counting_sort_is_stable_and_counts_match(dtype):
+    rng = np.random.default_rng(1)
+    idx = rng.integers(0, 7, size=(13, 11)).astype(dtype)
+    plan = bitfold.Fold(idx, 7)
+    flat = idx.reshape(-1).astype(np.int64)
+    assert plan.shape == (13, 11) and plan.size == 143 and plan.K == 7
+    np.testing.assert_array_equal(plan.counts, np.bincount(flat, minlength=7))
+    np.testing.assert_array_equal(plan.offsets, np.concatenate([[0], np.cumsum(plan.counts)]))
+    np.testing.assert_array_equal(plan.order, np.argsort(flat, kind="stable"))
+
+
+def test_plan_arrays_are_read_only():
+    plan = bitfold.Fold([0, 1, 1], 2)
+    for arr in (plan.index, plan.counts, plan.offsets, plan.order):
+        with pytest.raises(ValueError):
+            arr[0] = 1
+
+
+def test_empty_index_and_empty_buckets():
+    plan = bitfold.Fold(np.zeros((0,), np.int64), 3)
+    out = plan(np.zeros(0, np.float32))
+    assert out.view(np.uint32).tolist() == [0, 0, 0]
+
+
+def test_expand_gathers_in_the_index_shape():
+    idx = np.array([[2, 0, 1], [1, 1, 2]])
+    plan = bitfold.Fold(idx, 3)
+    v = np.array([5.0, 6.0, 7.0], np.float32)
+    np.testing.assert_array_equal(plan.expand(v), v[idx])
+    with pytest.raises(bitfold.ShapeError, match="K = 3"):
+        plan.expand(np.ones(4, np.float32))
+
+
+def test_large_map_path_uses_int64_order(monkeypatch):
+    """Maps over 2^31 elements take int64 positions; exercised here by lowering the limit."""
+    monkeypatch.setattr(plan_module, "_INT32_MAX", 5)
+    idx = np.array([3, 0, 3, 1, 0, 2, 3, 3, 1])
+    plan = bitfold.Fold(idx, 4)
+    assert plan.order.dtype == np.int64 and plan.index.dtype == np.int32
+    np.testing.assert_array_equal(plan.order, np.argsort(idx, kind="stable"))
+    v = np.arange(9, dtype=np.float32)
+    np.testing.assert_array_equal(plan(v), np.bincount(idx, weights=v, minlength=4))
+
+
+def test_same_map_and_fingerprint():
+    a = bitfold.Fold(np.array([0, 1, 2]), 3)
+    b = bitfold.Fold(np.array([0, 1, 2], np.int16), 3)
+    c = bitfold.Fold(np.array([0, 2, 1]), 3)
+    assert a.same_map(b) and a.fingerprint == b.fingerprint
+    assert not a.same_map(c)
