@@ -35,7 +35,7 @@ def library_of(x: Any) -> str:
 def dtype_name(x: Any) -> str:
     """The canonical dtype name of an array of any supported library (``"float32"``, ...)."""
     dt = x.dtype
-    name = str(dt)
+    name = dt.name if isinstance(dt, np.dtype) else str(dt)
     if name.startswith("torch."):
         name = name[len("torch.") :]
     return {"bool_": "bool", "float": "float32", "double": "float64", "half": "float16"}.get(

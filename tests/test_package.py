@@ -1,0 +1,71 @@
+"""Packaging promises: light import, entry points, the README example, installed backends."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bitfold
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "jax", "cupy", "matplotlib", "numba.cuda", "numba_cuda", "tqdm")
+
+
+def test_import_bitfold_loads_no_framework():
+    code = "import sys, bitfold; print(' '.join(m for m in %r if m in sys.modules))" % (HEAVY,)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_public_names():
+    for name in ("Fold", "strategies", "digest", "bits_equal", "FoldError", "ExactAccumulator"):
+        assert name in bitfold.__all__ and hasattr(bitfold, name)
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", bitfold.__version__)
+
+
+def test_python_m_bitfold_and_console_script():
+    out = subprocess.run([sys.executable, "-m", "bitfold", "--version"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"bitfold {bitfold.__version__}"
+    out = subprocess.run([sys.executable, "-m", "bitfold", "--help"],
+                         capture_output=True, text=True, check=True)
+    assert "probe" in out.stdout
+
+
+def _readme_python_blocks() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_readme_examples_run():
+    blocks = _readme_python_blocks()
+    assert blocks, "the README has no python example"
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
+
+
+def test_docstring_examples():
+    import doctest
+
+    import bitfold.exactsum
+    import bitfold.plan
+
+    for module in (bitfold.plan, bitfold.exactsum):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0
+
+
+def test_requested_backends_are_installed():
+    """`make test` asks for the backends the test extras install; a broken install fails here."""
+    wanted = [b for b in os.environ.get("BITFOLD_REQUIRE_BACKENDS", "").split(",") if b]
+    if not wanted:
+        pytest.skip("BITFOLD_REQUIRE_BACKENDS is not set (make test sets it)")
+    for backend in wanted:
+        assert importlib.util.find_spec(backend) is not None, f"{backend} requested but missing"
+        __import__(backend)
