@@ -87,7 +87,8 @@ def ordered_fold_reference(index, values, K: int, out: str = "float32") -> np.nd
     """The documented ``ordered`` order, as a plain Python loop with NumPy scalars."""
     dt = np.dtype(out).type
     acc = [dt(0.0) for _ in range(K)]
-    for k, v in zip(np.asarray(index).reshape(-1).tolist(), np.asarray(values).reshape(-1),
-                    strict=True):
+    for k, v in zip(
+        np.asarray(index).reshape(-1).tolist(), np.asarray(values).reshape(-1), strict=True
+    ):
         acc[k] = dt(acc[k] + dt(v))
     return np.array(acc, dtype=out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -24,7 +25,9 @@ KERNELS = ("binned", "limbs")
 
 def exact_with(kernel, idx, vals, K, out=None, carry_every=None):
     plan = bitfold.Fold(idx, K)
-    acc = ExactAccumulator(plan, np.asarray(vals).dtype.name, kernel=kernel, carry_every=carry_every)
+    acc = ExactAccumulator(
+        plan, np.asarray(vals).dtype.name, kernel=kernel, carry_every=carry_every
+    )
     return acc.add(vals).result(out)
 
 
@@ -62,7 +65,9 @@ ADVERSARIAL = [
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize(("name", "terms", "expected"), ADVERSARIAL, ids=[a[0] for a in ADVERSARIAL])
+@pytest.mark.parametrize(
+    ("name", "terms", "expected"), ADVERSARIAL, ids=[a[0] for a in ADVERSARIAL]
+)
 def test_adversarial_table(kernel, name, terms, expected):
     K = 2  # bucket 1 holds the terms, bucket 0 stays empty
     idx = np.ones(len(terms), np.int64)
@@ -96,7 +101,9 @@ def test_k_equals_one_and_k_equals_n(kernel, K):
     idx = np.zeros(n, np.int64) if K == 1 else rng.permutation(n)
     vals = (rng.normal(size=n) * 2.0 ** rng.integers(-20, 20, n)).astype(np.float32)
     got = exact_with(kernel, idx, vals, K)
-    np.testing.assert_array_equal(got.view(np.uint32), exact_fold_oracle(idx, vals, K).view(np.uint32))
+    np.testing.assert_array_equal(
+        got.view(np.uint32), exact_fold_oracle(idx, vals, K).view(np.uint32)
+    )
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -135,7 +142,9 @@ def fold_problems(draw, values=floats32, max_n=120, dtype=np.float32):
 def test_property_equals_the_fraction_oracle(problem, kernel):
     idx, vals, K = problem
     got = exact_with(kernel, idx, vals, K)
-    np.testing.assert_array_equal(got.view(np.uint32), exact_fold_oracle(idx, vals, K).view(np.uint32))
+    np.testing.assert_array_equal(
+        got.view(np.uint32), exact_fold_oracle(idx, vals, K).view(np.uint32)
+    )
 
 
 @given(fold_problems(values=finite32), st.randoms(use_true_random=False))
@@ -148,12 +157,14 @@ def test_property_invariant_under_permutation(problem, rnd):
     np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-@given(fold_problems(), st.lists(st.integers(0, 120), max_size=5), st.randoms(use_true_random=False))
+@given(
+    fold_problems(), st.lists(st.integers(0, 120), max_size=5), st.randoms(use_true_random=False)
+)
 def test_property_invariant_under_splitting_and_merging(problem, cuts, rnd):
     idx, vals, K = problem
     plan = bitfold.Fold(idx, K)
     bounds = sorted({0, idx.size, *(c for c in cuts if c <= idx.size)})
-    pieces = list(zip(bounds[:-1], bounds[1:], strict=True))
+    pieces = list(itertools.pairwise(bounds))
     rnd.shuffle(pieces)
     accs = []
     for lo, hi in pieces:
@@ -183,7 +194,9 @@ def test_property_float16_values_rounded_once_to_float16_or_float32(problem):
     for out, uint in (("float16", np.uint16), ("float32", np.uint32)):
         got = plan(vals, out_dtype=out)
         assert got.dtype == np.dtype(out)
-        np.testing.assert_array_equal(got.view(uint), exact_fold_oracle(idx, vals, K, out).view(uint))
+        np.testing.assert_array_equal(
+            got.view(uint), exact_fold_oracle(idx, vals, K, out).view(uint)
+        )
 
 
 def test_float16_sum_is_rounded_once_not_twice():
@@ -223,7 +236,10 @@ def test_same_bits_for_every_thread_count(K):
         env = dict(os.environ, NUMBA_NUM_THREADS=threads)
         out = subprocess.run(
             [sys.executable, "-c", THREAD_SCRIPT, str(K)],
-            env=env, capture_output=True, text=True, check=True,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         digests.append(json.loads(out.stdout))
     assert digests[0] == digests[1]
@@ -236,7 +252,9 @@ def test_state_round_trip_and_all_reduce_style_merge():
     vals = rng.normal(size=500).astype(np.float32)
     plan = bitfold.Fold(idx, 9)
     parts = [plan.accumulator().add(vals[i : i + 100], start=i) for i in range(0, 500, 100)]
-    summed = sum((p.state for p in parts), np.zeros_like(parts[0].state))  # what SUM all-reduce does
+    summed = sum(
+        (p.state for p in parts), np.zeros_like(parts[0].state)
+    )  # what SUM all-reduce does
     rebuilt = ExactAccumulator.from_state(plan, summed)
     np.testing.assert_array_equal(rebuilt.result().view(np.uint32), plan(vals).view(np.uint32))
     assert rebuilt.state.shape == (9, 15) and rebuilt.state.dtype == np.int64

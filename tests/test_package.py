@@ -18,7 +18,7 @@ HEAVY = ("torch", "jax", "cupy", "matplotlib", "numba.cuda", "numba_cuda", "tqdm
 
 
 def test_import_bitfold_loads_no_framework():
-    code = "import sys, bitfold; print(' '.join(m for m in %r if m in sys.modules))" % (HEAVY,)
+    code = f"import sys, bitfold; print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 
@@ -30,11 +30,13 @@ def test_public_names():
 
 
 def test_python_m_bitfold_and_console_script():
-    out = subprocess.run([sys.executable, "-m", "bitfold", "--version"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "bitfold", "--version"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == f"bitfold {bitfold.__version__}"
-    out = subprocess.run([sys.executable, "-m", "bitfold", "--help"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "bitfold", "--help"], capture_output=True, text=True, check=True
+    )
     assert "probe" in out.stdout
 
 

@@ -20,8 +20,13 @@ def probe_run(tmp_path_factory):
 def test_probe_prints_four_answers_and_writes_json(probe_run, capsys):
     assert cli.main(["probe", *TINY, "--json", str(probe_run)]) == 0
     text = capsys.readouterr().out
-    for heading in ("1. IS THE USUAL SCATTER", "2. ARE BITFOLD", "3. WHAT DOES IT COST",
-                    "4. DOES A TRAINING RUN", "READOUT"):
+    for heading in (
+        "1. IS THE USUAL SCATTER",
+        "2. ARE BITFOLD",
+        "3. WHAT DOES IT COST",
+        "4. DOES A TRAINING RUN",
+        "READOUT",
+    ):
         assert heading in text
     rep = json.loads(probe_run.read_text())
     assert rep["config"]["K"] == 7 and rep["config"]["steps"] == 3

@@ -151,10 +151,10 @@ def from_numpy(result: np.ndarray, like: Any, dtype_name: str | None = None) -> 
 
 __all__ = [
     "SUPPORTED_VALUE_DTYPES",
-    "raw_bits",
     "dtype_name",
     "from_numpy",
     "library_of",
+    "raw_bits",
     "require_host",
     "to_numpy",
 ]

@@ -293,7 +293,7 @@ class ExactAccumulator:
 
     # -- result --------------------------------------------------------------------
     def result(self, out_dtype: Any = None) -> np.ndarray:
-        """The K correctly rounded sums (float32, or float64 for float64 values, or ``out_dtype``)."""
+        """The K correctly rounded sums: float32 (float64 for float64 values) or ``out_dtype``."""
         default = "float64" if self.format is F64 else "float32"
         return round_state(self._state, self.format, out_dtype_for(default, out_dtype))
 

@@ -129,6 +129,15 @@ class Fold:
         """Positions sorted by bucket, stable (increasing position within a bucket)."""
         return self._order
 
+    def index64(self) -> np.ndarray:
+        """The flat index as int64 (made on first use and kept: for NumPy's own scatter)."""
+        idx = self._device_cache.get("index64")
+        if idx is None:
+            idx = self._index.astype(np.int64)
+            idx.flags.writeable = False
+            self._device_cache["index64"] = idx
+        return idx
+
     @property
     def nbytes(self) -> int:
         """Bytes the plan holds (index copy, counts, offsets, order)."""
@@ -187,8 +196,13 @@ class Fold:
                 idx = torch.from_numpy(self._index.astype(np.int64)).to(v.device)
                 self._device_cache[key] = idx
             return v[idx].reshape(self._shape)
-        host = to_numpy(v)
-        return from_numpy(host[self._index].reshape(self._shape), like=v)
+        host = np.ascontiguousarray(to_numpy(v))
+        out = np.empty(self.size, host.dtype)
+        if host.dtype.kind == "f" and host.dtype.itemsize >= 4:
+            cpu.gather(host, self._index, out)
+        else:
+            np.take(host, self._index, out=out)
+        return from_numpy(out.reshape(self._shape), like=v)
 
     def __repr__(self) -> str:
         return f"Fold(K={self._K}, shape={self._shape}, size={self.size})"

@@ -197,7 +197,8 @@ class Probe:
         assert self.plan is not None
         plan, g = self.plan, self.g
         contenders: dict[str, Callable[[], Any]] = {
-            f"bitfold {name}": (lambda name=name: plan(g, name)) for name in ("atomic", *BIT_STRATEGIES)
+            f"bitfold {name}": (lambda name=name: plan(g, name))
+            for name in ("atomic", *BIT_STRATEGIES)
         }
         contenders.update(self.baselines())
         rows: dict[str, Any] = {}
@@ -299,7 +300,9 @@ def _adam(v: Any, m: Any, vv: Any, gr: Any, t: int, lr: float, sqrt: Callable) -
 # --------------------------------------------------------------------------- words
 def readout(rep: dict[str, Any]) -> list[str]:
     """What the numbers say, in sentences; covers the seed's cases honestly."""
-    q1, q2, q3, q4 = (rep[k] for k in ("q1_nondeterminism", "q2_fixed_order", "q3_cost", "q4_training"))
+    q1, q2, q3, q4 = (
+        rep[k] for k in ("q1_nondeterminism", "q2_fixed_order", "q3_cost", "q4_training")
+    )
     lines: list[str] = []
     noisy = {k: v for k, v in q1.items() if v["differed"]}
     fixed_ok = all(q2[s]["bit_identical"] for s in BIT_STRATEGIES) and all(
@@ -335,7 +338,8 @@ def readout(rep: dict[str, Any]) -> list[str]:
         )
     if fixed_ok:
         lines.append(
-            f"bitfold's exact fold (correctly rounded) and ordered fold were bit-identical in every "
+            f"bitfold's exact fold (correctly rounded) and ordered fold were bit-identical in "
+            f"every "
             f"repeat and in both training runs. exact costs {exact_ratio:.2f}x np.add.at per call "
             f"({extra_ms:+.3f} ms, {share:+.1%} of one forward matmul)."
         )
@@ -364,41 +368,56 @@ def print_report(rep: dict[str, Any], out: Any = None) -> None:
     p("CAN THE FOLD BE MADE BIT-REPRODUCIBLE, AND WHAT DOES IT COST?   (bitfold probe)")
     p(bar)
     mach = rep["machine"]
-    p(f" backend: {rep['backend']}; {mach['cpu']}, {mach['cores']} cores, "
-      f"numba threads {mach['numba_threads']}"
-      + (f", torch threads {mach['torch_threads']}" if "torch_threads" in mach else ""))
+    p(
+        f" backend: {rep['backend']}; {mach['cpu']}, {mach['cores']} cores, "
+        f"numba threads {mach['numba_threads']}"
+        + (f", torch threads {mach['torch_threads']}" if "torch_threads" in mach else "")
+    )
     p(" " + "  ".join(f"{k}={cfg[k]}" for k in ("D", "hid", "K", "reps", "steps", "batch", "lr")))
     p(bar)
     p("\n 1. IS THE USUAL SCATTER NON-DETERMINISTIC HERE?\n")
     for name, r in rep["q1_nondeterminism"].items():
-        verdict = (f"{r['differed']} of {r['repeats']} repeats differed "
-                   f"({r['distinct_results']} distinct results, largest difference "
-                   f"{r['max_difference']:.3e})") if r["differed"] else (
-                       f"all {r['repeats']} repeats identical")
+        verdict = (
+            (
+                f"{r['differed']} of {r['repeats']} repeats differed "
+                f"({r['distinct_results']} distinct results, largest difference "
+                f"{r['max_difference']:.3e})"
+            )
+            if r["differed"]
+            else (f"all {r['repeats']} repeats identical")
+        )
         p(f" {name:>24s}: {verdict}")
         if r.get("note"):
             p(f" {'':>24s}  ({r['note']})")
     q2 = rep["q2_fixed_order"]
     p("\n 2. ARE BITFOLD'S FIXED FOLDS BIT-IDENTICAL?\n")
-    p(f" plan built once in {q2['plan_build_s'] * 1e3:.1f} ms "
-      f"(first build {q2['plan_build_s_first'] * 1e3:.0f} ms, with compilation); "
-      f"it holds {q2['plan_bytes'] / 1e6:.1f} MB")
+    p(
+        f" plan built once in {q2['plan_build_s'] * 1e3:.1f} ms "
+        f"(first build {q2['plan_build_s_first'] * 1e3:.0f} ms, with compilation); "
+        f"it holds {q2['plan_bytes'] / 1e6:.1f} MB"
+    )
     for s in BIT_STRATEGIES:
         r = q2[s]
-        p(f" {s:>8s}: bit-identical across {r['repeats']} repeats: {r['bit_identical']}; "
-          f"extra memory {r['extra_bytes'] / 1e6:.1f} MB; "
-          f"largest difference from np.add.at {r['max_difference_from_atomic']:.3e}")
+        p(
+            f" {s:>8s}: bit-identical across {r['repeats']} repeats: {r['bit_identical']}; "
+            f"extra memory {r['extra_bytes'] / 1e6:.1f} MB; "
+            f"largest difference from np.add.at {r['max_difference_from_atomic']:.3e}"
+        )
     q3 = rep["q3_cost"]
     p("\n 3. WHAT DOES IT COST?   (median per call; ratio to np.add.at)\n")
     for name, r in q3["per_call"].items():
-        p(f" {name:>24s} {_fmt_ms(r['median_ms'])}  {r['ratio_to_np_add_at']:6.2f}x"
-          f"   (first call {r['first_call_ms']:.1f} ms)")
+        p(
+            f" {name:>24s} {_fmt_ms(r['median_ms'])}  {r['ratio_to_np_add_at']:6.2f}x"
+            f"   (first call {r['first_call_ms']:.1f} ms)"
+        )
     p(f" {'one forward matmul':>24s} {_fmt_ms(q3['forward_matmul_ms'])}  (for scale)")
     p("\n 4. DOES A TRAINING RUN BECOME REPRODUCIBLE?\n")
     for name, r in rep["q4_training"].items():
         extra = "" if r["bit_identical"] else f" (max difference {r['max_difference']:.3e})"
-        p(f" {name:>16s}: two runs of {cfg['steps']} steps bit-identical: "
-          f"{r['bit_identical']}{extra}")
+        p(
+            f" {name:>16s}: two runs of {cfg['steps']} steps bit-identical: "
+            f"{r['bit_identical']}{extra}"
+        )
         p(f" {'':>16s}  digests {r['digests'][0][:23]}…  {r['digests'][1][:23]}…")
     p("\n" + bar)
     p(" READOUT")
@@ -419,22 +438,39 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Flags: the seed's configuration, --json, --device."""
     d = ProbeConfig()
     for name in ("D", "hid", "K", "reps", "steps", "batch"):
-        parser.add_argument(f"--{name}", type=int, default=getattr(d, name),
-                            help=f"default {getattr(d, name)}")
+        parser.add_argument(
+            f"--{name}", type=int, default=getattr(d, name), help=f"default {getattr(d, name)}"
+        )
     parser.add_argument("--lr", type=float, default=d.lr, help=f"default {d.lr}")
     parser.add_argument("--seed", type=int, default=d.seed, help="random seed (default 0)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                        help="where to fold (default auto: CPU unless a GPU path is available)")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="where to fold (default auto: CPU unless a GPU path is available)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
-    parser.add_argument("--no-torch", action="store_true",
-                        help="leave torch's baselines out even when torch is installed")
+    parser.add_argument(
+        "--no-torch",
+        action="store_true",
+        help="leave torch's baselines out even when torch is installed",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the probe, print the report, optionally write JSON."""
-    cfg = ProbeConfig(D=args.D, hid=args.hid, K=args.K, reps=args.reps, steps=args.steps,
-                      batch=args.batch, lr=args.lr, seed=args.seed, device=args.device,
-                      torch=not args.no_torch)
+    cfg = ProbeConfig(
+        D=args.D,
+        hid=args.hid,
+        K=args.K,
+        reps=args.reps,
+        steps=args.steps,
+        batch=args.batch,
+        lr=args.lr,
+        seed=args.seed,
+        device=args.device,
+        torch=not args.no_torch,
+    )
     if args.json:
         try:
             with open(args.json, "a", encoding="utf-8"):

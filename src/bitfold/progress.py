@@ -26,7 +26,7 @@ class _Bar:
 
 @contextlib.contextmanager
 def progress_bar(total: int, desc: str, enabled: bool = True) -> Iterator[_Bar]:
-    """A bar of ``total`` steps; off when disabled, when stderr is not a terminal, or without tqdm."""
+    """A bar of ``total`` steps; off when disabled, when stderr is no terminal, or without tqdm."""
     show = enabled and sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None
     if not show:
         yield _Bar(None)

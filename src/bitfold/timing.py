@@ -24,7 +24,9 @@ class Timing:
         return max(0.0, self.first_s - self.median_s)
 
 
-def time_call(fn: Callable[[], Any], repeats: int = 7, sync: Callable[[], None] | None = None) -> Timing:
+def time_call(
+    fn: Callable[[], Any], repeats: int = 7, sync: Callable[[], None] | None = None
+) -> Timing:
     """Time ``fn``: once cold, then ``repeats`` times; report the median of the latter."""
     t0 = time.perf_counter()
     fn()

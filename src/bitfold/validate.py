@@ -39,8 +39,7 @@ def value_dtype_name(values: Any) -> str:
         name = dtype_name(np.asarray(values))
     if name not in SUPPORTED_VALUE_DTYPES:
         raise FoldTypeError(
-            f"values must be floating point ({', '.join(SUPPORTED_VALUE_DTYPES)}); "
-            f"got dtype {name}"
+            f"values must be floating point ({', '.join(SUPPORTED_VALUE_DTYPES)}); got dtype {name}"
         )
     return name
 

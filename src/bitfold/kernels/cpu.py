@@ -50,7 +50,7 @@ def count_and_check(index, K):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def counting_sort(index, offsets, order):  # pragma: no cover - compiled
-    """Stable counting sort: ``order`` lists positions bucket by bucket, each in increasing order."""
+    """Stable counting sort: ``order`` lists positions bucket by bucket, increasing within each."""
     K = offsets.shape[0] - 1
     cursor = offsets[:K].copy()
     for i in range(index.shape[0]):
@@ -68,6 +68,20 @@ def ordered_fold(index, values, out):  # pragma: no cover - compiled
     """
     for i in range(index.shape[0]):
         out[index[i]] += values[i]
+
+
+@njit(cache=True, parallel=True)
+def gather(v, index, out):  # pragma: no cover - compiled
+    """``out[i] = v[index[i]]`` (the forward of a folded layer), in parallel."""
+    n = index.shape[0]
+    chunks = 64
+    for c in prange(chunks):
+        lo = n * c // chunks
+        hi = n * (c + 1) // chunks
+        ix = index[lo:hi]
+        o = out[lo:hi]
+        for t in range(hi - lo):
+            o[t] = v[ix[t]]
 
 
 @njit(cache=True, nogil=True)

@@ -23,5 +23,5 @@ def fold_atomic(plan: Fold, values: np.ndarray, out_dtype: str) -> np.ndarray:
     """``np.add.at`` into zeros of ``out_dtype``, values cast to ``out_dtype`` first."""
     dtype = numpy_out_dtype(out_dtype, "atomic")
     out = np.zeros(plan.K, dtype)
-    np.add.at(out, plan.index, values.astype(dtype, copy=False))
+    np.add.at(out, plan.index64(), values.astype(dtype, copy=False))
     return out

@@ -1,0 +1,682 @@
+"""numba-cuda kernels for the three strategies; imported only when a GPU fold is asked for.
+
+Kernels know nothing about plans or frameworks: they take numba device
+arrays (real ones, or the simulator's under ``NUMBA_ENABLE_CUDASIM=1``) and a
+stream. :mod:`bitfold.gpu` wraps foreign arrays and chooses launch shapes.
+
+Numeric contracts
+-----------------
+``atomic``
+    ``out[index[i]] += value[i]`` with hardware float atomics (``atom.add.f32``
+    or ``.f64``) in whatever order the scheduler picks: no guarantee, the
+    baseline. A float16 output is accumulated in float32 and rounded once.
+``ordered``
+    One thread per bucket k walks the plan's stable sorted order
+    ``order[offsets[k]:offsets[k+1]]`` (increasing position) and computes
+    ``acc = +0.0; acc = out_t(acc + out_t(v))`` in the output dtype, each
+    addition rounded to nearest-even (no FMA can form: there is no multiply;
+    numba-cuda compiles without ``fastmath``, so subnormals are kept). That is
+    exactly the CPU ``ordered`` order, so finite and infinite results have the
+    same bits as on the CPU. A NaN result is written as the canonical NaN of
+    :data:`bitfold.CANONICAL_NAN_BITS` (hardware NaN payloads differ between
+    CPU and GPU; only the canonical pattern is reproducible).
+``exact``
+    The state layout of :mod:`bitfold.exactsum`: ``(K, L + 5)`` int64, L limbs
+    of 32 bits (limb j weighs ``2^(32 j + unit)``) then ``n_terms``,
+    ``n_not_negzero``, ``n_nan``, ``n_posinf``, ``n_neginf``. A finite non-zero
+    value ``±M·2^(p + unit)`` adds ``±(M << (p mod 32))`` split into 32-bit
+    pieces to limbs ``p // 32`` and up, like the CPU ``limbs`` kernel; -0.0
+    adds -1 to ``n_not_negzero`` (the per-bucket term counts are added at the
+    end, to ``n_terms`` and ``n_not_negzero``); NaN/±inf count in their
+    columns. Integer addition is associative, so the state after
+    :func:`launch_settle` equals the CPU state bit for bit, whatever the thread
+    schedule; :func:`launch_round` ports :func:`bitfold.kernels.cpu.finalise`
+    and writes the IEEE bits directly (integer arithmetic only), so the
+    result equals the CPU result bit for bit.
+
+Carry bound (exact)
+-------------------
+Every single contribution to a limb is below ``2^32`` in magnitude (below
+``2^33`` for float64 values), and each value touches a given limb at most
+once. A launch adds at most ``fmt.carry_every`` values (``2^30`` for float32,
+float16 and bfloat16 values, ``2^29`` for float64), starting from a normalised
+state (limbs ``0 .. L-2`` in ``[0, 2^32)``). Shared-memory limbs of a block
+therefore stay below ``2^62`` in magnitude, and so does every partial sum
+in the global state: a block merges its *raw* shared limbs, and the sum of the
+raw limbs of all blocks is bounded by the same count of contributions. The
+caller normalises the global state (:func:`launch_settle`) after every
+launch, so any N is served in launches of at most ``carry_every`` values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+from numba import cuda, float32, float64, int64
+from numba.core.types import float16
+from numba.extending import register_jitable
+
+from ..exactsum import CANONICAL_NAN_BITS, F32, F64, LimbFormat
+
+MASK32 = 0xFFFFFFFF
+#: Most dynamic shared memory a block of the shared-limb exact kernel asks for
+#: (the limit without an opt-in on every CUDA GPU since compute capability 2.0).
+SHARED_LIMIT_BYTES = 48 * 1024
+
+# decode classes; 1..4 are also the counter column offsets after the L limbs
+FINITE, NEGZERO, NAN, POSINF, NEGINF, POSZERO = 0, 1, 2, 3, 4, 5
+
+#: (precision bits, exponent bits, exponent of the smallest subnormal) per output dtype.
+TARGETS = {
+    "bfloat16": (8, 8, -133),
+    "float16": (11, 5, -24),
+    "float32": (24, 8, -149),
+    "float64": (53, 11, -1074),
+}
+#: Canonical NaN of each output format (bfloat16: the top half of the float32 one).
+NAN_BITS = dict(CANONICAL_NAN_BITS, bfloat16=CANONICAL_NAN_BITS["float32"] >> 16)
+_NUMBA_FLOAT = {"float16": float16, "float32": float32, "float64": float64}
+
+#: value source formats: bits dtype of the view the exact kernel reads, limb format.
+SOURCES: dict[str, tuple[Any, LimbFormat]] = {
+    "float32": (np.uint32, F32),
+    "float16": (np.uint16, F32),
+    "float64": (np.int64, F64),
+}
+
+
+# -- decoding values into (class, sign, integer mantissa, shift) --------------------------
+@register_jitable
+def _decode_f32(raw):  # pragma: no cover - compiled
+    """float32 bits -> (class, negative, M, p) with value = ±M·2^(p - 149)."""
+    b = int64(raw)
+    e = (b >> 23) & 0xFF
+    m = b & 0x7FFFFF
+    neg = (b >> 31) & 1
+    if e == 0xFF:
+        if m != 0:
+            return NAN, neg, m, e
+        if neg:
+            return NEGINF, neg, m, e
+        return POSINF, neg, m, e
+    if e == 0:
+        if m == 0:
+            if neg:
+                return NEGZERO, neg, m, e
+            return POSZERO, neg, m, e
+        return FINITE, neg, m, e  # subnormal: p = 0
+    return FINITE, neg, m | 0x800000, e - 1
+
+
+@register_jitable
+def _decode_f16(raw):  # pragma: no cover - compiled
+    """float16 bits -> (class, negative, M, p) with value = ±M·2^(p - 149) (p = p16 + 125)."""
+    b = int64(raw)
+    e = (b >> 10) & 0x1F
+    m = b & 0x3FF
+    neg = (b >> 15) & 1
+    if e == 0x1F:
+        if m != 0:
+            return NAN, neg, m, e
+        if neg:
+            return NEGINF, neg, m, e
+        return POSINF, neg, m, e
+    if e == 0:
+        if m == 0:
+            if neg:
+                return NEGZERO, neg, m, e
+            return POSZERO, neg, m, e
+        return FINITE, neg, m, e + 125
+    return FINITE, neg, m | 0x400, e - 1 + 125
+
+
+@register_jitable
+def _decode_f64(raw):  # pragma: no cover - compiled
+    """float64 bits (as int64) -> (class, negative, M, p) with value = ±M·2^(p - 1074)."""
+    b = int64(raw)
+    e = (b >> 52) & 0x7FF
+    m = b & 0xFFFFFFFFFFFFF
+    neg = int64(0)
+    if b < 0:
+        neg = int64(1)
+    if e == 0x7FF:
+        if m != 0:
+            return NAN, neg, m, e
+        if neg:
+            return NEGINF, neg, m, e
+        return POSINF, neg, m, e
+    if e == 0:
+        if m == 0:
+            if neg:
+                return NEGZERO, neg, m, e
+            return POSZERO, neg, m, e
+        return FINITE, neg, m, e
+    return FINITE, neg, m | 0x10000000000000, e - 1
+
+
+@register_jitable
+def _parts_narrow(m, p):  # pragma: no cover - compiled
+    """M < 2^24 shifted by p mod 32: pieces for limbs j, j+1 (j+2 gets 0); each < 2^32."""
+    shifted = m << (p & 31)
+    return p >> 5, shifted & MASK32, shifted >> 32, int64(0)
+
+
+@register_jitable
+def _parts_wide(m, p):  # pragma: no cover - compiled
+    """M < 2^53 shifted by p mod 32: pieces for limbs j, j+1, j+2; each < 2^33."""
+    s = p & 31
+    low = (m & MASK32) << s
+    high = (m >> 32) << s
+    return p >> 5, low & MASK32, (low >> 32) + (high & MASK32), high >> 32
+
+
+_DECODE = {"float32": _decode_f32, "float16": _decode_f16, "float64": _decode_f64}
+
+
+# -- exact: accumulation kernels ------------------------------------------------------------
+@cache
+def exact_shared_kernel(source: str) -> Any:
+    """Kernel ``(index, bits, lo, hi, state)``: per-block shared limbs, merged once per block.
+
+    Needs ``K * L * 8`` bytes of dynamic shared memory (the launch's 4th
+    parameter). Values ``lo .. hi-1`` are taken grid-stride.
+    """
+    decode = _DECODE[source]
+    fmt = SOURCES[source][1]
+    parts = _parts_wide if fmt is F64 else _parts_narrow
+    L = fmt.limbs
+
+    def exact_shared(index, bits, lo, hi, state):  # pragma: no cover - compiled
+        sm = cuda.shared.array(0, int64)
+        tid = int64(cuda.threadIdx.x)
+        nt = int64(cuda.blockDim.x)
+        KL = int64(state.shape[0]) * L
+        for t in range(tid, KL, nt):
+            sm[t] = 0
+        cuda.syncthreads()
+        i = lo + int64(cuda.blockIdx.x) * nt + tid
+        stride = nt * int64(cuda.gridDim.x)
+        while i < hi:
+            k = int64(index[i])
+            cls, neg, m, p = decode(bits[i])
+            if cls == FINITE:
+                j, a0, a1, a2 = parts(m, p)
+                sgn = 1 - 2 * neg
+                base = k * L + j
+                if a0 != 0:
+                    cuda.atomic.add(sm, base, sgn * a0)
+                if a1 != 0:
+                    cuda.atomic.add(sm, base + 1, sgn * a1)
+                if a2 != 0:
+                    cuda.atomic.add(sm, base + 2, sgn * a2)
+            elif cls == NEGZERO:
+                cuda.atomic.add(state, (k, L + NEGZERO), -1)
+            elif cls != POSZERO:
+                cuda.atomic.add(state, (k, L + cls), 1)
+            i += stride
+        cuda.syncthreads()
+        for t in range(tid, KL, nt):
+            v = sm[t]
+            if v != 0:
+                cuda.atomic.add(state, (t // L, t % L), v)
+
+    return cuda.jit(exact_shared)
+
+
+@cache
+def exact_global_kernel(source: str) -> Any:
+    """Kernel ``(index, bits, lo, hi, state)``: int64 atomics straight into the global state."""
+    decode = _DECODE[source]
+    fmt = SOURCES[source][1]
+    parts = _parts_wide if fmt is F64 else _parts_narrow
+    L = fmt.limbs
+
+    def exact_global(index, bits, lo, hi, state):  # pragma: no cover - compiled
+        i = lo + int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
+        stride = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+        while i < hi:
+            k = int64(index[i])
+            cls, neg, m, p = decode(bits[i])
+            if cls == FINITE:
+                j, a0, a1, a2 = parts(m, p)
+                sgn = 1 - 2 * neg
+                if a0 != 0:
+                    cuda.atomic.add(state, (k, j), sgn * a0)
+                if a1 != 0:
+                    cuda.atomic.add(state, (k, j + 1), sgn * a1)
+                if a2 != 0:
+                    cuda.atomic.add(state, (k, j + 2), sgn * a2)
+            elif cls == NEGZERO:
+                cuda.atomic.add(state, (k, L + NEGZERO), -1)
+            elif cls != POSZERO:
+                cuda.atomic.add(state, (k, L + cls), 1)
+            i += stride
+
+    return cuda.jit(exact_global)
+
+
+# -- exact: settling (normalise + counts) and rounding ---------------------------------------
+@cache
+def settle_kernel(limbs: int) -> Any:
+    """Kernel ``(state, counts, add_counts)``: one thread a bucket.
+
+    With ``add_counts`` != 0, adds ``counts[k]`` to ``n_terms`` and
+    ``n_not_negzero`` (the CPU ``limbs`` kernel's convention). Then
+    carry-normalises the limbs: limbs ``0 .. L-2`` in ``[0, 2^32)``, the top limb
+    signed, the integer unchanged (the same normal form as the CPU state).
+    """
+    L = limbs
+
+    def settle(state, counts, add_counts):  # pragma: no cover - compiled
+        k = cuda.grid(1)
+        if k >= state.shape[0]:
+            return
+        if add_counts != 0:
+            c = int64(counts[k])
+            state[k, L] += c
+            state[k, L + 1] += c
+        for j in range(L - 1):
+            c = state[k, j] >> 32
+            state[k, j] -= c << 32
+            state[k, j + 1] += c
+
+    return cuda.jit(settle)
+
+
+@register_jitable
+def _bit_length(x):  # pragma: no cover - compiled
+    n = int64(0)
+    while x > 0:
+        x >>= 1
+        n += 1
+    return n
+
+
+def signed_bits(unsigned: int, width: int) -> int:
+    """The two's complement value of a ``width``-bit pattern (what a signed int view holds)."""
+    return unsigned - (1 << width) if unsigned >= 1 << (width - 1) else unsigned
+
+
+def out_bits_dtype(out_name: str, widen_bfloat16: bool = False) -> Any:
+    """The signed integer dtype :func:`round_kernel` writes for ``out_name``."""
+    if out_name == "bfloat16":
+        return np.int32 if widen_bfloat16 else np.int16
+    return {"float16": np.int16, "float32": np.int32, "float64": np.int64}[out_name]
+
+
+@cache
+def round_kernel(limbs: int, unit_exp: int, out_name: str, widen_bfloat16: bool = False) -> Any:
+    """Kernel ``(state, counts, add_counts, out_bits)``: round each bucket once; write IEEE bits.
+
+    ``state`` need not be normalised (it is normalised in a private copy);
+    with ``add_counts`` != 0 the term counts ``counts[k]`` are taken as not yet
+    added to ``n_terms`` and ``n_not_negzero`` (the state is not modified).
+    ``out_bits`` is a signed integer array of :func:`out_bits_dtype` (int16
+    for float16 and bfloat16, int32 for float32, int64 for float64) that the
+    caller views as the float dtype; ``widen_bfloat16`` writes bfloat16 results
+    as the float32 that holds them exactly (bits shifted left by 16), as the
+    CPU does for libraries without bfloat16. Same rules and bits as
+    :func:`bitfold.exactsum.round_state`.
+    """
+    L = limbs
+    UNIT = unit_exp
+    P, EBITS, SUB_EXP = TARGETS[out_name]
+    SHIFT = 16 if (widen_bfloat16 and out_name == "bfloat16") else 0
+    W = P + EBITS + SHIFT  # width of the written pattern
+    Q_MIN = max(0, SUB_EXP - unit_exp)
+    BIAS = (1 << (EBITS - 1)) - 1
+    E_INF = (1 << EBITS) - 1
+    HIDDEN = 1 << (P - 1)
+    FULL = 1 << P
+    NEG_HALF = -(1 << (W - 1))  # adding it sets the sign bit of a signed W-bit view
+    INF_BITS = (E_INF << (P - 1)) << SHIFT
+    NEG_INF_BITS = INF_BITS + NEG_HALF
+    NEG_ZERO_BITS = NEG_HALF
+    NAN_OUT = signed_bits(NAN_BITS[out_name] << SHIFT, W)
+
+    def round_state(state, counts, add_counts, out_bits):  # pragma: no cover - compiled
+        k = cuda.grid(1)
+        if k >= state.shape[0]:
+            return
+        n_terms = state[k, L]
+        n_not_negzero = state[k, L + 1]
+        if add_counts != 0:
+            n_terms += counts[k]
+            n_not_negzero += counts[k]
+        n_nan = state[k, L + 2]
+        n_pos = state[k, L + 3]
+        n_neg = state[k, L + 4]
+        if n_nan > 0 or (n_pos > 0 and n_neg > 0):
+            out_bits[k] = NAN_OUT
+            return
+        if n_pos > 0:
+            out_bits[k] = INF_BITS
+            return
+        if n_neg > 0:
+            out_bits[k] = NEG_INF_BITS
+            return
+        mag = cuda.local.array(L, int64)
+        for j in range(L):
+            mag[j] = state[k, j]
+        for j in range(L - 1):
+            c = mag[j] >> 32
+            mag[j] -= c << 32
+            mag[j + 1] += c
+        negative = mag[L - 1] < 0
+        if negative:
+            for j in range(L):
+                mag[j] = -mag[j]
+            for j in range(L - 1):
+                c = mag[j] >> 32
+                mag[j] -= c << 32
+                mag[j + 1] += c
+        top = -1
+        for j in range(L - 1, -1, -1):
+            if mag[j] != 0:
+                top = j
+                break
+        if top < 0:
+            if n_terms > 0 and n_not_negzero == 0:
+                out_bits[k] = NEG_ZERO_BITS
+            else:
+                out_bits[k] = 0
+            return
+        bitlen = 32 * top + _bit_length(mag[top])
+        q = max(bitlen - P, Q_MIN)
+        m = int64(0)
+        for j in range(top + 1):
+            sh = 32 * j - q
+            if sh >= 0:
+                m += mag[j] << sh
+            elif sh > -64:
+                m += mag[j] >> (-sh)
+        if q > 0:
+            t = q - 1  # the half bit
+            jt = min(t >> 5, L - 1)
+            bt = t - 32 * jt
+            half = (mag[jt] >> bt) & 1
+            sticky = (mag[jt] & ((int64(1) << bt) - 1)) != 0
+            for j in range(jt):
+                if mag[j] != 0:
+                    sticky = True
+            if half == 1 and (sticky or (m & 1) == 1):
+                m += 1
+        # encode ±m·2^(q + UNIT) (exact in the target, or beyond its range)
+        if m == FULL:
+            m >>= 1
+            q += 1
+        if m == 0:
+            bits = int64(0)
+        else:
+            shift = P - _bit_length(m)  # >= 0: move the leading bit to the hidden position
+            room = q + UNIT - SUB_EXP  # how far down the exponent may go (>= 0)
+            if shift > room:
+                shift = room
+            m <<= shift
+            q -= shift
+            if m >= HIDDEN:
+                e_field = q + UNIT + (P - 1) + BIAS
+                if e_field >= E_INF:
+                    bits = int64(INF_BITS)
+                else:
+                    bits = ((e_field << (P - 1)) | (m - HIDDEN)) << SHIFT
+            else:
+                bits = m << SHIFT  # subnormal: q + UNIT == SUB_EXP
+        if negative:
+            bits += NEG_HALF
+        out_bits[k] = bits
+
+    return cuda.jit(round_state)
+
+
+# -- ordered and atomic ---------------------------------------------------------------------
+@cache
+def ordered_kernel(out_name: str) -> Any:
+    """Kernel ``(order, offsets, values, out, out_bits)``: one thread a bucket, in order.
+
+    ``out_bits`` is the signed-integer view of ``out`` (same memory), used to
+    write the canonical NaN.
+    """
+    OUT = _NUMBA_FLOAT[out_name]
+    # float16 sums are formed in float32 and rounded once to float16: for a sum of two
+    # float16 numbers that double rounding is innocuous (24 >= 2*11 + 2 bits), so each step
+    # is the correctly rounded float16 addition, as NumPy's float16 ``+`` on the CPU.
+    WIDE = float32 if out_name == "float16" else OUT
+    P, EBITS, _ = TARGETS[out_name]
+    NAN_OUT = signed_bits(NAN_BITS[out_name], P + EBITS)
+
+    def ordered(order, offsets, values, out, out_bits):  # pragma: no cover - compiled
+        k = cuda.grid(1)
+        if k >= out.shape[0]:
+            return
+        acc = OUT(0.0)
+        for t in range(offsets[k], offsets[k + 1]):
+            acc = OUT(WIDE(acc) + WIDE(OUT(values[order[t]])))
+        if WIDE(acc) != WIDE(acc):  # NaN (compared widened: no float16 operator needed)
+            out_bits[k] = NAN_OUT
+        else:
+            out[k] = acc
+
+    return cuda.jit(ordered)
+
+
+@cache
+def atomic_kernel(out_name: str) -> Any:
+    """Kernel ``(index, values, out)``: ``out[index[i]] += out_t(values[i])`` with float atomics.
+
+    ``out_name`` is ``"float32"`` or ``"float64"`` (the accumulation dtype).
+    """
+    OUT = _NUMBA_FLOAT[out_name]
+
+    def atomic(index, values, out):  # pragma: no cover - compiled
+        n = values.shape[0]
+        i = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
+        stride = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+        while i < n:
+            cuda.atomic.add(out, index[i], OUT(values[i]))
+            i += stride
+
+    return cuda.jit(atomic)
+
+
+@cuda.jit
+def cast_f32_to_f16(src, dst):  # pragma: no cover - compiled
+    """``dst[k] = float16(src[k])``, rounded to nearest-even."""
+    k = cuda.grid(1)
+    if k < dst.shape[0]:
+        dst[k] = float16(src[k])
+
+
+@cuda.jit
+def zero_fill(flat):  # pragma: no cover - compiled
+    """Set every element of a flat array to zero (for numba-allocated buffers)."""
+    i = cuda.grid(1)
+    if i < flat.shape[0]:
+        flat[i] = 0
+
+
+# -- launching ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LaunchShape:
+    """Threads per block and the most blocks an accumulation launch uses."""
+
+    threads: int = 256
+    max_blocks: int = 264  # two blocks per SM on an H100/H200 (132 SMs); set from the device
+
+
+def _blocks(n: int, shape: LaunchShape) -> int:
+    return max(1, min(shape.max_blocks, -(-n // shape.threads)))
+
+
+def exact_path(K: int, fmt: LimbFormat) -> str:
+    """``"shared"`` when one block's private limbs fit in shared memory, else ``"global"``."""
+    return "shared" if K * fmt.limbs * 8 <= SHARED_LIMIT_BYTES else "global"
+
+
+def launch_exact(
+    index: Any,
+    bits: Any,
+    source: str,
+    state: Any,
+    counts: Any,
+    stream: Any,
+    *,
+    shape: LaunchShape = LaunchShape(),
+    path: str = "auto",
+    count_terms: bool = True,
+    chunk: int | None = None,
+) -> None:
+    """Add every value exactly into ``state`` (K, L + 5) int64.
+
+    ``bits`` is the flat bit view of the values (uint32 for float32, uint16
+    for float16, int64 for float64); ``state`` must be settled on entry (zeros
+    are). Values are split into launches of at most ``fmt.carry_every``; the
+    state is settled (carry-normalised) after each. With ``count_terms`` the
+    term counts are added at the end and ``state`` then equals the CPU
+    ``limbs`` kernel's state for the same values, bit for bit. Without it the
+    last settle is skipped: the caller rounds with ``add_counts=True``.
+    ``chunk`` (tests) lowers the number of values a launch takes.
+    """
+    fmt = SOURCES[source][1]
+    K = int(state.shape[0])
+    n = int(bits.shape[0])
+    if path == "auto":
+        path = exact_path(K, fmt)
+    settle = settle_kernel(fmt.limbs)
+    k_blocks = -(-K // 128)
+    lo = 0
+    every = min(chunk or fmt.carry_every, fmt.carry_every)
+    while lo < n:
+        hi = min(n, lo + every)
+        blocks = _blocks(hi - lo, shape)
+        if path == "shared":
+            nbytes = K * fmt.limbs * 8
+            exact_shared_kernel(source)[blocks, shape.threads, stream, nbytes](
+                index, bits, lo, hi, state
+            )
+        elif path == "global":
+            exact_global_kernel(source)[blocks, shape.threads, stream](index, bits, lo, hi, state)
+        else:
+            raise ValueError(f"unknown exact path {path!r}; choose 'auto', 'shared' or 'global'")
+        lo = hi
+        if lo < n:
+            settle[k_blocks, 128, stream](state, counts, 0)
+    if count_terms:
+        settle[k_blocks, 128, stream](state, counts, 1)
+
+
+def launch_round(
+    state: Any,
+    counts: Any,
+    add_counts: bool,
+    fmt: LimbFormat,
+    out_name: str,
+    out_bits: Any,
+    stream: Any,
+    *,
+    widen_bfloat16: bool = False,
+) -> None:
+    """Round ``state`` into ``out_bits`` (the signed-int view of the result)."""
+    K = int(state.shape[0])
+    kernel = round_kernel(fmt.limbs, fmt.unit_exp, out_name, widen_bfloat16)
+    kernel[-(-K // 128), 128, stream](state, counts, 1 if add_counts else 0, out_bits)
+
+
+def launch_ordered(
+    order: Any, offsets: Any, values: Any, out: Any, out_bits: Any, out_name: str, stream: Any
+) -> None:
+    """The ``ordered`` fold of ``values`` into ``out`` (one thread a bucket)."""
+    K = int(out.shape[0])
+    ordered_kernel(out_name)[-(-K // 64), 64, stream](order, offsets, values, out, out_bits)
+
+
+def launch_atomic(
+    index: Any, values: Any, out: Any, out_name: str, stream: Any, *, shape: LaunchShape
+) -> None:
+    """Float atomics of ``values`` into the zeroed ``out`` (float32 or float64)."""
+    n = int(values.shape[0])
+    if n:
+        blocks = min(-(-n // shape.threads), 1 << 20)
+        atomic_kernel(out_name)[blocks, shape.threads, stream](index, values, out)
+
+
+def launch_zero(flat: Any, stream: Any) -> None:
+    """Zero a flat numba device array."""
+    n = int(flat.shape[0])
+    if n:
+        zero_fill[-(-n // 256), 256, stream](flat)
+
+
+def launch_cast_f16(src: Any, dst: Any, stream: Any) -> None:
+    """``dst = float16(src)`` elementwise."""
+    n = int(dst.shape[0])
+    if n:
+        cast_f32_to_f16[-(-n // 256), 256, stream](src, dst)
+
+
+# -- what the compile check builds -------------------------------------------------------------
+def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
+    """``(name, python function, argument types)`` of every kernel, for ``cuda.compile_ptx``."""
+    from numba import types
+
+    i32, i64 = types.int32, types.int64
+    arr = types.Array
+    targets: list[tuple[str, Any, tuple[Any, ...]]] = []
+    bit_types = {"float32": types.uint32, "float16": types.uint16, "float64": types.int64}
+    for source, bt in bit_types.items():
+        sig = (arr(i32, 1, "C"), arr(bt, 1, "C"), i64, i64, arr(i64, 2, "C"))
+        targets.append((f"exact_shared[{source}]", exact_shared_kernel(source).py_func, sig))
+        targets.append((f"exact_global[{source}]", exact_global_kernel(source).py_func, sig))
+    ints = {"float16": types.int16, "float32": types.int32, "float64": types.int64}
+    for fmt in (F32, F64):
+        for out_name, widen in [(n, False) for n in TARGETS] + [("bfloat16", True)]:
+            bits_t = types.int32 if widen else ints.get(out_name, types.int16)
+            targets.append(
+                (
+                    f"round[{fmt.name}->{out_name}{'>float32' if widen else ''}]",
+                    round_kernel(fmt.limbs, fmt.unit_exp, out_name, widen).py_func,
+                    (arr(i64, 2, "C"), arr(i64, 1, "C"), i64, arr(bits_t, 1, "C")),
+                )
+            )
+        targets.append(
+            (
+                f"settle[{fmt.name}]",
+                settle_kernel(fmt.limbs).py_func,
+                (arr(i64, 2, "C"), arr(i64, 1, "C"), i64),
+            )
+        )
+    floats = {"float16": types.float16, "float32": types.float32, "float64": types.float64}
+    for out_name in ("float16", "float32", "float64"):
+        targets.append(
+            (
+                f"ordered[float32->{out_name}]",
+                ordered_kernel(out_name).py_func,
+                (
+                    arr(i32, 1, "C"),
+                    arr(i64, 1, "C"),
+                    arr(types.float32, 1, "C"),
+                    arr(floats[out_name], 1, "C"),
+                    arr(ints[out_name], 1, "C"),
+                ),
+            )
+        )
+    for out_name in ("float32", "float64"):
+        targets.append(
+            (
+                f"atomic[float32->{out_name}]",
+                atomic_kernel(out_name).py_func,
+                (arr(i32, 1, "C"), arr(types.float32, 1, "C"), arr(floats[out_name], 1, "C")),
+            )
+        )
+    targets.append(
+        (
+            "cast_f32_to_f16",
+            cast_f32_to_f16.py_func,
+            (arr(types.float32, 1, "C"), arr(types.float16, 1, "C")),
+        )
+    )
+    targets.append(("zero_fill", zero_fill.py_func, (arr(i64, 1, "C"),)))
+    return targets
