@@ -1,0 +1,180 @@
+"""JAX adapter: ``expand(v, plan)``, a gather whose gradient is the plan's exact fold.
+
+``expand(v, plan)`` is ``v[plan.index].reshape(plan.shape)`` (``jnp.take``,
+traced and compiled by XLA as usual). Its gradient with respect to ``v`` is
+``plan(g, strategy)``, by default the exact fold: each bucket's exact real
+sum rounded once, the same bits on every run, where XLA's own scatter-add
+gradient promises no order. ``fold(values, plan)`` is the fold itself, whose
+gradient is the expanded output gradient.
+
+Host round trip
+---------------
+The fold runs in bitfold's CPU kernels through ``jax.pure_callback``: the
+gradient is copied to a host NumPy array, folded, and the K sums copied
+back. On the CPU backend that costs one copy of the gradient; it works
+under ``jit``, ``grad`` and ``vmap`` (batched calls run one after another,
+``vmap_method="sequential"``). On a GPU or TPU backend it would copy every
+gradient to the host and back each step, so it is refused with a
+:class:`bitfold.DeviceError` until a device path exists.
+
+Gradient dtype follows ``v``: float32 and float64 (with ``jax_enable_x64``)
+get the correctly rounded sum in their own precision; float16 the exact sum
+rounded once to float16; bfloat16, with ``exact``, the exact sum rounded
+once to bfloat16 (with ``ordered``/``atomic``: the float32 fold rounded to
+bfloat16).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import DeviceError, FoldError, FoldTypeError, ShapeError
+from .plan import Fold
+from .strategies import get_strategy
+
+__all__ = ["expand", "fold"]
+
+_FLOATING = ("float16", "bfloat16", "float32", "float64")
+_INDEX: weakref.WeakKeyDictionary[Fold, Any] = weakref.WeakKeyDictionary()
+
+def _host_fold(plan: Fold, strategy: str, out_name: str, g: Any) -> np.ndarray:
+    """The fold of one (unbatched) host gradient, in dtype ``out_name``."""
+    g = np.asarray(g)
+    if g.dtype.name == "bfloat16":
+        g = g.astype(np.float32)  # exact widening
+    if out_name == "bfloat16":
+        # exact: rounded once to bfloat16 (held in float32); others: their float32 fold, rounded
+        out = plan(g, strategy, out_dtype="bfloat16" if strategy == "exact" else None)
+        return np.asarray(out).astype(jnp.bfloat16)
+    return np.asarray(plan(g, strategy, out_dtype=out_name))
+
+
+def _index(plan: Fold) -> Any:
+    idx = _INDEX.get(plan)
+    if idx is None:
+        idx = np.asarray(plan.index)
+        _INDEX[plan] = idx
+    return idx
+
+
+def _check(x: Any, what: str) -> str:
+    dtype = getattr(x, "dtype", None)
+    name = np.dtype(dtype).name if dtype is not None else None
+    if name not in _FLOATING:
+        raise FoldTypeError(
+            f"{what} must be a floating JAX array (float16, bfloat16, float32, float64); "
+            f"got dtype {name}"
+        )
+    try:  # a concrete array knows its devices; a tracer inside jit does not
+        platforms = {d.platform for d in x.devices()}
+    except (AttributeError, jax.errors.ConcretizationTypeError):
+        platforms = {jax.default_backend()}
+    if platforms != {"cpu"}:
+        raise DeviceError(
+            f"{what} lives on {', '.join(sorted(platforms))}; bitfold.jax folds on the host "
+            "through jax.pure_callback and supports the CPU backend only for now "
+            "(a GPU path is not implemented yet)"
+        )
+    return name
+
+
+def _callback(plan: Fold, strategy: str, g: Any, out_name: str) -> Any:
+    out = jax.ShapeDtypeStruct((plan.K,), jnp.dtype(out_name))
+    fn = functools.partial(_host_fold, plan, strategy, out_name)
+    return jax.pure_callback(fn, out, g, vmap_method="sequential")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _expand(v: Any, plan: Fold, strategy: str) -> Any:
+    return jnp.take(v, _index(plan), axis=0).reshape(plan.shape)
+
+
+def _expand_fwd(v: Any, plan: Fold, strategy: str) -> tuple[Any, Any]:
+    return _expand(v, plan, strategy), None
+
+
+def _expand_bwd(plan: Fold, strategy: str, res: Any, g: Any) -> tuple[Any]:
+    return (_callback(plan, strategy, g, np.dtype(g.dtype).name),)
+
+
+_expand.defvjp(_expand_fwd, _expand_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _fold(flat: Any, plan: Fold, strategy: str, out_name: str) -> Any:
+    return _callback(plan, strategy, flat, out_name)
+
+
+def _fold_fwd(flat: Any, plan: Fold, strategy: str, out_name: str) -> tuple[Any, Any]:
+    return _fold(flat, plan, strategy, out_name), jnp.zeros((0,), flat.dtype)
+
+
+def _fold_bwd(plan: Fold, strategy: str, out_name: str, res: Any, g: Any) -> tuple[Any]:
+    return (jnp.take(g.astype(res.dtype), _index(plan), axis=0),)
+
+
+_fold.defvjp(_fold_fwd, _fold_bwd)
+
+
+def _check_plan(plan: Any, strategy: str) -> str:
+    if not isinstance(plan, Fold):
+        raise FoldTypeError(
+            f"plan must be a bitfold.Fold; got {type(plan).__module__}.{type(plan).__qualname__}"
+        )
+    return get_strategy(strategy).name
+
+
+def expand(v: Any, plan: Fold, strategy: str = "exact") -> Any:
+    """``v[plan.index]`` in the plan's shape; the gradient of ``v`` is ``plan``'s fold.
+
+    ``v`` is a floating JAX array of shape ``(plan.K,)`` on the CPU backend.
+    See the module docstring for the host round trip and the gradient dtype.
+
+    >>> import numpy as np, jax, jax.numpy as jnp, bitfold, bitfold.jax as bj
+    >>> plan = bitfold.Fold(np.array([[0, 1], [1, 1]]), K=2)
+    >>> jax.grad(lambda v: bj.expand(v, plan).sum())(jnp.array([1.0, 2.0])).tolist()
+    [1.0, 3.0]
+    """
+    strategy = _check_plan(plan, strategy)
+    _check(v, "v")
+    if tuple(v.shape) != (plan.K,):
+        raise ShapeError(
+            f"expand needs v of shape ({plan.K},) for this plan (K = {plan.K}); "
+            f"got shape {tuple(v.shape)}"
+        )
+    return _expand(v, plan, strategy)
+
+
+def fold(values: Any, plan: Fold, strategy: str = "exact", *, out_dtype: Any = None) -> Any:
+    """The K bucket sums of ``values`` (``plan.size`` elements, any shape) as a JAX array.
+
+    ``out_dtype`` defaults to float32 (float64 for float64 values), as in
+    ``plan(values)``; ``"bfloat16"`` rounds the exact sum once to bfloat16.
+    Differentiable: the gradient of ``values`` is the expanded output
+    gradient. Runs on the host (see the module docstring).
+    """
+    strategy = _check_plan(plan, strategy)
+    name = _check(values, "values")
+    if int(np.prod(values.shape, dtype=np.int64)) != plan.size:
+        raise ShapeError(
+            f"values have shape {tuple(values.shape)}; this plan folds {plan.size} values "
+            f"(index shape {plan.shape})"
+        )
+    if out_dtype is None:
+        out_name = "float64" if name == "float64" else "float32"
+    else:
+        try:
+            out_name = jnp.dtype(out_dtype).name
+        except TypeError:
+            out_name = str(out_dtype)
+        if out_name not in _FLOATING:
+            raise FoldError(
+                f"out_dtype must be one of {', '.join(_FLOATING)}; got {out_dtype!r}"
+            )
+    return _fold(values.reshape(-1), plan, strategy, out_name)
