@@ -1,0 +1,445 @@
+"""``bitfold train``: train a folded MLP twice per strategy and compare the two runs bit for bit.
+
+The experiment behind the seed's question "does training become
+reproducible?", on a real dataset available offline: scikit-learn's bundled
+digits (1,797 8x8 images, 10 classes; the ``train`` extra installs
+scikit-learn). The model is ``FoldedLinear(64, hidden) -> ReLU ->
+FoldedLinear(hidden, 10)`` (:class:`bitfold.torch.FoldedLinear`, hashed
+index maps), trained with Adam on a fixed 80/20 split. Every strategy is
+trained ``--repeats`` times (default twice) from the same seed:
+
+* ``exact``, ``ordered``, ``atomic``: the weight gradient is folded by
+  bitfold's strategy of that name (``bitfold.torch.expand``);
+* ``autograd``: the baseline, plain ``v[idx]`` whose backward is PyTorch's
+  own ``index_put_(accumulate=True)``; with more than one thread and at
+  least 32,768 positions in a map it adds with atomics in the order the
+  threads finish.
+
+``--model seed`` trains the seed's synthetic model instead (D=768,
+hid=4096, K=433, a fixed random batch of 128, loss ``sum((relu(XW)-1)^2) /
+(2 batch)``, Adam lr 1e-3; one "epoch" is one step, ``--steps`` of them).
+
+Reported per run: final loss (mean training loss of the last epoch), test
+accuracy, seconds per epoch, and the digest of the final state dict
+(:func:`bitfold.digest`); per strategy: whether all runs are bit-identical,
+the spread of test accuracy and the largest parameter difference.
+``--record DIR`` writes one JSON-lines manifest per run
+(:mod:`bitfold.manifest`: the digests of every gradient, then every
+parameter, at every step) for ``bitfold diff``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import DeviceError, FoldError
+
+HELP = "train a folded MLP twice per strategy and check that the runs are bit-identical"
+
+#: the framework's own fold, the baseline every strategy is compared with
+BASELINE = "autograd"
+DEFAULT_STRATEGIES = ("exact", "ordered", "atomic", BASELINE)
+
+DIGITS_DEFAULTS = {"epochs": 40, "hidden": 512, "buckets": 1024, "batch": 32, "lr": 1e-2}
+SEED_DEFAULTS = {"D": 768, "hid": 4096, "K": 433, "batch": 128, "lr": 1e-3, "steps": 200}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add ``bitfold train``'s options to ``parser``."""
+    d = DIGITS_DEFAULTS
+    parser.add_argument(
+        "--model", choices=("digits", "seed"), default="digits",
+        help="digits: folded MLP on scikit-learn's digits (default); seed: the seed's "
+        "synthetic model",
+    )
+    parser.add_argument("--epochs", type=int, default=d["epochs"],
+                        help=f"epochs per run, digits model (default {d['epochs']})")
+    parser.add_argument("--steps", type=int, default=SEED_DEFAULTS["steps"],
+                        help=f"optimiser steps per run, seed model (default "
+                        f"{SEED_DEFAULTS['steps']})")
+    parser.add_argument("--hidden", type=int, default=d["hidden"],
+                        help=f"hidden units, digits model (default {d['hidden']})")
+    parser.add_argument("--buckets", type=int, default=d["buckets"],
+                        help=f"shared parameters per folded layer, digits model "
+                        f"(default {d['buckets']})")
+    parser.add_argument("--batch", type=int, default=d["batch"],
+                        help=f"batch size, digits model (default {d['batch']})")
+    parser.add_argument("--lr", type=float, default=None,
+                        help=f"Adam learning rate (default {d['lr']:g} for digits, "
+                        f"{SEED_DEFAULTS['lr']:g} for seed)")
+    parser.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES),
+                        help=f"comma-separated strategies to train (default "
+                        f"{','.join(DEFAULT_STRATEGIES)}; '{BASELINE}' is PyTorch's own fold)")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="runs per strategy (default 2)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads (default: PyTorch's default)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="device to train on (default cpu)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the data split, initialisation, shuffling and hash maps")
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="also write the results as JSON to PATH ('-' for stdout)")
+    parser.add_argument("--record", metavar="DIR", default=None,
+                        help="write a JSON-lines run manifest per run into DIR")
+
+
+# -- models ---------------------------------------------------------------------------------------
+def _layers(torch: Any) -> tuple[Any, Any]:
+    """``FoldedLinear`` and its baseline twin whose gather is plain ``v[idx]``."""
+    from .torch import FoldedLinear
+
+    class AutogradFoldedLinear(FoldedLinear):
+        """The baseline: ``v[idx]``, differentiated by PyTorch's own ``index_put_``."""
+
+        def _gather(self, v: Any) -> Any:
+            idx = getattr(self, "_idx", None)
+            if idx is None or idx.device != v.device:
+                idx = torch.from_numpy(self.plan.index.astype(np.int64)).to(v.device)
+                self._idx = idx
+            return v[idx].reshape(self.plan.shape)
+
+    return FoldedLinear, AutogradFoldedLinear
+
+
+def _layer_kwargs(strategy: str) -> dict[str, Any]:
+    return {} if strategy == BASELINE else {"strategy": strategy}
+
+
+def _digits_data(seed: int) -> dict[str, np.ndarray]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise FoldError(
+            "the digits model needs scikit-learn (pip install 'bitfold[train]' or "
+            "pip install scikit-learn); or use --model seed"
+        ) from None
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    perm = np.random.default_rng(seed).permutation(len(y))
+    n_test = len(y) // 5
+    test, train = perm[:n_test], perm[n_test:]
+    return {"Xtr": X[train], "ytr": y[train].astype(np.int64), "Xte": X[test],
+            "yte": y[test].astype(np.int64)}
+
+
+def _check_positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        val = getattr(args, name)
+        if val is not None and val < 1:
+            raise FoldError(f"--{name} must be a positive integer; got {val}")
+
+
+# -- one run --------------------------------------------------------------------------------------
+class _Recorder:
+    """Opens a manifest per run when ``--record`` is given; otherwise does nothing."""
+
+    def __init__(self, directory: str | None) -> None:
+        self.directory = Path(directory) if directory else None
+        self._record = None
+        if self.directory is not None:
+            try:
+                from . import manifest
+            except ImportError as err:
+                raise FoldError(
+                    f"--record needs bitfold.manifest, which this installation lacks ({err})"
+                ) from None
+            self._record = manifest.record
+            self.directory.mkdir(parents=True, exist_ok=True)
+
+    def open(self, name: str, meta: dict[str, Any]) -> Any:
+        if self._record is None:
+            return contextlib.nullcontext(None)
+        path = self.directory / f"{name}.jsonl"
+        return self._record(str(path), meta)
+
+
+def _log_step(rec: Any, step: int, model: Any, loss: Any) -> None:
+    if rec is None:
+        return
+    named = list(model.named_parameters())
+    tensors: dict[str, Any] = {}
+    for name, p in named:  # gradients first: the earliest cause of a difference
+        if p.grad is not None:
+            tensors[f"grad/{name}"] = p.grad
+    for name, p in named:
+        tensors[f"param/{name}"] = p.detach()
+    rec.log(step, tensors, meta={"loss": float(loss.detach())})
+
+
+def _progress(total: int, desc: str) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is in the progress/test extras
+        return None
+    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False,
+                disable=not sys.stderr.isatty(), unit="epoch")
+
+
+def _run_digits(torch: Any, args: argparse.Namespace, data: dict[str, np.ndarray],
+                strategy: str, device: Any, rec: Any, bar: Any) -> dict[str, Any]:
+    FoldedLinear, Baseline = _layers(torch)
+    cls = Baseline if strategy == BASELINE else FoldedLinear
+    kw = _layer_kwargs(strategy)
+    torch.manual_seed(args.seed)
+    model = torch.nn.Sequential(
+        cls(64, args.hidden, args.buckets, seed=args.seed, **kw),
+        torch.nn.ReLU(),
+        cls(args.hidden, 10, args.buckets, seed=args.seed + 1, **kw),
+    ).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    Xtr = torch.from_numpy(data["Xtr"]).to(device)
+    ytr = torch.from_numpy(data["ytr"]).to(device)
+    Xte = torch.from_numpy(data["Xte"]).to(device)
+    shuffle = np.random.default_rng(args.seed + 1)
+    n = Xtr.shape[0]
+    step, epoch_seconds, last_loss = 0, [], math.nan
+    for _ in range(args.epochs):
+        t0 = time.perf_counter()
+        perm = torch.from_numpy(shuffle.permutation(n)).to(device)
+        total, batches = 0.0, 0
+        for start in range(0, n, args.batch):
+            sel = perm[start : start + args.batch]
+            loss = torch.nn.functional.cross_entropy(model(Xtr[sel]), ytr[sel])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            _log_step(rec, step, model, loss)
+            opt.step()
+            total += float(loss.detach())
+            batches += 1
+            step += 1
+        epoch_seconds.append(time.perf_counter() - t0)
+        last_loss = total / batches
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{last_loss:.4f}")
+    with torch.no_grad():
+        pred = model(Xte).argmax(dim=1).cpu().numpy()
+    accuracy = float(np.mean(pred == data["yte"]))
+    return {"model": model, "predictions": pred, "final_loss": last_loss, "test_accuracy": accuracy,
+            "seconds_per_epoch": float(np.mean(epoch_seconds)), "steps": step}
+
+
+def _run_seed(torch: Any, args: argparse.Namespace, strategy: str, device: Any, rec: Any,
+              bar: Any) -> dict[str, Any]:
+    from .plan import Fold
+
+    c = SEED_DEFAULTS
+    D, hid, K, batch = c["D"], c["hid"], c["K"], c["batch"]
+    FoldedLinear, Baseline = _layers(torch)
+    cls = Baseline if strategy == BASELINE else FoldedLinear
+    rng = np.random.default_rng(args.seed)
+    idx = rng.integers(0, K, D * hid).reshape(D, hid)  # the seed's map, W = v[idx] (D x hid)
+    plan = Fold(np.ascontiguousarray(idx.T), K)  # FoldedLinear holds W.T: (hid, D)
+    layer = cls(D, hid, K, bias=False, plan=plan, **_layer_kwargs(strategy))
+    r = np.random.default_rng(args.seed)
+    with torch.no_grad():
+        layer.shared_weight.copy_(torch.from_numpy(r.normal(0, 0.05, K).astype(np.float32)))
+    X = torch.from_numpy(r.normal(size=(batch, D)).astype(np.float32)).to(device)
+    model = layer.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr, eps=1e-8)
+    seconds, loss_value = [], math.nan
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        h = torch.relu(model(X))
+        loss = ((h - 1.0) ** 2).sum() / (2 * batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        _log_step(rec, step, model, loss)
+        opt.step()
+        loss_value = float(loss.detach())
+        seconds.append(time.perf_counter() - t0)
+        if bar is not None:
+            bar.update(1)
+    return {"model": model, "predictions": None, "final_loss": loss_value, "test_accuracy": None,
+            "seconds_per_epoch": float(np.mean(seconds)), "steps": args.steps}
+
+
+# -- comparison and report ------------------------------------------------------------------------
+def _max_param_difference(torch: Any, a: Any, b: Any) -> float:
+    sa, sb = a.state_dict(), b.state_dict()
+    diff = 0.0
+    for name in sa:
+        d = (sa[name].double() - sb[name].double()).abs().max()
+        diff = max(diff, float(d))
+    return diff
+
+
+def _summary(torch: Any, strategy: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    digests = [r["digest"] for r in runs]
+    accs = [r["test_accuracy"] for r in runs if r["test_accuracy"] is not None]
+    models = [r.pop("model") for r in runs]
+    preds = [r.pop("predictions") for r in runs]
+    differing = None
+    if preds[0] is not None:
+        differing = max((int(np.sum(p != preds[0])) for p in preds[1:]), default=0)
+    return {
+        "strategy": strategy,
+        "runs": len(runs),
+        "bit_identical": len(set(digests)) == 1,
+        "distinct_digests": len(set(digests)),
+        "accuracy_difference": (max(accs) - min(accs)) if accs else None,
+        "test_predictions_differing": differing,
+        "max_param_difference": max(
+            (_max_param_difference(torch, models[0], m) for m in models[1:]), default=0.0
+        ),
+    }
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _print_report(result: dict[str, Any]) -> None:
+    cfg = result["config"]
+    print(f"bitfold train: model {cfg['model']}, {cfg['description']}")
+    env = result["environment"]
+    print(f"  torch {env['torch']}, {env['threads']} thread(s), device {cfg['device']}, "
+          f"seed {cfg['seed']}, OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}")
+    print()
+    print(f"  {'strategy':<9} {'run':>3} {'final loss':>12} {'test acc':>9} {'s/epoch':>8}  digest")
+    for r in result["runs"]:
+        if "skipped" in r:
+            print(f"  {r['strategy']:<9} {'':>3} skipped: {r['skipped']}")
+            continue
+        print(f"  {r['strategy']:<9} {r['run']:>3} {r['final_loss']:>12.9g} "
+              f"{_fmt(r['test_accuracy'], '9.4f'):>9} {r['seconds_per_epoch']:>8.3f}  "
+              f"{r['digest'][:23]}...")
+    print()
+    print(f"  {'strategy':<9} {'bit-identical':>13} {'acc. difference':>16} "
+          f"{'predictions differing':>22} {'max |param diff|':>17}")
+    for s in result["strategies"].values():
+        print(f"  {s['strategy']:<9} {'yes' if s['bit_identical'] else 'NO':>13} "
+              f"{_fmt(s['accuracy_difference'], '16.4f'):>16} "
+              f"{_fmt(s['test_predictions_differing'], 'd'):>22} "
+              f"{s['max_param_difference']:>17.3e}")
+    base = result.get("baseline_accuracy_difference")
+    if BASELINE in result["strategies"]:
+        print()
+        print(f"  baseline ({BASELINE}, PyTorch's own fold): runs bit-identical: "
+              f"{result['strategies'][BASELINE]['bit_identical']}; accuracy difference "
+              f"between runs: {_fmt(base, '.4f')}")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Train every strategy ``--repeats`` times; print (and optionally save) the comparison."""
+    _check_positive(args, "epochs", "steps", "hidden", "buckets", "batch", "repeats", "threads")
+    # PyTorch's OpenMP workers spin after every parallel region; on a small machine they take
+    # the cores from bitfold's Numba kernels (about 10 ms lost per fold on 2 cores). Passive
+    # waiting changes no result, only the time; an explicit setting is kept.
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        import torch
+    except ImportError:
+        raise FoldError("bitfold train needs PyTorch (pip install 'bitfold[torch]')") from None
+    from .strategies import get_strategy
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if not strategies:
+        raise FoldError("--strategies is empty; name at least one strategy")
+    for s in strategies:
+        if s != BASELINE:
+            get_strategy(s)  # unknown names list the valid ones
+    threads_before = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        return _main(torch, args, strategies)
+    finally:
+        torch.set_num_threads(threads_before)  # cli.main may be called from a longer program
+
+
+def _main(torch: Any, args: argparse.Namespace, strategies: list[str]) -> int:
+    from . import __version__, digest
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("--device cuda: PyTorch sees no CUDA device here; use --device cpu")
+    device = torch.device(args.device)
+    if args.lr is None:
+        args.lr = DIGITS_DEFAULTS["lr"] if args.model == "digits" else SEED_DEFAULTS["lr"]
+    recorder = _Recorder(args.record)
+
+    if args.model == "digits":
+        data = _digits_data(args.seed)
+        description = (
+            f"scikit-learn digits ({len(data['ytr'])} train / {len(data['yte'])} test), "
+            f"MLP 64-{args.hidden}-10 of FoldedLinear layers with {args.buckets} buckets each, "
+            f"{args.epochs} epochs, batch {args.batch}, Adam lr {args.lr}"
+        )
+        length = args.epochs
+    else:
+        c = SEED_DEFAULTS
+        description = (
+            f"seed synthetic model (D={c['D']}, hid={c['hid']}, K={c['K']}, batch "
+            f"{c['batch']}), {args.steps} steps (one step per 'epoch'), Adam lr {args.lr}"
+        )
+        length = args.steps
+    config = {
+        "model": args.model, "description": description, "device": args.device,
+        "seed": args.seed, "repeats": args.repeats, "strategies": strategies, "lr": args.lr,
+    }
+    if args.model == "digits":
+        config.update(epochs=args.epochs, hidden=args.hidden, buckets=args.buckets,
+                      batch=args.batch)
+    else:
+        config.update(steps=args.steps, **{k: v for k, v in SEED_DEFAULTS.items()
+                                           if k not in ("steps", "lr")})
+
+    runs: list[dict[str, Any]] = []
+    summaries: dict[str, Any] = {}
+    for strategy in strategies:
+        done: list[dict[str, Any]] = []
+        for r in range(1, args.repeats + 1):
+            meta = {"command": "bitfold train", "strategy": strategy, "run": r, **config}
+            bar = _progress(length, f"{strategy} run {r}/{args.repeats}")
+            try:
+                with recorder.open(f"{args.model}-{strategy}-run{r}", meta) as rec:
+                    if args.model == "digits":
+                        out = _run_digits(torch, args, data, strategy, device, rec, bar)
+                    else:
+                        out = _run_seed(torch, args, strategy, device, rec, bar)
+            except DeviceError as err:
+                runs.append({"strategy": strategy, "run": r, "skipped": str(err)})
+                break
+            finally:
+                if bar is not None:
+                    bar.close()
+            out.update(strategy=strategy, run=r, digest=digest(out["model"].state_dict()))
+            if args.record:
+                out["manifest"] = str(Path(args.record) / f"{args.model}-{strategy}-run{r}.jsonl")
+            done.append(out)
+        if done:
+            summaries[strategy] = _summary(torch, strategy, done)
+            runs.extend(done)
+
+    result = {
+        "bitfold": __version__,
+        "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(),
+                        "python": sys.version.split()[0], "numpy": np.__version__,
+                        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
+        "config": config,
+        "runs": runs,
+        "strategies": summaries,
+        "baseline_accuracy_difference": (
+            summaries[BASELINE]["accuracy_difference"] if BASELINE in summaries else None
+        ),
+    }
+    _print_report(result)
+    if args.json:
+        text = json.dumps(result, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+    return 0
