@@ -492,10 +492,12 @@ def cast_f32_to_f16(src, dst):  # pragma: no cover - compiled
 
 @cuda.jit
 def zero_fill(flat):  # pragma: no cover - compiled
-    """Set every element of a flat array to zero (for numba-allocated buffers)."""
-    i = cuda.grid(1)
-    if i < flat.shape[0]:
+    """Set every element of a flat array to zero (grid-stride)."""
+    i = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
+    stride = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+    while i < flat.shape[0]:
         flat[i] = 0
+        i += stride
 
 
 # -- launching ----------------------------------------------------------------------------
@@ -509,6 +511,12 @@ class LaunchShape:
 
 def _blocks(n: int, shape: LaunchShape) -> int:
     return max(1, min(shape.max_blocks, -(-n // shape.threads)))
+
+
+def _per_bucket(K: int, most: int = 128) -> tuple[int, int]:
+    """(blocks, threads) for one thread a bucket: whole warps, at most ``most`` a block."""
+    threads = min(most, 32 * -(-K // 32))
+    return -(-K // threads), threads
 
 
 def exact_path(K: int, fmt: LimbFormat) -> str:
@@ -545,8 +553,7 @@ def launch_exact(
     n = int(bits.shape[0])
     if path == "auto":
         path = exact_path(K, fmt)
-    settle = settle_kernel(fmt.limbs)
-    k_blocks = -(-K // 128)
+    settle = settle_kernel(fmt.limbs)[(*_per_bucket(K), stream)]
     lo = 0
     every = min(chunk or fmt.carry_every, fmt.carry_every)
     while lo < n:
@@ -563,9 +570,16 @@ def launch_exact(
             raise ValueError(f"unknown exact path {path!r}; choose 'auto', 'shared' or 'global'")
         lo = hi
         if lo < n:
-            settle[k_blocks, 128, stream](state, counts, 0)
+            settle(state, counts, 0)
     if count_terms:
-        settle[k_blocks, 128, stream](state, counts, 1)
+        settle(state, counts, 1)
+
+
+def launch_settle(state: Any, counts: Any, add_counts: bool, fmt: LimbFormat, stream: Any) -> None:
+    """Normalise ``state`` in place (and add the term counts with ``add_counts``)."""
+    settle_kernel(fmt.limbs)[(*_per_bucket(int(state.shape[0])), stream)](
+        state, counts, 1 if add_counts else 0
+    )
 
 
 def launch_round(
@@ -582,7 +596,7 @@ def launch_round(
     """Round ``state`` into ``out_bits`` (the signed-int view of the result)."""
     K = int(state.shape[0])
     kernel = round_kernel(fmt.limbs, fmt.unit_exp, out_name, widen_bfloat16)
-    kernel[-(-K // 128), 128, stream](state, counts, 1 if add_counts else 0, out_bits)
+    kernel[(*_per_bucket(K), stream)](state, counts, 1 if add_counts else 0, out_bits)
 
 
 def launch_ordered(
@@ -590,7 +604,7 @@ def launch_ordered(
 ) -> None:
     """The ``ordered`` fold of ``values`` into ``out`` (one thread a bucket)."""
     K = int(out.shape[0])
-    ordered_kernel(out_name)[-(-K // 64), 64, stream](order, offsets, values, out, out_bits)
+    ordered_kernel(out_name)[(*_per_bucket(K, 64), stream)](order, offsets, values, out, out_bits)
 
 
 def launch_atomic(
@@ -603,18 +617,19 @@ def launch_atomic(
         atomic_kernel(out_name)[blocks, shape.threads, stream](index, values, out)
 
 
-def launch_zero(flat: Any, stream: Any) -> None:
-    """Zero a flat numba device array."""
+def launch_zero(flat: Any, stream: Any, shape: LaunchShape = LaunchShape()) -> None:
+    """Zero a flat numba device array (at most ``4 * shape.max_blocks`` blocks)."""
     n = int(flat.shape[0])
     if n:
-        zero_fill[-(-n // 256), 256, stream](flat)
+        blocks = min(-(-n // shape.threads), 4 * shape.max_blocks)
+        zero_fill[blocks, shape.threads, stream](flat)
 
 
 def launch_cast_f16(src: Any, dst: Any, stream: Any) -> None:
     """``dst = float16(src)`` elementwise."""
     n = int(dst.shape[0])
     if n:
-        cast_f32_to_f16[-(-n // 256), 256, stream](src, dst)
+        cast_f32_to_f16[(*_per_bucket(n, 256), stream)](src, dst)
 
 
 # -- what the compile check builds -------------------------------------------------------------

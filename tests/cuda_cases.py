@@ -1,0 +1,421 @@
+"""GPU kernel cases against the CPU reference: under the numba-cuda simulator, or on a GPU.
+
+Not collected by a plain ``pytest`` run (the name does not match
+``test_*.py``): ``tests/test_cuda_sim.py`` runs this file in a subprocess,
+because ``numba.cuda`` is either the simulator or the real target for a whole
+process, decided when it is first imported, and ``tests/test_cuda_compile.py``
+needs the real one in the main test process.
+
+* ``NUMBA_ENABLE_CUDASIM=1``: every case runs on the simulator's device
+  arrays, with small inputs (N up to ~10^4) and small launch shapes (several
+  blocks, so the per-block merge and the grid-stride loops run).
+* ``BITFOLD_CUDA_DEVICE=1`` (``scripts/gpu_check.sh``): every case runs on the
+  real GPU, plus the cases that need one (torch and CuPy arrays, streams,
+  CUDA graphs, the seed's size).
+
+``exact`` is compared bitwise with the CPU ``exact`` result and with the
+Fraction oracle; ``ordered`` bitwise with the CPU ``ordered`` strategy and
+with itself on a second run; ``atomic`` with a float64 reference and a
+tolerance.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from oracle import exact_fold_oracle, ordered_fold_reference
+
+import bitfold
+
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+DEVICE = os.environ.get("BITFOLD_CUDA_DEVICE") == "1" and not SIM
+#: the skip reason of cases that need a real GPU; test_cuda_sim.py accepts it in the simulator
+NEEDS_DEVICE = "needs a real CUDA device (BITFOLD_CUDA_DEVICE=1)"
+
+if not (SIM or DEVICE):
+    pytest.skip(
+        "set NUMBA_ENABLE_CUDASIM=1 (simulator) or BITFOLD_CUDA_DEVICE=1 (a GPU); "
+        "tests/test_cuda_sim.py does this in a subprocess",
+        allow_module_level=True,
+    )
+pytest.importorskip("numba_cuda", reason="numba-cuda is not installed (pip install -e '.[cuda]')")
+
+from numba import cuda  # noqa: E402  (after the mode checks above)
+
+from bitfold import gpu  # noqa: E402
+from bitfold.kernels import cuda as kernels  # noqa: E402
+
+device_only = pytest.mark.skipif(not DEVICE, reason=NEEDS_DEVICE)
+
+# several blocks and a grid-stride loop even on small inputs; tiny on the simulator
+LAUNCHES = (
+    [kernels.LaunchShape(32, 3), kernels.LaunchShape(64, 1)]
+    if SIM
+    else [None, kernels.LaunchShape(128, 7), kernels.LaunchShape(1024, 2)]
+)
+N_SMALL = 1500 if SIM else 20000
+N_TINY = 600 if SIM else 20000
+N_LARGE = 10000 if SIM else 200000
+UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    return a.view(UINT[a.dtype.itemsize])
+
+
+def _assert_bits_equal(got, want, what=""):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype, (what, got.dtype, want.dtype)
+    bad = np.flatnonzero(_bits(got) != _bits(want))
+    assert bad.size == 0, (
+        f"{what}: {bad.size} buckets differ, first k={bad[0]}: "
+        f"got {got[bad[0]]!r} ({_bits(got)[bad[0]]:#x}), want {want[bad[0]]!r} "
+        f"({_bits(want)[bad[0]]:#x})"
+    )
+
+
+def _wide_values(rng, n, dtype=np.float32, spread=40):
+    """Normal values scaled over 2^(±spread): exercises many limbs and cancellation."""
+    v = rng.standard_normal(n) * np.exp2(rng.integers(-spread, spread, n))
+    return v.astype(dtype)
+
+
+def _fold(plan, values, strategy="exact", out_dtype=None, launch=None, **kw):
+    dev = cuda.to_device(values)
+    out = gpu.cuda_fold(plan, dev, strategy, out_dtype, launch=launch or LAUNCHES[0], **kw)
+    return out.copy_to_host()
+
+
+# -- exact -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["shared", "global"])
+@pytest.mark.parametrize("K", [1, 7, 433])
+def test_exact_equals_cpu_and_oracle(K, path):
+    rng = np.random.default_rng(K)
+    idx = rng.integers(0, K, N_SMALL)
+    vals = _wide_values(rng, N_SMALL)
+    plan = bitfold.Fold(idx, K)
+    want = plan(vals)
+    _assert_bits_equal(want, exact_fold_oracle(idx, vals, K), "CPU vs oracle")
+    for launch in LAUNCHES if (K < 100 or not SIM) else LAUNCHES[:1]:  # the simulator is slow
+        got = _fold(plan, vals, launch=launch, exact_path=path)
+        _assert_bits_equal(got, want, f"GPU {path} {launch} vs CPU")
+
+
+def test_exact_larger_input_and_skewed_buckets():
+    rng = np.random.default_rng(7)
+    K = 50
+    idx = np.minimum(rng.geometric(0.2, N_LARGE) - 1, K - 1)  # a few huge buckets, many tiny
+    vals = _wide_values(rng, N_LARGE, spread=60)
+    plan = bitfold.Fold(idx, K)
+    want = exact_fold_oracle(idx, vals, K)
+    _assert_bits_equal(_fold(plan, vals, launch=LAUNCHES[0]), want, "GPU vs oracle")
+    _assert_bits_equal(plan(vals), want, "CPU vs oracle")
+
+
+SPECIAL_CASES = {
+    # name: (index, values, K)
+    "nan": ([0, 0, 1], [1.0, np.nan, 2.0], 2),
+    "inf+-inf": ([0, 0, 1, 1, 2, 2], [np.inf, -np.inf, np.inf, 1.0, -np.inf, -5.0], 3),
+    "inf+nan": ([0, 0], [np.inf, np.nan], 1),
+    "only -0": ([0, 0, 1, 1, 2], [-0.0, -0.0, -0.0, 0.0, 0.0], 4),
+    "cancel to zero with -0": ([0, 0, 0], [1.5, -1.5, -0.0], 1),
+    "cancel to zero": ([0, 0, 1, 1], [2.0**100, -(2.0**100), -(2.0**-149), 2.0**-149], 2),
+    "subnormals": ([0, 0, 1, 1, 1], [2.0**-149, 2.0**-149, -(2.0**-140), 2.0**-149, 3e-39], 2),
+    "overflow": ([0, 0, 1, 1, 1], [3.4e38, 3.4e38, -3.4e38, -3.4e38, 1e30], 2),
+    "just below overflow": ([0, 0], [np.float32(3.4028235e38), np.float32(2.0**103)], 1),
+    "ties": ([0, 0, 0, 1, 1, 1], [1.0, 2.0**-24, 2.0**-80, 1.0, 2.0**-24, 0.0], 2),
+    "empty buckets": ([3, 3], [1.0, 2.0], 6),
+    "max and min": ([0, 0, 0], [3.4028235e38, -3.4028235e38, 2.0**-149], 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPECIAL_CASES))
+@pytest.mark.parametrize("path", ["shared", "global"])
+def test_exact_special_values(case, path):
+    idx, raw, K = SPECIAL_CASES[case]
+    vals = np.array(raw, np.float32)
+    plan = bitfold.Fold(np.array(idx), K)
+    want = exact_fold_oracle(idx, vals, K)
+    _assert_bits_equal(plan(vals), want, "CPU vs oracle")
+    _assert_bits_equal(_fold(plan, vals, exact_path=path), want, f"GPU {path} vs oracle")
+
+
+@pytest.mark.parametrize("out", ["float16", "float32", "float64", "bfloat16"])
+def test_exact_output_dtypes(out):
+    rng = np.random.default_rng(3)
+    K = 31
+    idx = rng.integers(0, K, N_SMALL)
+    vals = _wide_values(rng, N_SMALL, spread=12)
+    vals[:5] = [6e4, 6e4, 2.0**-30, -0.0, 7e4]  # float16 overflow and underflow
+    idx[:5] = [0, 0, 1, 2, 3]
+    plan = bitfold.Fold(idx, K)
+    want = plan(vals, out_dtype=out)  # bfloat16: float32 holding bfloat16 values
+    if out != "bfloat16":
+        _assert_bits_equal(want, exact_fold_oracle(idx, vals, K, out), "CPU vs oracle")
+    _assert_bits_equal(_fold(plan, vals, out_dtype=out), want, f"GPU {out} vs CPU")
+
+
+@pytest.mark.parametrize(("dtype", "K"), [("float16", 9), ("float64", 7), ("float64", 120)])
+def test_exact_float16_and_float64_values(dtype, K):
+    rng = np.random.default_rng(K)
+    idx = rng.integers(0, K, N_TINY)
+    spread = 10 if dtype == "float16" else 300
+    vals = _wide_values(rng, N_TINY, np.dtype(dtype), spread)
+    vals[:4] = [np.inf, -np.inf, -0.0, np.nan]
+    idx[:4] = [0, 1, 2, 2] if K > 2 else [0, 0, 0, 0]
+    plan = bitfold.Fold(idx, K)
+    out = "float64" if dtype == "float64" else "float32"
+    want = plan(vals)
+    _assert_bits_equal(want, exact_fold_oracle(idx, vals, K, out), "CPU vs oracle")
+    for path in ("shared", "global"):
+        if path == "shared" and kernels.exact_path(K, kernels.SOURCES[dtype][1]) != "shared":
+            continue  # the limbs of K float64 buckets do not fit in shared memory
+        _assert_bits_equal(_fold(plan, vals, exact_path=path), want, f"GPU {path}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_exact_state_equals_cpu_limb_state(dtype):
+    rng = np.random.default_rng(11)
+    K = 13
+    idx = rng.integers(0, K, N_TINY)
+    vals = _wide_values(rng, N_TINY, np.dtype(dtype), 100 if dtype == "float64" else 40)
+    vals[:3] = [-0.0, np.inf, np.nan]
+    plan = bitfold.Fold(idx, K)
+    cpu = plan.accumulator(dtype, kernel="limbs").add(vals)
+    dev = cuda.to_device(vals)
+    state = gpu.cuda_exact_state(plan, dev, launch=LAUNCHES[0])
+    np.testing.assert_array_equal(state.copy_to_host(), cpu.state)
+    # a second addition into the same device state, as the CPU accumulator does
+    gpu.cuda_exact_state(plan, dev, state, launch=LAUNCHES[0])
+    cpu.add(vals)
+    np.testing.assert_array_equal(state.copy_to_host(), cpu.state)
+    back = bitfold.ExactAccumulator.from_state(plan, state.copy_to_host(), dtype)
+    _assert_bits_equal(back.result(), cpu.result(), "rounded device state")
+
+
+def test_exact_many_launches_settle_carries():
+    """Values split into launches of 97 (the carry bound lowered): same state, same bits."""
+    rng = np.random.default_rng(5)
+    K = 5
+    idx = rng.integers(0, K, N_TINY)
+    # large same-sign values in one limb: the carries are exercised
+    vals = (rng.random(N_TINY) * 2.0**31 + 2.0**31).astype(np.float32)
+    plan = bitfold.Fold(idx, K)
+    fmt = kernels.SOURCES["float32"][1]
+    state = cuda.to_device(np.zeros((K, fmt.width), np.int64))
+    counts = cuda.to_device(plan.counts)
+    kernels.launch_exact(
+        cuda.to_device(plan.index), cuda.to_device(vals).view(np.uint32), "float32", state,
+        counts, cuda.default_stream(), shape=LAUNCHES[0], chunk=97,
+    )  # fmt: skip
+    cpu = plan.accumulator(kernel="limbs").add(vals)
+    np.testing.assert_array_equal(state.copy_to_host(), cpu.state)
+
+
+def test_exact_is_the_same_for_every_launch_shape_and_run():
+    rng = np.random.default_rng(9)
+    K = 61
+    idx = rng.integers(0, K, N_SMALL)
+    vals = _wide_values(rng, N_SMALL)
+    plan = bitfold.Fold(idx, K)
+    shapes = [*LAUNCHES, kernels.LaunchShape(32, 1), kernels.LaunchShape(32, 5)]
+    results = {_fold(plan, vals, launch=s, exact_path=p).tobytes() for s in shapes
+               for p in ("shared", "global")}  # fmt: skip
+    assert results == {plan(vals).tobytes()}
+
+
+# -- ordered -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("dtype", "out"),
+    [("float32", "float32"), ("float32", "float64"), ("float32", "float16"),
+     ("float16", "float32"), ("float64", "float64"), ("float64", "float32")],
+)  # fmt: skip
+def test_ordered_equals_cpu_ordered_and_repeats(dtype, out):
+    rng = np.random.default_rng(2)
+    K = 23
+    idx = rng.integers(0, K, N_SMALL)
+    vals = _wide_values(rng, N_SMALL, np.dtype(dtype), 8 if "float16" in (dtype, out) else 30)
+    plan = bitfold.Fold(idx, K)
+    want = plan(vals, "ordered", out_dtype=out)
+    if out != "float16" or dtype != "float16":
+        _assert_bits_equal(want, ordered_fold_reference(idx, vals, K, out), "CPU vs reference")
+    first = _fold(plan, vals, "ordered", out)
+    _assert_bits_equal(first, want, "GPU ordered vs CPU ordered")
+    _assert_bits_equal(_fold(plan, vals, "ordered", out), first, "second run")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the simulator adds in NumPy scalars
+def test_ordered_specials_and_canonical_nan():
+    idx = np.array([0, 0, 1, 1, 2, 2, 3, 4, 4, 5])
+    vals = np.array(
+        [np.inf, -np.inf, np.nan, 1.0, -0.0, -0.0, 2.0**-149, 3.4e38, 3.4e38, -0.0], np.float32
+    )
+    plan = bitfold.Fold(idx, 7)
+    got = _fold(plan, vals, "ordered")
+    want = plan(vals, "ordered")
+    nan = np.isnan(want)
+    assert list(np.flatnonzero(nan)) == [0, 1]
+    assert np.array_equal(np.isnan(got), nan)
+    assert set(_bits(got)[nan].tolist()) == {bitfold.CANONICAL_NAN_BITS["float32"]}
+    _assert_bits_equal(got[~nan], want[~nan], "non-NaN buckets")
+
+
+# -- atomic ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("out", ["float32", "float64", "float16"])
+def test_atomic_is_close_to_a_float64_reference(out):
+    rng = np.random.default_rng(4)
+    K = 17
+    idx = rng.integers(0, K, N_SMALL)
+    vals = rng.standard_normal(N_SMALL).astype(np.float32)
+    plan = bitfold.Fold(idx, K)
+    ref = np.zeros(K)
+    np.add.at(ref, idx, vals.astype(np.float64))
+    got = _fold(plan, vals, "atomic", out, launch=LAUNCHES[0])
+    assert got.dtype == np.dtype(out)
+    tol = {"float16": 2e-2, "float32": 1e-4, "float64": 1e-12}[out]
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+# -- every strategy: empty inputs, the plan cache, refusals --------------------------------------
+@pytest.mark.parametrize("strategy", gpu.GPU_STRATEGIES)
+def test_empty_plan_gives_positive_zeros(strategy):
+    plan = bitfold.Fold(np.zeros(0, np.int64), 3)
+    got = _fold(plan, np.zeros(0, np.float32), strategy)
+    _assert_bits_equal(got, np.zeros(3, np.float32), strategy)
+
+
+def test_plan_data_is_uploaded_once_per_device():
+    plan = bitfold.Fold(np.array([0, 1, 1]), 2)
+    vals = cuda.to_device(np.ones(3, np.float32))
+    gpu.cuda_fold(plan, vals)
+    entry = plan._device_cache[("numba-cuda", 0)]
+    gpu.cuda_fold(plan, vals, "ordered")
+    gpu.cuda_fold(plan, vals, "atomic")
+    assert plan._device_cache[("numba-cuda", 0)] is entry
+    np.testing.assert_array_equal(entry.index.copy_to_host(), plan.index)
+
+
+def test_refusals_name_the_problem():
+    plan = bitfold.Fold(np.array([0, 1, 1]), 2)
+    with pytest.raises(bitfold.DeviceError, match="CUDA device"):
+        gpu.cuda_fold(plan, np.ones(3, np.float32))
+    with pytest.raises(bitfold.ShapeError, match="4 elements"):
+        gpu.cuda_fold(plan, cuda.to_device(np.ones(4, np.float32)))
+    with pytest.raises(bitfold.FoldTypeError, match="int32"):
+        gpu.cuda_fold(plan, cuda.to_device(np.ones(3, np.int32)))
+    with pytest.raises(bitfold.UnknownStrategyError, match="exact, ordered, atomic"):
+        gpu.cuda_fold(plan, cuda.to_device(np.ones(3, np.float32)), "fastest")
+    with pytest.raises(bitfold.FoldTypeError, match="bfloat16"):
+        gpu.cuda_fold(plan, cuda.to_device(np.ones(3, np.float32)), "ordered", "bfloat16")
+    with pytest.raises(bitfold.FoldError, match="contiguous"):
+        gpu.cuda_fold(plan, cuda.to_device(np.ones(6, np.float32))[::2])
+    with pytest.raises(bitfold.ShapeError, match="int64 with shape"):
+        gpu.cuda_exact_state(
+            plan, cuda.to_device(np.ones(3, np.float32)), cuda.to_device(np.zeros((2, 3)))
+        )
+
+
+def test_a_state_or_cached_plan_on_another_device_is_refused(monkeypatch):
+    plan = bitfold.Fold(np.array([0, 1, 1]), 2)
+    vals = cuda.to_device(np.ones(3, np.float32))
+    state = gpu.cuda_exact_state(plan, vals)
+    real = gpu.device_values_of_state
+    monkeypatch.setattr(
+        gpu, "device_values_of_state", lambda s: gpu._StateView(1, real(s).array)
+    )
+    with pytest.raises(bitfold.DeviceError, match="state lives on CUDA device 1"):
+        gpu.cuda_exact_state(plan, vals, state)
+    entry = plan._device_cache[("numba-cuda", 0)]
+    monkeypatch.setitem(
+        plan._device_cache, ("numba-cuda", 0), gpu.DevicePlan(1, entry.index, entry.counts,
+                                                              entry.launch)
+    )  # fmt: skip
+    with pytest.raises(bitfold.DeviceError, match="cached for CUDA device 1"):
+        gpu.cuda_fold(plan, vals)
+
+
+# -- a real GPU only: foreign arrays, streams, graphs, the seed's size ---------------------------
+@device_only
+def test_seed_configuration_exact_equals_cpu():
+    rng = np.random.default_rng(0)
+    K, N = 433, 768 * 4096
+    idx = rng.integers(0, K, N)
+    vals = (rng.standard_normal(N) * 1e-3).astype(np.float32)
+    plan = bitfold.Fold(idx, K)
+    want = plan(vals)
+    for path in ("shared", "global"):
+        _assert_bits_equal(_fold(plan, vals, exact_path=path), want, path)
+    _assert_bits_equal(_fold(plan, vals, "ordered"), plan(vals, "ordered"), "ordered")
+
+
+@device_only
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_torch_cuda_tensors_in_and_out(dtype):
+    torch = pytest.importorskip("torch", reason="torch is needed for torch CUDA tensors")
+    if not torch.cuda.is_available():
+        pytest.skip("torch was built without CUDA: " + NEEDS_DEVICE)
+    rng = np.random.default_rng(1)
+    K = 433
+    idx = rng.integers(0, K, 50000)
+    plan = bitfold.Fold(idx, K)
+    host = torch.from_numpy(_wide_values(rng, 50000, np.float32, 10)).to(getattr(torch, dtype))
+    dev = host.cuda()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # kernels must follow torch's current stream
+        got = gpu.cuda_fold(plan, dev)
+        got_bf = gpu.cuda_fold(plan, dev, out_dtype="bfloat16")
+    stream.synchronize()
+    want = plan(host)
+    assert got.is_cuda and got.device == dev.device and got.dtype == want.dtype
+    _assert_bits_equal(got.cpu().numpy(), want.numpy(), f"torch {dtype}")
+    want_bf = plan(host, out_dtype="bfloat16")
+    assert got_bf.dtype == torch.bfloat16 == want_bf.dtype
+    assert torch.equal(got_bf.cpu().view(torch.int16), want_bf.view(torch.int16))
+    strided = torch.stack([dev, dev], 1)[:, 0]  # non-contiguous
+    _assert_bits_equal(gpu.cuda_fold(plan, strided).cpu().numpy(), want.numpy(), "strided")
+    with pytest.raises(bitfold.DeviceError, match="CUDA device"):
+        gpu.cuda_fold(plan, host)
+
+
+@device_only
+def test_cupy_arrays_in_and_out():
+    cupy = pytest.importorskip("cupy", reason="CuPy is needed for CuPy arrays")
+    rng = np.random.default_rng(2)
+    idx = rng.integers(0, 433, 50000)
+    vals = _wide_values(rng, 50000)
+    plan = bitfold.Fold(idx, 433)
+    for strategy in gpu.GPU_STRATEGIES:
+        got = gpu.cuda_fold(plan, cupy.asarray(vals), strategy)
+        assert isinstance(got, cupy.ndarray)
+        if strategy != "atomic":
+            _assert_bits_equal(cupy.asnumpy(got), plan(vals, strategy), strategy)
+
+
+@device_only
+def test_cuda_graph_capture_replays_the_same_bits():
+    torch = pytest.importorskip("torch", reason="torch is needed for CUDA graphs")
+    if not torch.cuda.is_available():
+        pytest.skip("torch was built without CUDA: " + NEEDS_DEVICE)
+    rng = np.random.default_rng(3)
+    idx = rng.integers(0, 433, 100000)
+    plan = bitfold.Fold(idx, 433)
+    host = _wide_values(rng, 100000)
+    static = torch.from_numpy(host).cuda()
+    gpu.cuda_fold(plan, static)  # warm-up: compiles and uploads outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = gpu.cuda_fold(plan, static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_bits_equal(out.cpu().numpy(), plan(host), "graph replay")
+    new = _wide_values(rng, 100000)
+    static.copy_(torch.from_numpy(new))
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_bits_equal(out.cpu().numpy(), plan(new), "graph replay with new values")

@@ -1,0 +1,134 @@
+"""Compile every GPU kernel for compute capability 9.0 (H100/H200) and check its PTX.
+
+Passing the simulator does not prove a kernel compiles; this does, without a
+GPU: ``numba.cuda.compile_ptx(..., cc=(9, 0))`` through NVVM (the
+``numba-cuda[cu13]`` extra), then nvJitLink assembles the PTX into an sm_90
+cubin, as numba-cuda does when it loads a kernel on a device. Each kernel's
+PTX must hold the instructions the design relies on: native 64-bit integer
+atomics in shared and global memory for ``exact`` (not compare-and-swap
+loops), float atomics for ``atomic``, plain round-to-nearest additions for
+``ordered``, and no flush-to-zero anywhere (subnormals are values too).
+
+numba-cuda compiles a device function that a kernel calls for the *current*
+device; with no GPU here, the compile tells it the current device is the
+compute capability 9.0 that the kernel itself is compiled for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from unittest import mock
+
+import pytest
+
+HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+REQUIRED = os.environ.get("BITFOLD_REQUIRE_CUDA") == "1"
+DEVICE = os.environ.get("BITFOLD_CUDA_DEVICE") == "1"
+CC = (9, 0)
+
+if not HAVE_NUMBA_CUDA:
+    WHY_NOT = "numba-cuda is not installed (pip install -e '.[cuda]')"
+elif SIM:
+    WHY_NOT = "NUMBA_ENABLE_CUDASIM=1: the simulator cannot compile PTX"
+else:
+    WHY_NOT = ""
+
+# (name pattern, instructions that must appear, instructions that must not)
+EXPECTED = [
+    (r"exact_shared", ["atom.shared.add.u64", "atom.global.add.u64", ".extern .shared"],
+     ["atom.shared.cas", "atom.global.cas", ".f32", ".f64"]),
+    (r"exact_global", ["atom.global.add.u64"], ["atom.shared", "atom.global.cas", ".f32", ".f64"]),
+    (r"round\[", ["st.global"], ["atom.", "cvt.rn", ".f32", ".f64"]),
+    (r"settle\[", ["shr.s64"], ["atom.", ".f32", ".f64"]),
+    (r"ordered\[float32->float32\]", ["add.f32"], ["atom.", "fma.", "call"]),
+    (r"ordered\[float32->float64\]", ["add.f64", "cvt.f64.f32"], ["atom.", "fma.", "call"]),
+    (r"ordered\[float32->float16\]", ["add.f32", "cvt.rn.f16.f32"], ["atom.", "fma.", "call"]),
+    (r"atomic\[float32->float32\]", ["atom.global.add.f32"], ["atom.global.cas"]),
+    (r"atomic\[float32->float64\]", ["atom.global.add.f64"], ["atom.global.cas"]),
+    (r"cast_f32_to_f16", ["cvt.rn.f16.f32"], ["atom."]),
+    (r"zero_fill", ["st.global"], ["atom."]),
+]  # fmt: skip
+
+
+def _targets():
+    if WHY_NOT:
+        return [pytest.param(None, marks=pytest.mark.skip(reason=WHY_NOT), id="no-numba-cuda")]
+    from bitfold.kernels import cuda as kernels
+
+    return [pytest.param(t, id=t[0]) for t in kernels.compile_targets()]
+
+
+def _compile_ptx(fn, sig):
+    from numba import cuda
+    from numba.cuda import dispatcher
+
+    class _CC90:
+        compute_capability = CC
+
+    if DEVICE:
+        return cuda.compile_ptx(fn, sig, cc=CC)[0]
+    with mock.patch.object(dispatcher, "get_current_device", lambda: _CC90()):
+        return cuda.compile_ptx(fn, sig, cc=CC)[0]
+
+
+def _assemble(ptx: str) -> tuple[bytes, str]:
+    """PTX -> sm_90 cubin with nvJitLink; returns (cubin, info log)."""
+    from cuda.bindings import nvjitlink
+
+    options = [f"-arch=sm_{CC[0]}{CC[1]}", "-verbose"]
+    handle = nvjitlink.create(len(options), options)
+    try:
+        data = ptx.encode()
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+        nvjitlink.complete(handle)
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, cubin)
+        log = bytearray(nvjitlink.get_info_log_size(handle))
+        nvjitlink.get_info_log(handle, log)
+        return bytes(cubin), log.decode(errors="replace")
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def _instructions(ptx: str) -> str:
+    """The PTX without comments and the (long, mangled) names."""
+    body = re.sub(r"//[^\n]*", "", ptx)
+    return re.sub(r"_Z\w+", "NAME", body)
+
+
+@pytest.mark.parametrize("target", _targets())
+def test_kernel_compiles_for_cc90_with_the_instructions_it_relies_on(target):
+    name, fn, sig = target
+    ptx = _compile_ptx(fn, sig)
+    assert ".target sm_90" in ptx
+    code = _instructions(ptx)
+    assert ".ftz" not in code, f"{name}: flush-to-zero would lose subnormals"
+    rules = [(must, must_not) for pattern, must, must_not in EXPECTED if re.search(pattern, name)]
+    assert rules, f"no PTX expectations for kernel {name}: add them to EXPECTED"
+    for must, must_not in rules:
+        for ins in must:
+            assert ins in code, f"{name}: expected {ins!r} in the PTX"
+        for ins in must_not:
+            assert ins not in code, f"{name}: did not expect {ins!r} in the PTX"
+    cubin, log = _assemble(ptx)
+    assert cubin[:4] == b"\x7fELF", f"{name}: nvJitLink gave no sm_90 cubin\n{log}"
+    assert "error" not in log.lower(), log
+
+
+def test_cuda_backend_loads_when_required():
+    """With BITFOLD_REQUIRE_CUDA=1, a missing or broken numba-cuda fails instead of skipping."""
+    if not REQUIRED:
+        pytest.skip("set BITFOLD_REQUIRE_CUDA=1 to require the CUDA backend (CI and gpu_check do)")
+    assert HAVE_NUMBA_CUDA, "BITFOLD_REQUIRE_CUDA=1 but numba-cuda is not installed"
+    assert not SIM, "BITFOLD_REQUIRE_CUDA=1 needs the real numba.cuda, not the simulator"
+    from bitfold.kernels import cuda as kernels
+
+    _name, fn, sig = kernels.compile_targets()[0]
+    assert "atom.shared.add.u64" in _compile_ptx(fn, sig)
+    if DEVICE:
+        from numba import cuda
+
+        assert cuda.is_available(), "BITFOLD_CUDA_DEVICE=1 but numba.cuda sees no usable GPU"

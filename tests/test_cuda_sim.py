@@ -1,0 +1,80 @@
+"""Run the GPU kernel cases (``tests/cuda_cases.py``) in a subprocess: simulator or real GPU.
+
+``numba.cuda`` is the simulator or the real CUDA target for a whole process,
+fixed when it is first imported; the compile check in this test session
+needs the real one. So the kernel cases run in a fresh interpreter:
+
+* by default (CI, no GPU) with ``NUMBA_ENABLE_CUDASIM=1``;
+* with ``BITFOLD_CUDA_DEVICE=1`` (``scripts/gpu_check.sh``) on the real GPU.
+
+Each run must pass, must run at least a handful of cases, and may skip a case
+only for the reasons listed in ``ALLOWED_SKIPS`` (a case that needs a real GPU
+while on the simulator; an optional array library that is not installed), so
+a broken install cannot turn the whole suite into skips. Without numba-cuda
+the runs are skipped, unless ``BITFOLD_REQUIRE_CUDA=1`` makes that a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+CASES = Path(__file__).with_name("cuda_cases.py")
+DEVICE = os.environ.get("BITFOLD_CUDA_DEVICE") == "1"
+REQUIRED = os.environ.get("BITFOLD_REQUIRE_CUDA") == "1"
+HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
+ALLOWED_SKIPS = ("needs a real CUDA device", "is needed for")
+# two runs of under ~20 s each on the simulator
+_FIRST = "exact_equals_cpu or exact_special or exact_output or exact_larger"
+GROUPS = {"exact-vs-oracle": _FIRST, "the-rest": f"not ({_FIRST})"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_gpu_kernel_cases(group, tmp_path):
+    mode = "the real GPU" if DEVICE else "the simulator"
+    if not HAVE_NUMBA_CUDA:
+        if REQUIRED:
+            pytest.fail("BITFOLD_REQUIRE_CUDA=1 but numba-cuda is not installed")
+        pytest.skip("numba-cuda is not installed (pip install -e '.[cuda]')")
+    env = dict(os.environ)
+    if DEVICE:
+        env.pop("NUMBA_ENABLE_CUDASIM", None)
+    else:
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
+    report = tmp_path / "cases.xml"
+    cmd = [sys.executable, "-m", "pytest", str(CASES), "-q", "-p", "no:cacheprovider",
+           "-o", "addopts=", "-rs", "-k", GROUPS[group], f"--junitxml={report}"]  # fmt: skip
+    proc = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=900, cwd=CASES.parent.parent
+    )
+    out = proc.stdout[-8000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0, f"GPU kernel cases failed on {mode}:\n{out}"
+    suite = next(ET.parse(report).getroot().iter("testsuite"))
+    ran = 0
+    for case in suite.iter("testcase"):
+        skip = case.find("skipped")
+        if skip is None:
+            ran += 1
+            continue
+        reason = skip.get("message") or ""
+        assert any(a in reason for a in ALLOWED_SKIPS), (
+            f"{case.get('name')} was skipped on {mode}: {reason}\n{out}"
+        )
+    assert ran >= 10, f"only {ran} GPU kernel cases ran on {mode}:\n{out}"
+
+
+def test_import_bitfold_does_not_import_numba_cuda():
+    code = (
+        "import sys, bitfold, bitfold.gpu; "
+        "bad = sorted(m for m in sys.modules if m.startswith(('numba.cuda', 'numba_cuda', "
+        "'torch', 'cupy'))); print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
