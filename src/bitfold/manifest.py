@@ -797,6 +797,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "exit status: 0 identical, 1 different, 2 bad input"
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _short(value: Any) -> str:
     return json.dumps(value)
 
@@ -824,8 +828,8 @@ def _print_report(r: dict[str, Any]) -> None:
               f"lines {d['line_a']} / {d['line_b']})", file=out)
         print(f"  A: {d['a']}", file=out)
         print(f"  B: {d['b']}", file=out)
-        print(f"matched before it: {r['matched_steps']} whole steps, "
-              f"{r['matched_tensors']} tensor digests", file=out)
+        print(f"matched before it: {_n(r['matched_steps'], 'whole step')}, "
+              f"{_n(r['matched_tensors'], 'tensor digest')}", file=out)
         keys = [k for k in d["meta_a"] if d["meta_b"].get(k) != d["meta_a"][k]]
         if keys:
             shown = "; ".join(
@@ -834,8 +838,8 @@ def _print_report(r: dict[str, Any]) -> None:
             print(f"  step metadata: {shown}", file=out)
     else:
         print(r["message"], file=out)
-        print(f"matched before it: {r['matched_steps']} whole steps, "
-              f"{r['matched_tensors']} tensor digests", file=out)
+        print(f"matched before it: {_n(r['matched_steps'], 'whole step')}, "
+              f"{_n(r['matched_tensors'], 'tensor digest')}", file=out)
     for title, diffs in (("run metadata", r["meta_differences"]),
                          ("environment", r["env_differences"])):
         if diffs:
