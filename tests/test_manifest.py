@@ -201,7 +201,8 @@ def test_fingerprint_changes_no_thread_setting():
     code = (
         "import torch; torch.set_num_threads(1); import bitfold.manifest as m; "
         "from numba.np.ufunc import parallel; e = m.environment(); "
-        "assert not parallel._is_initialized; assert e['threads']['numba'] is None; "
+        "assert not parallel._is_initialized; assert 'numba' not in e['threads']; "
+        "assert m.thread_settings()['numba'] is None; assert not parallel._is_initialized; "
         "print(torch.get_num_threads(), e['threads']['torch'])"
     )
     pytest.importorskip("torch", reason="torch is not installed")

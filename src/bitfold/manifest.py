@@ -160,24 +160,32 @@ def _torch_info(torch: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
     return info, gpu
 
 
-def thread_settings() -> dict[str, Any]:
-    """Thread counts now: Numba's (and its threading layer) and torch's when torch is loaded.
+def thread_settings(pool: bool = True) -> dict[str, Any]:
+    """Thread settings now: Numba's and, when torch is loaded, torch's.
 
-    Reading them changes nothing: Numba's thread pool is not started here
-    (``numba.get_num_threads()`` would start it, and with the OpenMP layer
-    that resets the OpenMP thread count that torch shares), so until a
-    parallel kernel has run ``numba`` is ``None`` and only ``numba_max``
-    (``NUMBA_NUM_THREADS``) is known.
+    ``numba_max`` is ``NUMBA_NUM_THREADS`` and ``numba_layer_config`` the
+    requested threading layer. With ``pool=True`` (the closing record) also
+    ``numba`` and ``numba_layer``, the running pool's thread count and layer,
+    or ``None`` when no parallel kernel has started it; the header leaves
+    them out, so that two runs in one process do not differ only because
+    the first one started the pool. Reading changes nothing:
+    ``numba.get_num_threads()`` is only called once the pool runs (it would
+    start it, and with the OpenMP layer that resets the OpenMP thread count
+    that torch shares).
     """
     import numba
     from numba.np.ufunc import parallel
 
-    threads: dict[str, Any] = {"numba_max": numba.config.NUMBA_NUM_THREADS}
-    if getattr(parallel, "_is_initialized", False):
-        threads["numba"] = _safe(numba.get_num_threads)
-        threads["numba_layer"] = _safe(numba.threading_layer)
-    else:
-        threads["numba"] = threads["numba_layer"] = None
+    threads: dict[str, Any] = {
+        "numba_max": numba.config.NUMBA_NUM_THREADS,
+        "numba_layer_config": getattr(numba.config, "THREADING_LAYER", None),
+    }
+    if pool:
+        if getattr(parallel, "_is_initialized", False):
+            threads["numba"] = _safe(numba.get_num_threads)
+            threads["numba_layer"] = _safe(numba.threading_layer)
+        else:
+            threads["numba"] = threads["numba_layer"] = None
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "get_num_threads"):
         threads["torch"] = _safe(torch.get_num_threads)
@@ -206,7 +214,7 @@ def environment() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu_affinity": _safe(lambda: len(affinity(0))) if affinity else None,
         "versions": {"bitfold": __version__, "numpy": np.__version__, "numba": numba.__version__},
-        "threads": thread_settings(),
+        "threads": thread_settings(pool=False),
     }
     gpu: dict[str, Any] | None = None
     torch = sys.modules.get("torch")
