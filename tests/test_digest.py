@@ -75,3 +75,8 @@ def test_torch_and_numpy_give_the_same_digest():
 def test_non_string_names_are_refused():
     with pytest.raises(bitfold.FoldTypeError, match="string names"):
         bitfold.digest({1: np.zeros(1)})
+
+
+def test_object_arrays_are_refused():
+    with pytest.raises(bitfold.FoldTypeError, match="object"):
+        bitfold.digest(np.array([1, "a"], dtype=object))

@@ -71,3 +71,17 @@ def test_requested_backends_are_installed():
     for backend in wanted:
         assert importlib.util.find_spec(backend) is not None, f"{backend} requested but missing"
         __import__(backend)
+
+
+def test_folding_keeps_the_torch_thread_count():
+    """Numba's OpenMP pool must not reset what torch.set_num_threads chose."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    code = (
+        "import torch, numpy as np, bitfold\n"
+        "torch.set_num_threads(1)\n"
+        "p = bitfold.Fold(np.arange(1000) % 7, 7)\n"
+        "p(np.ones(1000, np.float32)); p.expand(np.ones(7, np.float32))\n"
+        "print(torch.get_num_threads())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"

@@ -79,6 +79,11 @@ def raw_bits(x: Any) -> tuple[str, tuple[int, ...], bytes]:
         if name == "bfloat16":
             arr = arr.view(np.uint16)
     arr = np.ascontiguousarray(arr)
+    if arr.dtype.kind in "OV" and name != "bfloat16":
+        raise FoldTypeError(
+            f"cannot digest an array of dtype {name}: only numeric and boolean arrays have "
+            "canonical bytes (object arrays hold pointers)"
+        )
     if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):
         arr = arr.byteswap().view(arr.dtype.newbyteorder("<"))
     return name, shape, arr.tobytes(order="C")

@@ -132,6 +132,7 @@ def accumulate(
     if n == 0:
         return
     L = fmt.limbs
+    cpu.start_thread_pool()
     if kernel == "auto":
         kernel = "binned" if fmt is F32 and K <= BINNED_MAX_K else "limbs"
     if kernel == "binned":
@@ -170,6 +171,7 @@ def round_state(state: np.ndarray, fmt: LimbFormat, out_dtype: Any) -> np.ndarra
     precision, sub_exp = _TARGETS[name]
     q_min = max(0, sub_exp - fmt.unit_exp)
     wide = np.empty(state.shape[0], np.float64)
+    cpu.start_thread_pool()
     cpu.finalise(np.ascontiguousarray(state), fmt.limbs, fmt.unit_exp, precision, q_min, wide)
     if name == "bfloat16":  # NumPy has no bfloat16: bfloat16 values, held exactly in float32
         name = "float32"

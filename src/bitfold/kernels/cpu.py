@@ -17,6 +17,7 @@ could round.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 from numba import njit, prange
@@ -30,6 +31,33 @@ N_BINS = 32
 #: A bin holds at most this many values between flushes: each is below 2^31
 #: units of its bin, so partial sums stay below 2^53 units and are exact.
 BIN_FLUSH_EVERY = 1 << 22
+
+
+@njit(cache=True, parallel=True)
+def _touch_pool(out):  # pragma: no cover - compiled
+    for i in prange(out.shape[0]):
+        out[i] = i
+
+
+_POOL_STARTED = False
+
+
+def start_thread_pool() -> None:
+    """Start Numba's thread pool once, without changing PyTorch's thread count.
+
+    Numba's OpenMP layer shares the OpenMP runtime with PyTorch, and starting
+    its pool resets the thread count that ``torch.set_num_threads`` chose.
+    Every parallel kernel is called after this, so the user's setting stays.
+    """
+    global _POOL_STARTED
+    if _POOL_STARTED:
+        return
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    _touch_pool(np.empty(2, np.int64))
+    if torch is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    _POOL_STARTED = True
 
 
 @njit(cache=True, nogil=True)
