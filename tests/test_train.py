@@ -57,6 +57,14 @@ def test_threads_option_and_strategy_subset(tmp_path):
     assert result["baseline_accuracy_difference"] is None
 
 
+def test_json_to_stdout_is_the_json_alone(capsys):
+    assert cli.main([*TINY, "--strategies", "ordered", "--json", "-"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["strategies"]["ordered"]["bit_identical"] is True
+    assert "bit-identical" in captured.err
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [

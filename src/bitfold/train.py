@@ -23,6 +23,12 @@ Reported per run: final loss (mean training loss of the last epoch), test
 accuracy, seconds per epoch, and the digest of the final state dict
 (:func:`bitfold.digest`); per strategy: whether all runs are bit-identical,
 the spread of test accuracy and the largest parameter difference.
+Unless it is already set, ``OMP_WAIT_POLICY=PASSIVE`` is set before PyTorch
+loads: PyTorch's spinning OpenMP workers otherwise take the cores from
+bitfold's Numba kernels (about 10 ms lost per fold on 2 cores). It changes
+timings only, never results. ``--json -`` writes the JSON alone to stdout
+(the table to stderr).
+
 ``--record DIR`` writes one JSON-lines manifest per run
 (:mod:`bitfold.manifest`: the digests of every gradient, then every
 parameter, at every step) for ``bitfold diff``.
@@ -43,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DeviceError, FoldError
+from .progress import progress_bar
 
 HELP = "train a folded MLP twice per strategy and check that the runs are bit-identical"
 
@@ -101,6 +108,10 @@ def _layers(torch: Any) -> tuple[Any, Any]:
 
     class AutogradFoldedLinear(FoldedLinear):
         """The baseline: ``v[idx]``, differentiated by PyTorch's own ``index_put_``."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.strategy = BASELINE  # shown by repr(); _gather does not use a bitfold strategy
 
         def _gather(self, v: Any) -> Any:
             idx = getattr(self, "_idx", None)
@@ -177,15 +188,6 @@ def _log_step(rec: Any, step: int, model: Any, loss: Any) -> None:
     rec.log(step, tensors, meta={"loss": float(loss.detach())})
 
 
-def _progress(total: int, desc: str) -> Any:
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is in the progress/test extras
-        return None
-    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False,
-                disable=not sys.stderr.isatty(), unit="epoch")
-
-
 def _run_digits(torch: Any, args: argparse.Namespace, data: dict[str, np.ndarray],
                 strategy: str, device: Any, rec: Any, bar: Any) -> dict[str, Any]:
     FoldedLinear, Baseline = _layers(torch)
@@ -220,9 +222,8 @@ def _run_digits(torch: Any, args: argparse.Namespace, data: dict[str, np.ndarray
             step += 1
         epoch_seconds.append(time.perf_counter() - t0)
         last_loss = total / batches
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{last_loss:.4f}")
+        bar.note(f"loss {last_loss:.4f}")
+        bar.tick()
     with torch.no_grad():
         pred = model(Xte).argmax(dim=1).cpu().numpy()
     accuracy = float(np.mean(pred == data["yte"]))
@@ -259,8 +260,7 @@ def _run_seed(torch: Any, args: argparse.Namespace, strategy: str, device: Any, 
         opt.step()
         loss_value = float(loss.detach())
         seconds.append(time.perf_counter() - t0)
-        if bar is not None:
-            bar.update(1)
+        bar.tick()
     return {"model": model, "predictions": None, "final_loss": loss_value, "test_accuracy": None,
             "seconds_per_epoch": float(np.mean(seconds)), "steps": args.steps}
 
@@ -300,35 +300,40 @@ def _fmt(x: Any, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def _print_report(result: dict[str, Any]) -> None:
+def _print_report(result: dict[str, Any], file: Any = None) -> None:
     cfg = result["config"]
-    print(f"bitfold train: model {cfg['model']}, {cfg['description']}")
+    out = file or sys.stdout
+
+    def emit(*a: Any) -> None:
+        print(*a, file=out)
+
+    emit(f"bitfold train: model {cfg['model']}, {cfg['description']}")
     env = result["environment"]
-    print(f"  torch {env['torch']}, {env['threads']} thread(s), device {cfg['device']}, "
-          f"seed {cfg['seed']}, OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}")
-    print()
-    print(f"  {'strategy':<9} {'run':>3} {'final loss':>12} {'test acc':>9} {'s/epoch':>8}  digest")
+    emit(f"  torch {env['torch']}, {env['threads']} thread(s), device {cfg['device']}, "
+         f"seed {cfg['seed']}, OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}")
+    emit()
+    emit(f"  {'strategy':<9} {'run':>3} {'final loss':>12} {'test acc':>9} {'s/epoch':>8}  digest")
     for r in result["runs"]:
         if "skipped" in r:
-            print(f"  {r['strategy']:<9} {'':>3} skipped: {r['skipped']}")
+            emit(f"  {r['strategy']:<9} {'':>3} skipped: {r['skipped']}")
             continue
-        print(f"  {r['strategy']:<9} {r['run']:>3} {r['final_loss']:>12.9g} "
-              f"{_fmt(r['test_accuracy'], '9.4f'):>9} {r['seconds_per_epoch']:>8.3f}  "
-              f"{r['digest'][:23]}...")
-    print()
-    print(f"  {'strategy':<9} {'bit-identical':>13} {'acc. difference':>16} "
-          f"{'predictions differing':>22} {'max |param diff|':>17}")
+        emit(f"  {r['strategy']:<9} {r['run']:>3} {r['final_loss']:>12.9g} "
+             f"{_fmt(r['test_accuracy'], '9.4f'):>9} {r['seconds_per_epoch']:>8.3f}  "
+             f"{r['digest'][:23]}...")
+    emit()
+    emit(f"  {'strategy':<9} {'bit-identical':>13} {'acc. difference':>16} "
+         f"{'predictions differing':>22} {'max |param diff|':>17}")
     for s in result["strategies"].values():
-        print(f"  {s['strategy']:<9} {'yes' if s['bit_identical'] else 'NO':>13} "
-              f"{_fmt(s['accuracy_difference'], '16.4f'):>16} "
-              f"{_fmt(s['test_predictions_differing'], 'd'):>22} "
-              f"{s['max_param_difference']:>17.3e}")
+        emit(f"  {s['strategy']:<9} {'yes' if s['bit_identical'] else 'NO':>13} "
+             f"{_fmt(s['accuracy_difference'], '16.4f'):>16} "
+             f"{_fmt(s['test_predictions_differing'], 'd'):>22} "
+             f"{s['max_param_difference']:>17.3e}")
     base = result.get("baseline_accuracy_difference")
     if BASELINE in result["strategies"]:
-        print()
-        print(f"  baseline ({BASELINE}, PyTorch's own fold): runs bit-identical: "
-              f"{result['strategies'][BASELINE]['bit_identical']}; accuracy difference "
-              f"between runs: {_fmt(base, '.4f')}")
+        emit()
+        emit(f"  baseline ({BASELINE}, PyTorch's own fold): runs bit-identical: "
+             f"{result['strategies'][BASELINE]['bit_identical']}; accuracy difference "
+             f"between runs: {_fmt(base, '.4f')}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -402,9 +407,11 @@ def _main(torch: Any, args: argparse.Namespace, strategies: list[str]) -> int:
         done: list[dict[str, Any]] = []
         for r in range(1, args.repeats + 1):
             meta = {"command": "bitfold train", "strategy": strategy, "run": r, **config}
-            bar = _progress(length, f"{strategy} run {r}/{args.repeats}")
             try:
-                with recorder.open(f"{args.model}-{strategy}-run{r}", meta) as rec:
+                with (
+                    progress_bar(length, f"{strategy} run {r}/{args.repeats}") as bar,
+                    recorder.open(f"{args.model}-{strategy}-run{r}", meta) as rec,
+                ):
                     if args.model == "digits":
                         out = _run_digits(torch, args, data, strategy, device, rec, bar)
                     else:
@@ -412,9 +419,6 @@ def _main(torch: Any, args: argparse.Namespace, strategies: list[str]) -> int:
             except DeviceError as err:
                 runs.append({"strategy": strategy, "run": r, "skipped": str(err)})
                 break
-            finally:
-                if bar is not None:
-                    bar.close()
             out.update(strategy=strategy, run=r, digest=digest(out["model"].state_dict()))
             if args.record:
                 out["manifest"] = str(Path(args.record) / f"{args.model}-{strategy}-run{r}.jsonl")
@@ -435,7 +439,8 @@ def _main(torch: Any, args: argparse.Namespace, strategies: list[str]) -> int:
             summaries[BASELINE]["accuracy_difference"] if BASELINE in summaries else None
         ),
     }
-    _print_report(result)
+    # with --json - the JSON alone goes to stdout and the table to stderr
+    _print_report(result, sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
         text = json.dumps(result, indent=2)
         if args.json == "-":
