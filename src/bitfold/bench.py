@@ -1,0 +1,432 @@
+"""``bitfold bench``: the cost of determinism, measured against every peer, with plots.
+
+Runs the selected sweeps (:mod:`bitfold.bench_cases`) over the selected
+contenders (:mod:`bitfold.bench_contenders`) and writes into ``--out``:
+
+* ``results.json``: machine, settings, command line, cases and one row per
+  (case, contender) (fields in :mod:`bitfold.bench_measure`), peak memory
+  (:mod:`bitfold.bench_worker`), Numba cold and warm start-up
+  (:mod:`bitfold.bench_startup`) and issue 3's goals;
+* ``summary.md`` generated from it (:mod:`bitfold.bench_report`);
+* PNG plots (:mod:`bitfold.bench_plots`);
+
+and prints a table on stdout. Everything that can be refused (names,
+device, output folder, missing matplotlib) is checked before any work
+starts; a contender that fails or runs out of memory is recorded as such
+and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.util
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from .errors import DeviceError, FoldError
+
+HELP = "measure the cost of determinism: bitfold against every peer, with JSON, table and plots"
+
+SCHEMA = "bitfold-bench/1"
+PHASES = ("memory", "threads", "startup", "plots")
+
+
+def _names(text: list[str] | None) -> list[str] | None:
+    """Comma- or space-separated names from one or more ``--flag`` values."""
+    if text is None:
+        return None
+    return [n.strip() for part in text for n in part.split(",") if n.strip()]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add ``bitfold bench``'s options to ``parser``."""
+    from .bench_cases import SWEEPS
+    from .bench_contenders import CONTENDERS, GROUPS
+
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smaller sweeps and fewer repeats (about 2 minutes on 2 cores)",
+    )
+    parser.add_argument(
+        "--device", default="cpu", metavar="{cpu,cuda}", help="where the folds run (default: cpu)"
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="output folder (default: benchmarks/results/<date>-<device>-<n>core)",
+    )
+    parser.add_argument(
+        "--sweeps",
+        nargs="+",
+        metavar="NAME",
+        default=None,
+        help=f"sweeps to run (default: all): {', '.join(SWEEPS)}",
+    )
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        metavar="NAME",
+        default=None,
+        help=f"contenders or groups (default: all): {', '.join(CONTENDERS)}; "
+        f"groups {', '.join(GROUPS)}. The atomic baseline always runs.",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        metavar="N",
+        help="timed repeats after the first call (default: 7, --quick: 5)",
+    )
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="multiply every N by S, 0 < S <= 1 (smoke tests; recorded)",
+    )
+    parser.add_argument(
+        "--memory-limit",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="largest padded buffer fixed-scatter may allocate "
+        "(default: 2 GiB or a quarter of the RAM if less)",
+    )
+    parser.add_argument(
+        "--skip",
+        nargs="+",
+        metavar="PHASE",
+        default=None,
+        help=f"phases to leave out: {', '.join(PHASES)}",
+    )
+    parser.add_argument("--from-json", metavar="RESULTS", default=None,
+                        help="measure nothing: rewrite the table, summary.md and plots of a "
+                        "saved results.json (into --out, default its folder)")  # fmt: skip
+
+
+# -- checks before any work ------------------------------------------------------------------
+def check_device(device: str) -> None:
+    """Refuse a device that is unknown or not available here."""
+    if device == "cpu":
+        return
+    if device != "cuda":
+        raise DeviceError(f"unknown device {device!r}; choose cpu or cuda")
+    why = []
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            return
+        why.append("torch.cuda.is_available() is False")
+    else:
+        why.append("torch is not installed")
+    if importlib.util.find_spec("cupy") is not None:
+        try:
+            import cupy
+
+            if cupy.cuda.runtime.getDeviceCount() > 0:
+                return
+            why.append("cupy sees no device")
+        except Exception as err:
+            why.append(f"cupy sees no device ({type(err).__name__})")
+    else:
+        why.append("cupy is not installed")
+    raise DeviceError(
+        f"--device cuda: no CUDA GPU is available here ({'; '.join(why)}); use --device cpu"
+    )
+
+
+def check_out_dir(path: str) -> str:
+    """Create ``path`` if needed and prove it is writable, or refuse it."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".bitfold-bench-write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as err:
+        raise FoldError(
+            f"cannot write the benchmark results to --out {path!r}: {err.strerror or err}; "
+            "pass a writable folder"
+        ) from None
+    return path
+
+
+def _default_out(device: str, cores: int) -> str:
+    day = _dt.date.today().isoformat()
+    tag = f"cpu-{cores}core" if device == "cpu" else device
+    return os.path.join("benchmarks", "results", f"{day}-{tag}")
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Validate every option (raising FoldError) and return the run's settings."""
+    from .bench_cases import SWEEPS, check_sweeps
+    from .bench_contenders import baseline_for, resolve
+    from .bench_machine import physical_memory, usable_cores
+
+    if args.repeats is not None and args.repeats < 1:
+        raise FoldError(f"--repeats must be at least 1; got {args.repeats}")
+    if not 0 < args.scale <= 1:
+        raise FoldError(f"--scale must satisfy 0 < S <= 1; got {args.scale}")
+    if args.memory_limit is not None and not args.memory_limit > 0:
+        raise FoldError(f"--memory-limit must be a positive number of GiB; got {args.memory_limit}")
+    skip = _names(args.skip) or []
+    for phase in skip:
+        if phase not in PHASES:
+            raise FoldError(f"unknown phase {phase!r} for --skip; choose from: {', '.join(PHASES)}")
+    sweeps = check_sweeps(_names(args.sweeps) or list(SWEEPS))
+    check_device(args.device)
+    contenders = resolve(_names(args.contenders) or ["all"], args.device)
+    if "plots" not in skip and importlib.util.find_spec("matplotlib") is None:
+        raise FoldError(
+            "the plots need matplotlib, which is not installed: pip install 'bitfold[plot]', "
+            "or pass --skip plots"
+        )
+    ram = physical_memory() or 8 << 30
+    limit = int(args.memory_limit * 2**30) if args.memory_limit else min(2 << 30, ram // 4)
+    out = check_out_dir(args.out or _default_out(args.device, usable_cores()))
+    return {
+        "quick": bool(args.quick),
+        "device": args.device,
+        "repeats": args.repeats or (5 if args.quick else 7),
+        "budget_s": 1.0 if args.quick else 4.0,
+        "scale": args.scale,
+        "sweeps": sweeps,
+        "contenders": contenders,
+        "baseline": baseline_for(args.device),
+        "memory_limit_bytes": limit,
+        "skip": skip,
+        "out": out,
+    }
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    parts = ["bitfold", "bench"]
+    if args.quick:
+        parts.append("--quick")
+    if args.device != "cpu":
+        parts += ["--device", args.device]
+    for flag in ("sweeps", "contenders", "skip"):
+        names = _names(getattr(args, flag))
+        if names:
+            parts += [f"--{flag}", ",".join(names)]
+    if args.repeats is not None:
+        parts += ["--repeats", str(args.repeats)]
+    if args.scale != 1.0:
+        parts += ["--scale", f"{args.scale:g}"]
+    if args.memory_limit is not None:
+        parts += ["--memory-limit", f"{args.memory_limit:g}"]
+    if args.out:
+        parts += ["--out", args.out]
+    return " ".join(parts)
+
+
+# -- progress --------------------------------------------------------------------------------
+class _Progress:
+    """A tqdm bar on stderr when it is a terminal and tqdm is installed; otherwise nothing."""
+
+    def __init__(self, total: int) -> None:
+        self.bar = None
+        if sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, file=sys.stderr, unit="job", dynamic_ncols=True)
+
+    def step(self, label: str, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.set_description(label[:48])
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# -- the run ---------------------------------------------------------------------------------
+def _time_cases(cfg: dict[str, Any], cases: list[Any], progress: _Progress) -> list[dict]:
+    """Time every contender on every case in this process."""
+    import numpy as np
+
+    from .bench_cases import make_inputs
+    from .bench_contenders import CONTENDERS, Inputs
+    from .bench_measure import failure, measure, reference
+    from .plan import Fold
+
+    Fold(np.arange(64, dtype=np.int64) % 7, 7)  # load the plan kernels: setup_s is build only
+    rows: list[dict] = []
+    base = cfg["baseline"]
+    for case in cases:
+        idx, values = make_inputs(case.spec)
+        inp = Inputs(idx, values, case.k, cfg["device"], cfg["memory_limit_bytes"])
+        try:
+            ref = reference(inp)
+        except Exception as err:  # the yardstick is optional; say why it is missing
+            ref = None
+            print(f"bitfold bench: no exact reference for {case.id}: {failure(err)[1]}",
+                  file=sys.stderr)  # fmt: skip
+        case_rows = []
+        for name in cfg["contenders"]:
+            r = measure(name, inp, repeats=cfg["repeats"], budget_s=cfg["budget_s"], ref=ref)
+            c = CONTENDERS[name]
+            r.update(case=case.id, guarantee=c.guarantee, description=c.description)
+            case_rows.append(r)
+            progress.step(f"{name} {case.describe()}")
+        b = next((r for r in case_rows if r["contender"] == base and r["status"] == "ok"), None)
+        for r in case_rows:
+            if r["status"] == "ok" and r.get("median_s"):
+                r["bandwidth_gb_s"] = case.min_bytes / r["median_s"] / 1e9
+                r["ratio_to_baseline"] = r["median_s"] / b["median_s"] if b else None
+        rows.extend(case_rows)
+        del inp, idx, values, ref
+    return rows
+
+
+def _worker_phase(
+    mode: str, cfg: dict[str, Any], cases: list[Any], rows: list[dict], progress: _Progress
+) -> None:
+    """Peak memory (``memory``) or digests under another thread count (``threads``) per row."""
+    from .bench_machine import thread_counts
+    from .bench_worker import run_jobs
+
+    specs = {c.id: c.spec for c in cases}
+    todo = [r for r in rows if r["status"] == "ok"]
+    jobs = [{"case": specs[r["case"]], "contender": r["contender"]} for r in todo]
+    env, threads = None, None
+    if mode == "threads":
+        main = thread_counts()["numba"]
+        threads = 1 if main > 1 else 2
+        env = {k: str(threads) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS",
+                                         "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}  # fmt: skip
+
+    def done(i: int, result: dict[str, Any]) -> None:
+        progress.step(f"{mode}: {jobs[i]['contender']}")
+
+    results = run_jobs(
+        "memory" if mode == "memory" else "digest",
+        jobs,
+        device=cfg["device"],
+        memory_limit=cfg["memory_limit_bytes"],
+        env=env,
+        threads=threads,
+        on_done=done,
+    )
+    for i, r in enumerate(todo):
+        got = results.get(i, {"status": "failed", "reason": "no result from the worker"})
+        if mode == "memory":
+            r["memory_status"] = got["status"]
+            r["memory_reason"] = got.get("reason")
+            for key in ("peak_bytes", "peak_traced_bytes", "peak_rss_bytes",
+                        "setup_traced_bytes", "bytes_per_element", "memory_method"):  # fmt: skip
+                r[key] = got.get(key)
+        else:
+            r["threads_compared"] = [thread_counts()["numba"], threads]
+            r["threads_digest"] = got.get("digest")
+            r["identical_threads"] = got["digest"] == r["digest"] if got["status"] == "ok" else None
+            if got["status"] != "ok":
+                r["threads_reason"] = got.get("reason")
+
+
+def write_outputs(res: dict[str, Any], out: str, *, plots: bool) -> list[str]:
+    """Write summary.md and the plots of ``res`` into ``out``; print the table; return files."""
+    from .bench_report import summary_markdown, text_table
+
+    written = []
+    if plots:
+        from .bench_plots import write_plots
+
+        written = write_plots(res, out)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(summary_markdown(res, written))
+    print(text_table(res))
+    return ["summary.md", *written]
+
+
+def _case_record(c: Any) -> dict[str, Any]:
+    return {"id": c.id, **c.spec, "sweeps": list(c.sweeps), "min_bytes": c.min_bytes,
+            "input_bytes": c.n * (8 + c.value_itemsize)}  # fmt: skip
+
+
+def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
+    """Measure everything ``cfg`` asks for and return the results dict."""
+    from .bench_cases import build_cases, describe_sweep
+    from .bench_machine import describe
+    from .bench_report import goals
+    from .bench_startup import measure_startup
+
+    t_start = time.perf_counter()
+    cases = build_cases(cfg["sweeps"], quick=cfg["quick"], scale=cfg["scale"])
+    n_jobs = len(cases) * len(cfg["contenders"])
+    total = n_jobs * (1 + sum(p not in cfg["skip"] for p in ("memory", "threads")))
+    progress = _Progress(total + (2 if "startup" not in cfg["skip"] else 0))
+    phases: dict[str, float] = {}
+    try:
+        t0 = time.perf_counter()
+        rows = _time_cases(cfg, cases, progress)
+        phases["timing"] = time.perf_counter() - t0
+        for mode in ("memory", "threads"):
+            if mode not in cfg["skip"]:
+                t0 = time.perf_counter()
+                _worker_phase(mode, cfg, cases, rows, progress)
+                phases[mode] = time.perf_counter() - t0
+        startup = None
+        if "startup" not in cfg["skip"]:
+            t0 = time.perf_counter()
+            startup = measure_startup()
+            progress.step("numba cold/warm start", 2)
+            phases["startup"] = time.perf_counter() - t0
+    finally:
+        progress.close()
+    res: dict[str, Any] = {
+        "schema": SCHEMA,
+        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": command,
+        "settings": {k: v for k, v in cfg.items() if k != "out"},
+        "machine": describe(cfg["device"]),
+        "sweeps": {name: describe_sweep(name, cases) for name in cfg["sweeps"]},
+        "cases": [_case_record(c) for c in cases],
+        "results": rows,
+        "startup": startup,
+    }
+    res["goals"] = goals(res)
+    res["phase_seconds"] = phases
+    res["duration_s"] = time.perf_counter() - t_start
+    return res
+
+
+def _from_json(args: argparse.Namespace) -> int:
+    path = args.from_json
+    try:
+        with open(path) as f:
+            res = json.load(f)
+    except (OSError, ValueError) as err:
+        raise FoldError(f"cannot read --from-json {path!r}: {err}") from None
+    if not isinstance(res, dict) or res.get("schema") != SCHEMA:
+        raise FoldError(f"--from-json {path!r} is not a bitfold bench results file ({SCHEMA})")
+    skip = _names(args.skip) or []
+    if "plots" not in skip and importlib.util.find_spec("matplotlib") is None:
+        raise FoldError("the plots need matplotlib: pip install 'bitfold[plot]', or --skip plots")
+    out = check_out_dir(args.out or os.path.dirname(os.path.abspath(path)))
+    write_outputs(res, out, plots="plots" not in skip)
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``bitfold bench`` (see the module docstring); 0 on success."""
+    if args.from_json:
+        return _from_json(args)
+    cfg = _settings(args)
+    res = run(cfg, _command_line(args))
+    out = cfg["out"]
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(res, f, indent=1, default=float)
+        f.write("\n")
+    files = write_outputs(res, out, plots="plots" not in cfg["skip"])
+    print(f"\nwrote {', '.join(['results.json', *files])} to {out} "
+          f"in {res['duration_s']:.0f} s", file=sys.stderr)  # fmt: skip
+    return 0

@@ -1,0 +1,366 @@
+"""The benchmark's contenders: every way to fold values into K buckets that it compares.
+
+Each contender is a :class:`Contender` whose ``make(inputs)`` converts the
+inputs to its own library and device (not timed) and returns a
+:class:`Runner`: ``build()`` builds whatever depends on the index only (a
+plan, a sorted order; timed as *setup*), ``call()`` folds the values once
+and returns the K sums after the device has finished (timed).
+
+Peers accumulate in the value dtype, as they do natively (``np.bincount`` in
+float64); bitfold returns float32 sums for float16 values. Frameworks are
+imported only when a contender that needs them runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import FoldError
+
+
+class OutOfMemory(MemoryError):
+    """A contender would need more memory than the benchmark allows."""
+
+
+@dataclass
+class Inputs:
+    """One case's index (int64) and values on the host, and conversions shared by contenders."""
+
+    idx: np.ndarray
+    values: np.ndarray
+    k: int
+    device: str = "cpu"
+    memory_limit: int = 1 << 32
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def n(self) -> int:
+        return int(self.idx.size)
+
+    def cached(self, key: str, build: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def torch(self) -> tuple[Any, Any]:
+        """``(index int64, values)`` as torch tensors on the benchmark's device."""
+        import torch
+
+        def convert() -> tuple[Any, Any]:
+            i, v = torch.from_numpy(self.idx), torch.from_numpy(self.values)
+            if self.device == "cuda":
+                i, v = i.cuda(), v.cuda()
+            return i, v
+
+        return self.cached("torch", convert)
+
+
+@dataclass
+class Runner:
+    """``build()`` once (index-only work), then ``call()`` per fold (waits for the device)."""
+
+    call: Callable[[], Any]
+    build: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True)
+class Contender:
+    """A named fold implementation and what it promises about the bits of its result."""
+
+    name: str
+    library: str  # the import it needs ("bitfold" needs nothing extra)
+    devices: tuple[str, ...]
+    guarantee: str  # "exact", "fixed order", "deterministic mode" or "none"
+    description: str
+    make: Callable[[Inputs], Runner]
+
+    def unavailable(self, device: str) -> str | None:
+        """Why this contender cannot run on ``device`` here, or None when it can."""
+        if device not in self.devices:
+            return f"runs on {' or '.join(self.devices)} only, not on {device}"
+        if self.library != "bitfold" and importlib.util.find_spec(self.library) is None:
+            return f"{self.library} is not installed"
+        return None
+
+
+# -- bitfold ---------------------------------------------------------------------------------
+def _bitfold(strategy: str) -> Callable[[Inputs], Runner]:
+    def make(inp: Inputs) -> Runner:
+        from .plan import Fold
+
+        values = inp.torch()[1] if inp.device == "cuda" else inp.values
+        state: dict[str, Any] = {}
+
+        def build() -> None:
+            state["plan"] = Fold(inp.idx, inp.k)
+
+        def call() -> Any:
+            out = state["plan"](values, strategy)
+            _sync(inp.device, out)
+            return out
+
+        return Runner(call, build)
+
+    return make
+
+
+# -- the seed's padded layout ----------------------------------------------------------------
+class PaddedScatter:
+    """The seed experiment's ``FixedScatter``, rewritten: a fixed order, no races.
+
+    Built once: a stable sort of the index and a ``K x (largest bucket)``
+    buffer. Each call assigns every value to its own slot (bucket row, rank
+    within the bucket) and sums the rows with the array library's reduction.
+    The buffer grows with the largest bucket, so skewed maps explode; a
+    buffer above ``limit`` bytes raises :class:`OutOfMemory` instead.
+    """
+
+    def __init__(self, idx: np.ndarray, k: int, dtype: Any, limit: int, xp: Any = np) -> None:
+        counts = np.bincount(idx, minlength=k)
+        self.k, self.width = k, int(counts.max()) if idx.size else 0
+        need = k * self.width * np.dtype(dtype).itemsize
+        if need > limit:
+            raise OutOfMemory(
+                f"the padded buffer K x largest bucket = {k:,} x {self.width:,} "
+                f"{np.dtype(dtype).name} needs {need / 2**30:.1f} GiB, over the "
+                f"benchmark's memory limit of {limit / 2**30:.1f} GiB"
+            )
+        order = np.argsort(idx, kind="stable")
+        first = np.cumsum(counts) - counts
+        rank = np.arange(idx.size) - np.repeat(first, counts)
+        self.order = xp.asarray(order)
+        self.slot = xp.asarray(idx[order] * self.width + rank)
+        self.buf = xp.zeros(k * self.width, dtype)
+
+    def __call__(self, g: Any) -> Any:
+        self.buf[:] = 0
+        self.buf[self.slot] = g[self.order]
+        return self.buf.reshape(self.k, self.width).sum(1)
+
+
+def _padded(inp: Inputs) -> Runner:
+    if inp.device == "cuda":
+        import cupy as xp
+    else:
+        xp = np
+    values = (
+        inp.cached("cupy-values", lambda: xp.asarray(inp.values)) if xp is not np else (inp.values)
+    )
+    state: dict[str, Any] = {}
+
+    def build() -> None:
+        state["fs"] = PaddedScatter(inp.idx, inp.k, inp.values.dtype, inp.memory_limit, xp)
+
+    def call() -> Any:
+        out = state["fs"](values)
+        _sync(inp.device, out)
+        return out
+
+    return Runner(call, build)
+
+
+# -- numpy -----------------------------------------------------------------------------------
+def _add_at(inp: Inputs) -> Runner:
+    def call() -> np.ndarray:
+        out = np.zeros(inp.k, inp.values.dtype)
+        np.add.at(out, inp.idx, inp.values)
+        return out
+
+    return Runner(call)
+
+
+def _bincount(inp: Inputs) -> Runner:
+    return Runner(lambda: np.bincount(inp.idx, weights=inp.values, minlength=inp.k))
+
+
+# -- torch -----------------------------------------------------------------------------------
+@contextmanager
+def _torch_mode(deterministic: bool) -> Iterator[None]:
+    import torch
+
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+def _torch(op: str, deterministic: bool) -> Callable[[Inputs], Runner]:
+    def make(inp: Inputs) -> Runner:
+        import torch
+
+        idx, values = inp.torch()
+        zeros = lambda: torch.zeros(inp.k, dtype=values.dtype, device=values.device)  # noqa: E731
+        if op == "index_add":
+            fold = lambda: zeros().index_add_(0, idx, values)  # noqa: E731
+        elif op == "scatter_add":
+            fold = lambda: zeros().scatter_add_(0, idx, values)  # noqa: E731
+        else:  # the autograd gradient of v[idx]; the forward gather is the input, not timed
+            v = torch.zeros(inp.k, dtype=values.dtype, device=values.device, requires_grad=True)
+            with _torch_mode(deterministic):
+                w = v[idx]
+
+            def fold() -> Any:
+                return torch.autograd.grad(w, v, values, retain_graph=True)[0]
+
+        def call() -> Any:
+            with _torch_mode(deterministic):
+                out = fold()
+            _sync(inp.device, out)
+            return out
+
+        return Runner(call)
+
+    return make
+
+
+def _segment_csr(inp: Inputs) -> Runner:
+    import torch
+    from torch_scatter import segment_csr
+
+    idx, values = inp.torch()
+    state: dict[str, Any] = {}
+
+    def build() -> None:
+        state["order"] = torch.argsort(idx, stable=True)
+        indptr = torch.zeros(inp.k + 1, dtype=torch.int64, device=idx.device)
+        torch.cumsum(torch.bincount(idx, minlength=inp.k), 0, out=indptr[1:])
+        state["indptr"] = indptr
+
+    def call() -> Any:
+        out = segment_csr(values[state["order"]], state["indptr"], reduce="sum")
+        _sync(inp.device, out)
+        return out
+
+    return Runner(call, build)
+
+
+# -- jax -------------------------------------------------------------------------------------
+def _jax_segment_sum(inp: Inputs) -> Runner:
+    import jax
+
+    if inp.values.dtype == np.float64:
+        jax.config.update("jax_enable_x64", True)
+    dev = jax.devices("gpu" if inp.device == "cuda" else "cpu")[0]
+    data = jax.device_put(inp.values, dev)
+    seg = jax.device_put(inp.idx.astype(np.int32), dev)
+    fold = jax.jit(lambda d, s: jax.ops.segment_sum(d, s, num_segments=inp.k))
+    return Runner(lambda: fold(data, seg).block_until_ready())
+
+
+# -- cupy ------------------------------------------------------------------------------------
+def _cupy_scatter_add(inp: Inputs) -> Runner:
+    import cupy
+    import cupyx
+
+    idx = inp.cached("cupy-idx", lambda: cupy.asarray(inp.idx))
+    values = inp.cached("cupy-values", lambda: cupy.asarray(inp.values))
+
+    def call() -> Any:
+        out = cupy.zeros(inp.k, values.dtype)
+        cupyx.scatter_add(out, idx, values)
+        cupy.cuda.Device().synchronize()
+        return out
+
+    return Runner(call)
+
+
+def _sync(device: str, out: Any) -> None:
+    """Wait until ``out`` is computed (GPU work is asynchronous)."""
+    if device != "cuda":
+        return
+    mod = type(out).__module__.split(".", 1)[0]
+    if mod == "torch":
+        import torch
+
+        torch.cuda.synchronize()
+    elif mod == "cupy":
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+
+
+_BOTH = ("cpu", "cuda")
+_DET = "deterministic mode"
+CONTENDERS: dict[str, Contender] = {
+    c.name: c
+    for c in [
+        Contender("bitfold-exact", "bitfold", _BOTH, "exact",
+                  "bitfold.Fold(idx, K)(values, 'exact')", _bitfold("exact")),
+        Contender("bitfold-ordered", "bitfold", _BOTH, "fixed order",
+                  "bitfold.Fold(idx, K)(values, 'ordered')", _bitfold("ordered")),
+        Contender("bitfold-atomic", "bitfold", _BOTH, "none",
+                  "bitfold.Fold(idx, K)(values, 'atomic')", _bitfold("atomic")),
+        Contender("fixed-scatter", "numpy", _BOTH, "fixed order",
+                  "the seed's FixedScatter: K x largest-bucket padded buffer", _padded),
+        Contender("numpy-add-at", "numpy", ("cpu",), "none",
+                  "np.add.at(zeros(K), idx, values)", _add_at),
+        Contender("numpy-bincount", "numpy", ("cpu",), "none",
+                  "np.bincount(idx, weights=values) (float64 sums)", _bincount),
+        Contender("torch-index-add", "torch", _BOTH, "none",
+                  "zeros(K).index_add_(0, idx, values)", _torch("index_add", False)),
+        Contender("torch-index-add-det", "torch", _BOTH, _DET,
+                  "index_add_ under use_deterministic_algorithms(True)",
+                  _torch("index_add", True)),
+        Contender("torch-scatter-add", "torch", _BOTH, "none",
+                  "zeros(K).scatter_add_(0, idx, values)", _torch("scatter_add", False)),
+        Contender("torch-scatter-add-det", "torch", _BOTH, _DET,
+                  "scatter_add_ under use_deterministic_algorithms(True)",
+                  _torch("scatter_add", True)),
+        Contender("torch-autograd", "torch", _BOTH, "none",
+                  "autograd gradient of v[idx] (index_put_ accumulate)",
+                  _torch("autograd", False)),
+        Contender("torch-autograd-det", "torch", _BOTH, _DET,
+                  "autograd gradient of v[idx] under use_deterministic_algorithms(True)",
+                  _torch("autograd", True)),
+        Contender("torch-scatter-segment-csr", "torch_scatter", _BOTH, "fixed order",
+                  "torch_scatter.segment_csr(values[order], indptr)", _segment_csr),
+        Contender("jax-segment-sum", "jax", _BOTH, "none",
+                  "jax.jit(jax.ops.segment_sum)(values, idx, K)", _jax_segment_sum),
+        Contender("cupy-scatter-add", "cupy", ("cuda",), "none",
+                  "cupyx.scatter_add(zeros(K), idx, values)", _cupy_scatter_add),
+    ]
+}  # fmt: skip
+
+#: Contender groups accepted by ``--contenders`` besides single names.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "all": tuple(CONTENDERS),
+    "bitfold": tuple(n for n in CONTENDERS if n.startswith("bitfold-")),
+    "numpy": ("numpy-add-at", "numpy-bincount", "fixed-scatter"),
+    "torch": tuple(n for n in CONTENDERS if n.startswith("torch-")),
+}
+
+#: The atomic baseline of each device; ratios are taken against it and it always runs.
+BASELINES = {"cpu": "numpy-add-at", "cuda": "cupy-scatter-add"}
+
+
+def baseline_for(device: str) -> str:
+    """The atomic scatter every other contender is compared with on ``device``."""
+    if device == "cuda" and importlib.util.find_spec("cupy") is None:
+        return "torch-scatter-add"
+    return BASELINES[device]
+
+
+def resolve(names: list[str], device: str) -> list[str]:
+    """Expand group names, refuse unknown ones, add the device's baseline; keep the order."""
+    chosen: list[str] = []
+    for name in names:
+        if name in GROUPS:
+            chosen.extend(GROUPS[name])
+        elif name in CONTENDERS:
+            chosen.append(name)
+        else:
+            raise FoldError(
+                f"unknown contender {name!r}; choose from: {', '.join(CONTENDERS)} "
+                f"(or a group: {', '.join(GROUPS)})"
+            )
+    base = baseline_for(device)
+    out = [base] + [n for n in dict.fromkeys(chosen) if n != base]
+    return out
