@@ -300,3 +300,25 @@ def test_merging_a_copy_of_the_same_map_is_allowed():
     vals = np.array([1.0, 2.0, 3.0], np.float32)
     acc = a.accumulator().add(vals).merge(b.accumulator().add(vals))
     assert acc.result().tolist() == [2.0, 10.0]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_parallel_and_serial_paths_agree_with_the_oracle(kernel, monkeypatch):
+    """Small inputs run serially; lowering the thresholds sends them through the parallel kernels."""
+    from bitfold.kernels import cpu
+
+    rng = np.random.default_rng(11)
+    idx = rng.integers(0, 37, 2000)
+    vals = (rng.normal(size=2000) * 2.0 ** rng.integers(-60, 60, 2000)).astype(np.float32)
+    vals[::97] = -0.0
+    vals[5] = np.inf
+    want = exact_fold_oracle(idx, vals, 37).view(np.uint32)
+    serial = exact_with(kernel, idx, vals, 37)
+    monkeypatch.setattr(cpu, "PARALLEL_MIN_VALUES", 64)
+    monkeypatch.setattr(cpu, "PARALLEL_MIN_BUCKETS", 4)
+    parallel = exact_with(kernel, idx, vals, 37)
+    np.testing.assert_array_equal(serial.view(np.uint32), want)
+    np.testing.assert_array_equal(parallel.view(np.uint32), want)
+    plan = bitfold.Fold(idx, 37)
+    v = rng.normal(size=37).astype(np.float32)
+    np.testing.assert_array_equal(plan.expand(v), v[idx])

@@ -103,11 +103,12 @@ def slots_for(n: int, K: int, per_bucket_bytes: int) -> int:
     """How many private copies to split ``n`` values over: from n and K only.
 
     Enough copies to keep several threads busy when the copies are cheap
-    relative to the work, and never so many that their memory exceeds about
-    16 bytes per value.
+    relative to the work, never so many that their memory exceeds about 16
+    bytes per value, and one (no parallel launch at all) for small inputs.
     """
     by_memory = (16 * n) // max(1, K * per_bucket_bytes)
-    return int(max(1, min(MAX_SLOTS, by_memory)))
+    by_work = n // (cpu.PARALLEL_MIN_VALUES // 4)
+    return int(max(1, min(MAX_SLOTS, by_memory, by_work)))
 
 
 def accumulate(
@@ -132,7 +133,6 @@ def accumulate(
     if n == 0:
         return
     L = fmt.limbs
-    cpu.start_thread_pool()
     if kernel == "auto":
         kernel = "binned" if fmt is F32 and K <= BINNED_MAX_K else "limbs"
     if kernel == "binned":
@@ -171,7 +171,6 @@ def round_state(state: np.ndarray, fmt: LimbFormat, out_dtype: Any) -> np.ndarra
     precision, sub_exp = _TARGETS[name]
     q_min = max(0, sub_exp - fmt.unit_exp)
     wide = np.empty(state.shape[0], np.float64)
-    cpu.start_thread_pool()
     cpu.finalise(np.ascontiguousarray(state), fmt.limbs, fmt.unit_exp, precision, q_min, wide)
     if name == "bfloat16":  # NumPy has no bfloat16: bfloat16 values, held exactly in float32
         name = "float32"

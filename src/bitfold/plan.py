@@ -199,7 +199,6 @@ class Fold:
         host = np.ascontiguousarray(to_numpy(v))
         out = np.empty(self.size, host.dtype)
         if host.dtype.kind == "f" and host.dtype.itemsize >= 4:
-            cpu.start_thread_pool()
             cpu.gather(host, self._index, out)
         else:
             np.take(host, self._index, out=out)

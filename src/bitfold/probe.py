@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -69,8 +70,17 @@ def _max_abs_diff(a: Any, b: Any) -> float:
 
 
 def _torch_or_none(wanted: bool) -> Any:
+    """torch, imported with passive OpenMP waiting unless the user chose otherwise.
+
+    PyTorch's wheel carries its own OpenMP runtime, whose idle workers spin
+    for a while after every operation and would take the cores from the
+    Numba kernels measured next; ``OMP_WAIT_POLICY=PASSIVE`` puts them to
+    sleep instead. It only changes timings, never results.
+    """
     if not wanted or importlib.util.find_spec("torch") is None:
         return None
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
     return torch
@@ -282,6 +292,7 @@ class Probe:
             "config": asdict(self.cfg) | {"device": self.device},
             "machine": machine.describe(),
             "backend": "numpy + numba (CPU)" + (" and torch (CPU)" if self.torch else ""),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         }
         report["q1_nondeterminism"] = self.question1()
         report["q2_fixed_order"] = self.question2()

@@ -99,8 +99,7 @@ def ordered_fold(index, values, out):  # pragma: no cover - compiled
 
 
 @njit(cache=True, parallel=True)
-def gather(v, index, out):  # pragma: no cover - compiled
-    """``out[i] = v[index[i]]`` (the forward of a folded layer), in parallel."""
+def _gather_parallel(v, index, out):  # pragma: no cover - compiled
     n = index.shape[0]
     chunks = 64
     for c in prange(chunks):
@@ -110,6 +109,22 @@ def gather(v, index, out):  # pragma: no cover - compiled
         o = out[lo:hi]
         for t in range(hi - lo):
             o[t] = v[ix[t]]
+
+
+#: Below this many values (or buckets) kernels run on the calling thread: a
+#: parallel launch costs more than it saves, and much more while another
+#: OpenMP runtime (PyTorch's) keeps its worker threads spinning.
+PARALLEL_MIN_VALUES = 1 << 18
+PARALLEL_MIN_BUCKETS = 1 << 14
+
+
+def gather(v: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = v[index[i]]`` (the forward of a folded layer)."""
+    if index.shape[0] >= PARALLEL_MIN_VALUES:
+        start_thread_pool()
+        _gather_parallel(v, index, out)
+    else:
+        np.take(v, index, out=out)
 
 
 @njit(cache=True, nogil=True)
@@ -194,8 +209,30 @@ def _add_f64_range(index, bits, lo, hi, acc, sp):  # pragma: no cover - compiled
         acc[k, j + 2] += sign * (high >> 32)
 
 
+@njit(cache=True, nogil=True)
+def _limbs_slot(index, bits, wide, lo, hi, acc, sp, carry_every):  # pragma: no cover - compiled
+    start = lo
+    while start < hi:
+        stop = min(hi, start + carry_every)
+        if wide:
+            _add_f64_range(index, bits, start, stop, acc, sp)
+        else:
+            _add_f32_range(index, bits, start, stop, acc, sp)
+        normalise_rows(acc)
+        start = stop
+
+
 @njit(cache=True, parallel=True)
-def exact_accumulate(index, bits, wide, limbs, specials, carry_every):  # pragma: no cover
+def _limbs_parallel(index, bits, wide, limbs, specials, carry_every):  # pragma: no cover
+    n = bits.shape[0]
+    S = limbs.shape[0]
+    for s in prange(S):
+        _limbs_slot(
+            index, bits, wide, n * s // S, n * (s + 1) // S, limbs[s], specials[s], carry_every
+        )
+
+
+def exact_accumulate(index, bits, wide, limbs, specials, carry_every) -> None:
     """Add every value into private per-slot limbs; slot s takes the s-th of S equal ranges.
 
     ``limbs`` is (S, K, L) int64 and ``specials`` (S, K, 4) int64, both zeroed
@@ -206,22 +243,11 @@ def exact_accumulate(index, bits, wide, limbs, specials, carry_every):  # pragma
     Limbs are carry-normalised after every ``carry_every`` values of a slot,
     so no limb can overflow whatever the bucket sizes.
     """
-    n = bits.shape[0]
-    S = limbs.shape[0]
-    for s in prange(S):
-        lo = n * s // S
-        hi = n * (s + 1) // S
-        acc = limbs[s]
-        sp = specials[s]
-        start = lo
-        while start < hi:
-            stop = min(hi, start + carry_every)
-            if wide:
-                _add_f64_range(index, bits, start, stop, acc, sp)
-            else:
-                _add_f32_range(index, bits, start, stop, acc, sp)
-            normalise_rows(acc)
-            start = stop
+    if limbs.shape[0] == 1:
+        _limbs_slot(index, bits, wide, 0, bits.shape[0], limbs[0], specials[0], carry_every)
+    else:
+        start_thread_pool()
+        _limbs_parallel(index, bits, wide, limbs, specials, carry_every)
 
 
 @njit(cache=True, nogil=True)
@@ -278,8 +304,29 @@ def _bin_range(index, values, bits, lo, hi, bins):  # pragma: no cover - compile
         flat[b * K + ix[t]] += np.float64(vs[t])
 
 
+@njit(cache=True, nogil=True)
+def _binned_slot(index, values, lo, hi, bins, acc, sp, flush_every):  # pragma: no cover
+    bits = values.view(np.uint32)
+    start = lo
+    while start < hi:
+        stop = min(hi, start + flush_every)
+        _bin_range(index, values, bits, start, stop, bins)
+        _flush_bins(bins, acc, sp)
+        normalise_rows(acc)
+        start = stop
+
+
 @njit(cache=True, parallel=True)
-def exact_binned_accumulate(index, values, bins, limbs, specials, flush_every):  # pragma: no cover
+def _binned_parallel(index, values, bins, limbs, specials, flush_every):  # pragma: no cover
+    n = values.shape[0]
+    S = bins.shape[0]
+    for s in prange(S):
+        _binned_slot(
+            index, values, n * s // S, n * (s + 1) // S, bins[s], limbs[s], specials[s], flush_every
+        )
+
+
+def exact_binned_accumulate(index, values, bins, limbs, specials, flush_every) -> None:
     """float32 values, small K: exact float64 bins per slot, flushed into per-slot limbs.
 
     ``bins`` is (S, 32, K) float64 filled with -0.0, ``limbs`` (S, K, L) and
@@ -287,35 +334,46 @@ def exact_binned_accumulate(index, values, bins, limbs, specials, flush_every): 
     s-th of S equal ranges of the values. ``flush_every`` must not exceed
     :data:`BIN_FLUSH_EVERY`.
     """
-    n = values.shape[0]
-    S = bins.shape[0]
-    bits = values.view(np.uint32)
-    for s in prange(S):
-        lo = n * s // S
-        hi = n * (s + 1) // S
-        start = lo
-        while start < hi:
-            stop = min(hi, start + flush_every)
-            _bin_range(index, values, bits, start, stop, bins[s])
-            _flush_bins(bins[s], limbs[s], specials[s])
-            normalise_rows(limbs[s])
-            start = stop
+    if bins.shape[0] == 1:
+        _binned_slot(index, values, 0, values.shape[0], bins[0], limbs[0], specials[0], flush_every)
+    else:
+        start_thread_pool()
+        _binned_parallel(index, values, bins, limbs, specials, flush_every)
+
+
+@njit(cache=True, nogil=True)
+def _merge_bucket(limbs, specials, state, L, k):  # pragma: no cover - compiled
+    S = limbs.shape[0]
+    for s in range(S):
+        for j in range(L):
+            state[k, j] += limbs[s, k, j]
+        for c in range(4):
+            state[k, L + 1 + c] += specials[s, k, c]
+    for j in range(L - 1):
+        c = state[k, j] >> 32
+        state[k, j] -= c << 32
+        state[k, j + 1] += c
+
+
+@njit(cache=True, nogil=True)
+def _merge_serial(limbs, specials, state, L):  # pragma: no cover - compiled
+    for k in range(state.shape[0]):
+        _merge_bucket(limbs, specials, state, L, k)
 
 
 @njit(cache=True, parallel=True)
-def merge_slots(limbs, specials, state, L):  # pragma: no cover - compiled
+def _merge_parallel(limbs, specials, state, L):  # pragma: no cover - compiled
+    for k in prange(state.shape[0]):
+        _merge_bucket(limbs, specials, state, L, k)
+
+
+def merge_slots(limbs, specials, state, L) -> None:
     """Add the per-slot limbs and side counters into ``state`` (K, L + 5) and normalise it."""
-    S, K, _ = limbs.shape
-    for k in prange(K):
-        for s in range(S):
-            for j in range(L):
-                state[k, j] += limbs[s, k, j]
-            for c in range(4):
-                state[k, L + 1 + c] += specials[s, k, c]
-        for j in range(L - 1):
-            c = state[k, j] >> 32
-            state[k, j] -= c << 32
-            state[k, j + 1] += c
+    if state.shape[0] >= PARALLEL_MIN_BUCKETS:
+        start_thread_pool()
+        _merge_parallel(limbs, specials, state, L)
+    else:
+        _merge_serial(limbs, specials, state, L)
 
 
 @njit(cache=True, nogil=True)
@@ -327,8 +385,83 @@ def _bit_length(x):  # pragma: no cover - compiled
     return n
 
 
+@njit(cache=True, nogil=True)
+def _finalise_bucket(state, L, unit_exp, precision, q_min, out, k):  # pragma: no cover
+    n_terms = state[k, L]
+    n_not_negzero = state[k, L + 1]
+    n_nan = state[k, L + 2]
+    n_pos = state[k, L + 3]
+    n_neg = state[k, L + 4]
+    if n_nan > 0 or (n_pos > 0 and n_neg > 0):
+        out[k] = np.nan
+        return
+    if n_pos > 0:
+        out[k] = np.inf
+        return
+    if n_neg > 0:
+        out[k] = -np.inf
+        return
+    mag = state[k, :L].copy()
+    for j in range(L - 1):
+        c = mag[j] >> 32
+        mag[j] -= c << 32
+        mag[j + 1] += c
+    negative = mag[L - 1] < 0
+    if negative:
+        for j in range(L):
+            mag[j] = -mag[j]
+        for j in range(L - 1):
+            c = mag[j] >> 32
+            mag[j] -= c << 32
+            mag[j + 1] += c
+    top = -1
+    for j in range(L - 1, -1, -1):
+        if mag[j] != 0:
+            top = j
+            break
+    if top < 0:
+        if n_terms > 0 and n_not_negzero == 0:
+            out[k] = -0.0
+        else:
+            out[k] = 0.0
+        return
+    bitlen = 32 * top + _bit_length(mag[top])
+    q = max(bitlen - precision, q_min)
+    m = np.int64(0)
+    for j in range(top + 1):
+        sh = 32 * j - q
+        if sh >= 0:
+            m += mag[j] << sh
+        elif sh > -64:
+            m += mag[j] >> (-sh)
+    if q > 0:
+        t = q - 1  # the half bit
+        jt = min(t >> 5, L - 1)
+        bt = t - 32 * jt
+        half = (mag[jt] >> bt) & 1
+        sticky = (mag[jt] & ((np.int64(1) << bt) - 1)) != 0
+        for j in range(jt):
+            if mag[j] != 0:
+                sticky = True
+        if half == 1 and (sticky or (m & 1) == 1):
+            m += 1
+    value = math.ldexp(np.float64(m), q + unit_exp)
+    out[k] = -value if negative else value
+
+
+@njit(cache=True, nogil=True)
+def _finalise_serial(state, L, unit_exp, precision, q_min, out):  # pragma: no cover
+    for k in range(state.shape[0]):
+        _finalise_bucket(state, L, unit_exp, precision, q_min, out, k)
+
+
 @njit(cache=True, parallel=True)
-def finalise(state, L, unit_exp, precision, q_min, out):  # pragma: no cover - compiled
+def _finalise_parallel(state, L, unit_exp, precision, q_min, out):  # pragma: no cover
+    for k in prange(state.shape[0]):
+        _finalise_bucket(state, L, unit_exp, precision, q_min, out, k)
+
+
+def finalise(state, L, unit_exp, precision, q_min, out) -> None:
     """Round each bucket's exact sum once, to ``precision`` significant bits.
 
     ``state`` rows hold L limbs (value = sum limb_j * 2^(32 j + unit_exp)),
@@ -340,65 +473,8 @@ def finalise(state, L, unit_exp, precision, q_min, out):  # pragma: no cover - c
     A zero sum is -0.0 only when the bucket is non-empty and all its terms
     are -0.0; a non-zero sum that rounds to zero keeps its sign.
     """
-    K = state.shape[0]
-    for k in prange(K):
-        n_terms = state[k, L]
-        n_not_negzero = state[k, L + 1]
-        n_nan = state[k, L + 2]
-        n_pos = state[k, L + 3]
-        n_neg = state[k, L + 4]
-        if n_nan > 0 or (n_pos > 0 and n_neg > 0):
-            out[k] = np.nan
-            continue
-        if n_pos > 0:
-            out[k] = np.inf
-            continue
-        if n_neg > 0:
-            out[k] = -np.inf
-            continue
-        mag = state[k, :L].copy()
-        for j in range(L - 1):
-            c = mag[j] >> 32
-            mag[j] -= c << 32
-            mag[j + 1] += c
-        negative = mag[L - 1] < 0
-        if negative:
-            for j in range(L):
-                mag[j] = -mag[j]
-            for j in range(L - 1):
-                c = mag[j] >> 32
-                mag[j] -= c << 32
-                mag[j + 1] += c
-        top = -1
-        for j in range(L - 1, -1, -1):
-            if mag[j] != 0:
-                top = j
-                break
-        if top < 0:
-            if n_terms > 0 and n_not_negzero == 0:
-                out[k] = -0.0
-            else:
-                out[k] = 0.0
-            continue
-        bitlen = 32 * top + _bit_length(mag[top])
-        q = max(bitlen - precision, q_min)
-        m = np.int64(0)
-        for j in range(top + 1):
-            sh = 32 * j - q
-            if sh >= 0:
-                m += mag[j] << sh
-            elif sh > -64:
-                m += mag[j] >> (-sh)
-        if q > 0:
-            t = q - 1  # the half bit
-            jt = min(t >> 5, L - 1)
-            bt = t - 32 * jt
-            half = (mag[jt] >> bt) & 1
-            sticky = (mag[jt] & ((np.int64(1) << bt) - 1)) != 0
-            for j in range(jt):
-                if mag[j] != 0:
-                    sticky = True
-            if half == 1 and (sticky or (m & 1) == 1):
-                m += 1
-        value = math.ldexp(np.float64(m), q + unit_exp)
-        out[k] = -value if negative else value
+    if state.shape[0] >= PARALLEL_MIN_BUCKETS:
+        start_thread_pool()
+        _finalise_parallel(state, L, unit_exp, precision, q_min, out)
+    else:
+        _finalise_serial(state, L, unit_exp, precision, q_min, out)
