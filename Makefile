@@ -33,9 +33,12 @@ probe: $(VENV)/.installed-base
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 
+# The test extras install these; the suite fails (not skips) if one cannot load.
+REQUIRED_BACKENDS := torch,jax,sklearn,safetensors,numba_cuda
+
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest $(ARGS)
+	BITFOLD_REQUIRE_BACKENDS=$(REQUIRED_BACKENDS) BITFOLD_REQUIRE_CUDA=1 $(PY) -m pytest $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -19,6 +19,7 @@ from .errors import (
     UnknownStrategyError,
 )
 from .exactsum import CANONICAL_NAN_BITS, ExactAccumulator
+from .manifest import record
 from .plan import Fold
 from .strategies import get_strategy, strategies
 
@@ -36,5 +37,6 @@ __all__ = [
     "bits_equal",
     "digest",
     "get_strategy",
+    "record",
     "strategies",
 ]
