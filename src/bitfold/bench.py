@@ -81,7 +81,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="timed repeats after the first call (default: 7, --quick: 5)",
+        help="timed repeats after the first call (default: 11, --quick: 5)",
     )
     parser.add_argument(
         "--scale",
@@ -194,7 +194,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "quick": bool(args.quick),
         "device": args.device,
-        "repeats": args.repeats or (5 if args.quick else 7),
+        "repeats": args.repeats or (5 if args.quick else 11),
         "budget_s": 1.0 if args.quick else 4.0,
         "scale": args.scale,
         "sweeps": sweeps,
@@ -355,11 +355,12 @@ def _case_record(c: Any) -> dict[str, Any]:
 def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     """Measure everything ``cfg`` asks for and return the results dict."""
     from .bench_cases import build_cases, describe_sweep
-    from .bench_machine import describe
+    from .bench_machine import describe, load_average
     from .bench_report import goals
     from .bench_startup import measure_startup
 
     t_start = time.perf_counter()
+    load_at_start = load_average()
     cases = build_cases(cfg["sweeps"], quick=cfg["quick"], scale=cfg["scale"])
     n_jobs = len(cases) * len(cfg["contenders"])
     total = n_jobs * (1 + sum(p not in cfg["skip"] for p in ("memory", "threads")))
@@ -387,7 +388,7 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": command,
         "settings": {k: v for k, v in cfg.items() if k != "out"},
-        "machine": describe(cfg["device"]),
+        "machine": {**describe(cfg["device"]), "load_average_at_start": load_at_start},
         "sweeps": {name: describe_sweep(name, cases) for name in cfg["sweeps"]},
         "cases": [_case_record(c) for c in cases],
         "results": rows,

@@ -25,7 +25,11 @@ from .errors import FoldError
 
 
 class OutOfMemory(MemoryError):
-    """A contender would need more memory than the benchmark allows."""
+    """A contender would need more memory (``needed`` bytes) than the benchmark allows."""
+
+    def __init__(self, message: str, needed: int | None = None) -> None:
+        super().__init__(message)
+        self.needed = needed
 
 
 @dataclass
@@ -63,10 +67,18 @@ class Inputs:
 
 @dataclass
 class Runner:
-    """``build()`` once (index-only work), then ``call()`` per fold (waits for the device)."""
+    """``build()`` once (index-only work), then ``call()`` per fold (waits for the device).
+
+    ``build`` is None for contenders that keep nothing between calls.
+    """
 
     call: Callable[[], Any]
-    build: Callable[[], None] = lambda: None
+    build: Callable[[], None] | None = None
+
+    def setup(self) -> None:
+        """Run ``build`` if there is one."""
+        if self.build is not None:
+            self.build()
 
 
 @dataclass(frozen=True)
@@ -129,7 +141,8 @@ class PaddedScatter:
             raise OutOfMemory(
                 f"the padded buffer K x largest bucket = {k:,} x {self.width:,} "
                 f"{np.dtype(dtype).name} needs {need / 2**30:.1f} GiB, over the "
-                f"benchmark's memory limit of {limit / 2**30:.1f} GiB"
+                f"benchmark's memory limit of {limit / 2**30:.1f} GiB",
+                needed=need,
             )
         order = np.argsort(idx, kind="stable")
         first = np.cumsum(counts) - counts

@@ -111,4 +111,13 @@ def describe(device: str) -> dict[str, Any]:
         "threads": thread_counts(),
         "gpu": gpu_name(device),
         "numba_cache_dir": os.environ.get("NUMBA_CACHE_DIR"),
+        "load_average": load_average(),
     }
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (other work competing for the cores), if known."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None

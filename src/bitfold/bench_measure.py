@@ -6,12 +6,14 @@ The record of a run is a plain dict (one row of ``results.json``):
   ``oom`` (out of memory or over the benchmark's memory limit) or ``skipped``
   (library or device not available here);
 * ``setup_s``: building what depends on the index only (a plan, a sort);
+  None for contenders that keep nothing between calls;
 * ``first_call_s``: the first fold of this case, which includes any
   compilation not yet done in this process (Numba, XLA);
 * ``times_s`` and ``median_s``: the timed repeats after the first call
   (garbage collector off), ``repeats`` of them;
 * ``digest`` of the first result and ``identical_repeats``: whether every
   repeat returned the same bits as the first call;
+* ``oom_needed_bytes``: what a contender refused for the memory limit would need;
 * ``max_abs_diff_vs_exact``: largest difference from the correctly rounded
   float64 sums (bitfold ``exact`` with ``out_dtype=float64``).
 """
@@ -71,8 +73,8 @@ def measure(
     try:
         runner = c.make(inp)
         t0 = time.perf_counter()
-        runner.build()
-        row["setup_s"] = time.perf_counter() - t0
+        runner.setup()
+        row["setup_s"] = None if runner.build is None else time.perf_counter() - t0
         t0 = time.perf_counter()
         first = runner.call()
         row["first_call_s"] = time.perf_counter() - t0
@@ -107,4 +109,6 @@ def measure(
         )
     except Exception as err:  # a failing contender is recorded; the sweep goes on
         row["status"], row["reason"] = failure(err)
+        if isinstance(err, OutOfMemory) and err.needed:
+            row["oom_needed_bytes"] = int(err.needed)
     return row

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .bench_report import cases_of, contenders_in, row, seed_case
+from .bench_report import MEMORY_GOAL_BYTES_PER_ELEMENT, cases_of, contenders_in, row, seed_case
 
 _DPI = 100
 
@@ -112,10 +112,21 @@ def _memory_bars(res: dict[str, Any], path: str) -> bool:
             y = _ok(r, "bytes_per_element")
             if y is not None:
                 ax.bar(x, max(y, 0.01), width, **_bar_style(name))
+            elif r is not None and r.get("oom_needed_bytes"):  # what it would have needed
+                need = r["oom_needed_bytes"] / c["n"]
+                ax.bar(x, need, width, facecolor="none", edgecolor=_style(name)["color"],
+                       linestyle="--")  # fmt: skip
+                ax.text(x, need, f"OOM: needs {r['oom_needed_bytes'] / 2**30:,.0f} GiB",
+                        rotation=90, fontsize=7, ha="center", va="top",
+                        color=_style(name)["color"], fontweight="bold")  # fmt: skip
             elif r is not None and r["status"] in ("oom", "failed"):
                 ax.text(x, 0.02, r["status"].upper(), rotation=90, fontsize=7, ha="center",
                         va="bottom", color=_style(name)["color"], fontweight="bold",
                         transform=ax.get_xaxis_transform())  # fmt: skip
+    goal = MEMORY_GOAL_BYTES_PER_ELEMENT
+    ax.axhline(goal, color="black", linestyle=":", linewidth=1)
+    ax.text(len(cases) - 0.5, goal * 1.08, f"goal for bitfold-exact: {goal:g} B/element",
+            ha="right", va="bottom", fontsize=7)  # fmt: skip
     handles = [plt.Rectangle((0, 0), 1, 1, **_bar_style(n)) for n in names]
     ax.legend(handles, names, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_yscale("log")
@@ -124,8 +135,8 @@ def _memory_bars(res: dict[str, Any], path: str) -> bool:
     ax.set_ylabel("peak memory above the inputs (bytes per element, log)")
     c0 = cases[0]
     ax.set_title(
-        f"Memory against skew (N = {c0['n']:,}, K = {c0['k']:,}, {c0['dtype']}); "
-        "OOM = over the memory limit",
+        f"Memory against skew (N = {c0['n']:,}, K = {c0['k']:,}, {c0['dtype']}); dashed: "
+        f"refused, over the {res['settings']['memory_limit_bytes'] / 2**30:g} GiB limit",
         fontsize=10,
     )
     ax.grid(True, axis="y", which="both", alpha=0.25)
@@ -155,6 +166,8 @@ def _seed_bars(res: dict[str, Any], path: str) -> bool:
             if r["status"] == "ok" and r.get("ratio_to_baseline") is not None
             else r["status"]
         )
+        if r.get("identical_repeats") is False or r.get("identical_threads") is False:
+            note += "  bits differ between runs"
         ax.text(ms + top * 0.01, i, note, va="center", fontsize=7)
     ax.set_yticks(range(len(rows)), [f"{r['contender']} [{r.get('guarantee', '')}]" for r in rows])
     ax.invert_yaxis()

@@ -82,7 +82,7 @@ def _memory_job(name: str, inp: Any) -> dict[str, Any]:
     rss_ok = _reset_hwm()
     rss0 = _proc_status().get("VmRSS", 0) if rss_ok else 0
     try:
-        runner.build()
+        runner.setup()
         plan_traced = tracemalloc.get_traced_memory()[0]
         out = runner.call()
         peak_traced = tracemalloc.get_traced_memory()[1]
@@ -107,7 +107,7 @@ def _digest_job(name: str, inp: Any) -> dict[str, Any]:
     from .digest import digest
 
     runner = CONTENDERS[name].make(inp)
-    runner.build()
+    runner.setup()
     return {"status": "ok", "digest": digest(runner.call())}
 
 
