@@ -220,6 +220,18 @@ def _hungry(inp):
     return Runner(call)
 
 
+def _flaky(inp):
+    calls = []
+
+    def call():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("third call fails")
+        return np.zeros(inp.k, np.float32)
+
+    return Runner(call)
+
+
 def test_a_failing_contender_is_recorded_and_the_rest_continues(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(
         CONTENDERS, "boom", Contender("boom", "numpy", ("cpu",), "none", "raises", _boom)
@@ -227,9 +239,12 @@ def test_a_failing_contender_is_recorded_and_the_rest_continues(tmp_path, monkey
     monkeypatch.setitem(
         CONTENDERS, "hungry", Contender("hungry", "numpy", ("cpu",), "none", "OOM", _hungry)
     )
+    monkeypatch.setitem(
+        CONTENDERS, "flaky", Contender("flaky", "numpy", ("cpu",), "none", "", _flaky)
+    )
     out = tmp_path / "out"
-    argv = ["bench", "--quick", "--scale", "0.001", "--repeats", "1", "--sweeps", "seed",
-            "--contenders", "boom,hungry,numpy-bincount", "--skip", "memory,threads,startup",
+    argv = ["bench", "--quick", "--scale", "0.001", "--repeats", "4", "--sweeps", "seed",
+            "--contenders", "boom,hungry,flaky,numpy-bincount", "--skip", "memory,threads,startup",
             "--out", str(out)]  # fmt: skip
     assert cli.main(argv) == 0
     with open(out / "results.json") as f:
@@ -237,7 +252,9 @@ def test_a_failing_contender_is_recorded_and_the_rest_continues(tmp_path, monkey
     assert rows["boom"]["status"] == "failed"
     assert "RuntimeError: this contender is broken on purpose" in rows["boom"]["reason"]
     assert rows["hungry"]["status"] == "oom" and "1 EiB" in rows["hungry"]["reason"]
-    assert rows["numpy-bincount"]["status"] == "ok" and rows["numpy-add-at"]["status"] == "ok"
+    assert rows["flaky"]["status"] == "failed" and "third call fails" in rows["flaky"]["reason"]
+    for name in ("numpy-bincount", "numpy-add-at"):
+        assert rows[name]["status"] == "ok" and rows[name]["repeats"] >= 3
 
 
 # -- the parts -------------------------------------------------------------------------------

@@ -255,7 +255,7 @@ def _time_cases(cfg: dict[str, Any], cases: list[Any], progress: _Progress) -> l
 
     from .bench_cases import make_inputs
     from .bench_contenders import CONTENDERS, Inputs
-    from .bench_measure import failure, measure, reference
+    from .bench_measure import failure, measure_case, reference
     from .plan import Fold
 
     Fold(np.arange(64, dtype=np.int64) % 7, 7)  # load the plan kernels: setup_s is build only
@@ -270,13 +270,22 @@ def _time_cases(cfg: dict[str, Any], cases: list[Any], progress: _Progress) -> l
             ref = None
             print(f"bitfold bench: no exact reference for {case.id}: {failure(err)[1]}",
                   file=sys.stderr)  # fmt: skip
-        case_rows = []
-        for name in cfg["contenders"]:
-            r = measure(name, inp, repeats=cfg["repeats"], budget_s=cfg["budget_s"], ref=ref)
-            c = CONTENDERS[name]
+        label = case.describe()
+
+        def step(r: dict[str, Any], label: str = label) -> None:
+            progress.step(f"{r['contender']} {label}")
+
+        case_rows = measure_case(
+            cfg["contenders"],
+            inp,
+            repeats=cfg["repeats"],
+            budget_s=cfg["budget_s"],
+            ref=ref,
+            on_row=step,
+        )
+        for r in case_rows:
+            c = CONTENDERS[r["contender"]]
             r.update(case=case.id, guarantee=c.guarantee, description=c.description)
-            case_rows.append(r)
-            progress.step(f"{name} {case.describe()}")
         b = next((r for r in case_rows if r["contender"] == base and r["status"] == "ok"), None)
         for r in case_rows:
             if r["status"] == "ok" and r.get("median_s"):
@@ -322,7 +331,8 @@ def _worker_phase(
             r["memory_status"] = got["status"]
             r["memory_reason"] = got.get("reason")
             for key in ("peak_bytes", "peak_traced_bytes", "peak_rss_bytes",
-                        "setup_traced_bytes", "bytes_per_element", "memory_method"):  # fmt: skip
+                        "setup_traced_bytes", "bytes_per_element", "memory_method",
+                        "device_peak_bytes"):  # fmt: skip
                 r[key] = got.get(key)
         else:
             r["threads_compared"] = [thread_counts()["numba"], threads]
@@ -418,10 +428,19 @@ def _from_json(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``bitfold bench`` (see the module docstring); 0 on success."""
+    """Run ``bitfold bench`` (see the module docstring); 0 on success.
+
+    Unless the user chose otherwise, ``OMP_WAIT_POLICY=PASSIVE`` is set before
+    PyTorch loads (as ``bitfold probe`` does): the idle workers of torch's own
+    OpenMP runtime would otherwise spin and take the cores from the Numba
+    kernels timed next. It changes timings only, and is recorded.
+    """
     if args.from_json:
         return _from_json(args)
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     cfg = _settings(args)
+    cfg["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY")
     res = run(cfg, _command_line(args))
     out = cfg["out"]
     with open(os.path.join(out, "results.json"), "w") as f:

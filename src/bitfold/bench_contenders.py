@@ -14,6 +14,7 @@ imported only when a contender that needs them runs.
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -91,13 +92,15 @@ class Contender:
     guarantee: str  # "exact", "fixed order", "deterministic mode" or "none"
     description: str
     make: Callable[[Inputs], Runner]
+    cuda_library: str | None = None  # what it imports on cuda, when not ``library``
 
     def unavailable(self, device: str) -> str | None:
         """Why this contender cannot run on ``device`` here, or None when it can."""
         if device not in self.devices:
             return f"runs on {' or '.join(self.devices)} only, not on {device}"
-        if self.library != "bitfold" and importlib.util.find_spec(self.library) is None:
-            return f"{self.library} is not installed"
+        lib = (self.cuda_library or self.library) if device == "cuda" else self.library
+        if lib != "bitfold" and importlib.util.find_spec(lib) is None:
+            return f"{lib} is not installed" + (" (needed on cuda)" if device == "cuda" else "")
         return None
 
 
@@ -257,6 +260,8 @@ def _segment_csr(inp: Inputs) -> Runner:
 
 # -- jax -------------------------------------------------------------------------------------
 def _jax_segment_sum(inp: Inputs) -> Runner:
+    # XLA would otherwise take 75% of the GPU's memory from the other contenders
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax
 
     if inp.values.dtype == np.float64:
@@ -306,13 +311,17 @@ CONTENDERS: dict[str, Contender] = {
     c.name: c
     for c in [
         Contender("bitfold-exact", "bitfold", _BOTH, "exact",
-                  "bitfold.Fold(idx, K)(values, 'exact')", _bitfold("exact")),
+                  "bitfold.Fold(idx, K)(values, 'exact')", _bitfold("exact"),
+                  cuda_library="torch"),
         Contender("bitfold-ordered", "bitfold", _BOTH, "fixed order",
-                  "bitfold.Fold(idx, K)(values, 'ordered')", _bitfold("ordered")),
+                  "bitfold.Fold(idx, K)(values, 'ordered')", _bitfold("ordered"),
+                  cuda_library="torch"),
         Contender("bitfold-atomic", "bitfold", _BOTH, "none",
-                  "bitfold.Fold(idx, K)(values, 'atomic')", _bitfold("atomic")),
+                  "bitfold.Fold(idx, K)(values, 'atomic')", _bitfold("atomic"),
+                  cuda_library="torch"),
         Contender("fixed-scatter", "numpy", _BOTH, "fixed order",
-                  "the seed's FixedScatter: K x largest-bucket padded buffer", _padded),
+                  "the seed's FixedScatter: K x largest-bucket padded buffer", _padded,
+                  cuda_library="cupy"),
         Contender("numpy-add-at", "numpy", ("cpu",), "none",
                   "np.add.at(zeros(K), idx, values)", _add_at),
         Contender("numpy-bincount", "numpy", ("cpu",), "none",

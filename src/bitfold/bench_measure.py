@@ -1,6 +1,11 @@
-"""Timing one contender on one case, in this process: setup, first call, median of repeats.
+"""Timing the contenders of one case in this process: setup, first call, median of repeats.
 
-The record of a run is a plain dict (one row of ``results.json``):
+The repeats are interleaved: round r times one call of every contender still
+running, so a burst of other work on the machine slows all of them alike and
+the ratio to the baseline stays fair. A contender leaves the rounds once it
+has ``min_repeats`` and its first call plus repeats have used ``budget_s``.
+
+The record of a contender is a plain dict (one row of ``results.json``):
 
 * ``status``: ``ok``, ``failed`` (an exception; ``reason`` says which),
   ``oom`` (out of memory or over the benchmark's memory limit) or ``skipped``
@@ -24,6 +29,7 @@ import gc
 import statistics
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,25 +57,13 @@ def reference(inp: Inputs) -> np.ndarray:
     return Fold(inp.idx, inp.k)(inp.values, "exact", out_dtype="float64")
 
 
-def measure(
-    name: str,
-    inp: Inputs,
-    *,
-    repeats: int,
-    budget_s: float,
-    ref: np.ndarray | None = None,
-    min_repeats: int = 3,
-) -> dict[str, Any]:
-    """Time contender ``name`` on ``inp`` (see the module docstring for the fields).
-
-    Stops repeating once the first call plus the repeats have used
-    ``budget_s`` seconds and at least ``min(min_repeats, repeats)`` repeats ran.
-    """
+def _start(name: str, inp: Inputs, ref: np.ndarray | None) -> tuple[dict[str, Any], Any]:
+    """Make, set up and call a contender once: its row, and its runner (None if it stopped)."""
     row: dict[str, Any] = {"contender": name, "status": "ok", "reason": None}
     c = CONTENDERS[name]
     why = c.unavailable(inp.device)
     if why:
-        return {**row, "status": "skipped", "reason": why}
+        return {**row, "status": "skipped", "reason": why}, None
     try:
         runner = c.make(inp)
         t0 = time.perf_counter()
@@ -83,32 +77,69 @@ def measure(
             got = to_numpy(first).astype(np.float64)
             with np.errstate(invalid="ignore", over="ignore"):
                 row["max_abs_diff_vs_exact"] = float(np.max(np.abs(got - ref), initial=0.0))
-        del first
-        times: list[float] = []
-        same = True
-        floor = min(min_repeats, repeats)
-        spent = row["first_call_s"]
-        gc.disable()  # no collection pauses inside the timed repeats
-        try:
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                out = runner.call()
-                dt = time.perf_counter() - t0
-                times.append(dt)
-                spent += dt
-                same = same and digest(out) == row["digest"]
-                if len(times) >= floor and spent > budget_s:
-                    break
-        finally:
-            gc.enable()
-        row.update(
-            times_s=times,
-            repeats=len(times),
-            median_s=statistics.median(times) if times else None,
-            identical_repeats=same,
-        )
+        row.update(times_s=[], identical_repeats=True)
+        return row, runner
     except Exception as err:  # a failing contender is recorded; the sweep goes on
-        row["status"], row["reason"] = failure(err)
-        if isinstance(err, OutOfMemory) and err.needed:
-            row["oom_needed_bytes"] = int(err.needed)
-    return row
+        _fail(row, err)
+        return row, None
+
+
+def _fail(row: dict[str, Any], err: Exception) -> None:
+    row["status"], row["reason"] = failure(err)
+    if isinstance(err, OutOfMemory) and err.needed:
+        row["oom_needed_bytes"] = int(err.needed)
+
+
+def measure_case(
+    names: list[str],
+    inp: Inputs,
+    *,
+    repeats: int,
+    budget_s: float,
+    ref: np.ndarray | None = None,
+    min_repeats: int = 3,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Time every contender in ``names`` on ``inp``; rows in the order of ``names``.
+
+    See the module docstring for the rounds and the fields. ``on_row`` is
+    called with each contender's row once its first call is done.
+    """
+    rows, running = [], {}
+    for name in names:
+        row, runner = _start(name, inp, ref)
+        rows.append(row)
+        if runner is not None:
+            running[name] = (row, runner)
+        if on_row:
+            on_row(row)
+    floor = min(min_repeats, repeats)
+    gc.disable()  # no collection pauses inside the timed rounds
+    try:
+        for _ in range(repeats):
+            for name, (row, runner) in list(running.items()):
+                try:
+                    t0 = time.perf_counter()
+                    out = runner.call()
+                    dt = time.perf_counter() - t0
+                except Exception as err:
+                    _fail(row, err)
+                    del running[name]
+                    continue
+                row["times_s"].append(dt)
+                if digest(out) != row["digest"]:
+                    row["identical_repeats"] = False
+                del out
+                spent = row["first_call_s"] + sum(row["times_s"])
+                if len(row["times_s"]) >= floor and spent > budget_s:
+                    del running[name]
+            if not running:
+                break
+    finally:
+        gc.enable()
+    for row in rows:
+        if row["status"] == "ok":
+            times = row["times_s"]
+            row["repeats"] = len(times)
+            row["median_s"] = statistics.median(times) if times else None
+    return rows

@@ -18,6 +18,8 @@ Modes
     (``/proc/self/status`` VmHWM, reset through ``/proc/self/clear_refs``),
     which also sees allocators tracemalloc does not (PyTorch). glibc's
     ``mmap`` threshold is pinned low so that large blocks are fresh pages.
+    On ``--device cuda`` the peak of torch's CUDA allocator is recorded too
+    (``device_peak_bytes``); GPU memory from other allocators is not measured.
 ``digest``
     The digest of one fold, run with the thread count the parent put in the
     environment (``NUMBA_NUM_THREADS``, ``OMP_NUM_THREADS``; torch is set to
@@ -78,6 +80,11 @@ def _memory_job(name: str, inp: Any) -> dict[str, Any]:
     from .bench_contenders import CONTENDERS
 
     runner = CONTENDERS[name].make(inp)
+    torch = sys.modules.get("torch") if inp.device == "cuda" else None
+    if torch is not None:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        device_before = torch.cuda.memory_allocated()
     tracemalloc.start()
     rss_ok = _reset_hwm()
     rss0 = _proc_status().get("VmRSS", 0) if rss_ok else 0
@@ -91,7 +98,11 @@ def _memory_job(name: str, inp: Any) -> dict[str, Any]:
     peak_rss = max(0, _proc_status().get("VmHWM", 0) - rss0) if rss_ok else None
     del out, runner
     peak = max(peak_traced, peak_rss or 0)
+    device_peak = None
+    if torch is not None:  # what went through torch's CUDA allocator (not cupy's, not Numba's)
+        device_peak = int(torch.cuda.max_memory_allocated() - device_before)
     return {
+        "device_peak_bytes": device_peak,
         "status": "ok",
         "peak_bytes": int(peak),
         "peak_traced_bytes": int(peak_traced),
