@@ -298,6 +298,12 @@ def test_plan_data_is_uploaded_once_per_device():
     np.testing.assert_array_equal(entry.index.copy_to_host(), plan.index)
 
 
+def test_is_device_array_tells_gpu_values_from_host_values():
+    assert gpu.is_device_array(cuda.to_device(np.ones(3, np.float32)))
+    assert not gpu.is_device_array(np.ones(3, np.float32))
+    assert not gpu.is_device_array([1.0, 2.0])
+
+
 def test_refusals_name_the_problem():
     plan = bitfold.Fold(np.array([0, 1, 1]), 2)
     with pytest.raises(bitfold.DeviceError, match="CUDA device"):

@@ -122,6 +122,11 @@ def device_values(plan: Fold, values: Any) -> DeviceValues:
         return _torch_values(plan, values)
     if lib == "cupy":
         return _cupy_values(plan, values)
+    if lib == "jax":
+        raise DeviceError(
+            "JAX arrays are not folded by the numba-cuda kernels (JAX arrays are immutable and "
+            "JAX owns their streams); use bitfold.jax, or pass a CuPy/torch array"
+        )
     if getattr(values, "__cuda_ndarray__", False):  # numba device arrays (and the simulator's)
         return _numba_values(plan, values, values, kind="numba")
     if hasattr(values, "__cuda_array_interface__"):
@@ -415,10 +420,14 @@ def is_device_array(x: Any) -> bool:
     """True for values :func:`cuda_fold` serves: CUDA tensors/arrays of any library.
 
     Never imports a framework or numba.cuda: torch tensors are recognised by
-    ``x.device.type`` and everything else by the interface attributes.
+    ``x.device.type`` and everything else by the interface attributes. JAX
+    arrays are not served here (``False``): :mod:`bitfold.jax` handles them.
     """
-    if library_of(x) == "torch":
+    lib = library_of(x)
+    if lib == "torch":
         return x.device.type == "cuda"
+    if lib == "jax":
+        return False
     return bool(getattr(x, "__cuda_ndarray__", False)) or hasattr(
         x, "__cuda_array_interface__"
     )

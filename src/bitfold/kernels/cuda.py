@@ -664,26 +664,28 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
             )
         )
     floats = {"float16": types.float16, "float32": types.float32, "float64": types.float64}
-    for out_name in ("float16", "float32", "float64"):
+    pairs = [("float32", o) for o in floats] + [("float16", "float32"), ("float64", "float64")]
+    for value_name, out_name in pairs:
         targets.append(
             (
-                f"ordered[float32->{out_name}]",
+                f"ordered[{value_name}->{out_name}]",
                 ordered_kernel(out_name).py_func,
                 (
                     arr(i32, 1, "C"),
                     arr(i64, 1, "C"),
-                    arr(types.float32, 1, "C"),
+                    arr(floats[value_name], 1, "C"),
                     arr(floats[out_name], 1, "C"),
                     arr(ints[out_name], 1, "C"),
                 ),
             )
         )
-    for out_name in ("float32", "float64"):
+    for value_name, out_name in [("float32", "float32"), ("float32", "float64"),
+                                 ("float16", "float32"), ("float64", "float64")]:  # fmt: skip
         targets.append(
             (
-                f"atomic[float32->{out_name}]",
+                f"atomic[{value_name}->{out_name}]",
                 atomic_kernel(out_name).py_func,
-                (arr(i32, 1, "C"), arr(types.float32, 1, "C"), arr(floats[out_name], 1, "C")),
+                (arr(i32, 1, "C"), arr(floats[value_name], 1, "C"), arr(floats[out_name], 1, "C")),
             )
         )
     targets.append(
