@@ -3,8 +3,8 @@
 #
 #   scripts/gpu_check.sh OUTDIR        (or: make gpu-check OUT=OUTDIR)
 #
-# 1. install what the checks need into the venv (numba-cuda for the driver's CUDA major
-#    version, the test extra, and, when missing, a CUDA build of torch and CuPy);
+# 1. install what the checks need into the venv (the cuda and test extras, or numba-cuda[cu12]
+#    on a CUDA 12 driver, and, when missing, a CUDA build of torch and CuPy);
 # 2. run the GPU tests on the real device (tests/cuda_cases.py with BITFOLD_CUDA_DEVICE=1, the
 #    cc 9.0 compile checks, with BITFOLD_REQUIRE_CUDA=1 so nothing can skip silently);
 # 3. run `bitfold probe --device cuda` (failure is recorded, not fatal);
@@ -71,8 +71,11 @@ fi
 
 install() {
     "$PY" -m pip install --quiet --upgrade pip
-    # the cuda extra once pyproject has it; numba-cuda named explicitly so it works before that
-    "$PY" -m pip install --quiet -e ".[test]" "numba-cuda[cu$CU]" || return 1
+    if [ "$CU" = 13 ]; then
+        "$PY" -m pip install --quiet -e ".[cuda,test]" || return 1
+    else  # the extras pin numba-cuda[cu13]; a CUDA 12 driver needs the cu12 build instead
+        "$PY" -m pip install --quiet -e . pytest hypothesis "numba-cuda[cu12]>=0.30" || return 1
+    fi
     if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
         # a +cpu build satisfies "torch==X" for pip, so remove it first; other packages stay
         echo "torch without CUDA here: installing ${TORCH_SPEC:-torch==2.13.0}"
