@@ -40,5 +40,10 @@ test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	BITFOLD_REQUIRE_BACKENDS=$(REQUIRED_BACKENDS) BITFOLD_REQUIRE_CUDA=1 $(PY) -m pytest $(ARGS)
 
+# On a machine with an NVIDIA GPU: install, run the GPU tests, the GPU probe and
+# the GPU benchmark, and write JSON to OUT (default benchmarks/results/gpu-DATE).
+gpu-check: $(PY)
+	scripts/gpu_check.sh $(or $(OUT),benchmarks/results/gpu-$(shell date +%Y-%m-%d))
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -91,4 +91,6 @@ def ordered_fold_reference(index, values, K: int, out: str = "float32") -> np.nd
         np.asarray(index).reshape(-1).tolist(), np.asarray(values).reshape(-1), strict=True
     ):
         acc[k] = dt(acc[k] + dt(v))
-    return np.array(acc, dtype=out)
+    result = np.array(acc, dtype=out)
+    result.view(UINT[out])[np.isnan(result)] = CANONICAL_NAN[out]  # documented: canonical NaN
+    return result

@@ -133,6 +133,14 @@ def test_nan_and_inf_are_not_errors(strategy):
     assert np.isnan(got[0]) and got[1] == np.inf and got[2] == -np.inf
 
 
+@pytest.mark.parametrize("strategy", ["exact", "ordered"])
+def test_nan_results_are_the_canonical_nan(strategy):
+    plan = bitfold.Fold([0, 0, 1], 2)
+    got = plan(np.array([np.inf, -np.inf, np.nan], np.float32), strategy)  # x86 gives 0xFFC00000
+    _check(strategy, got, _reference(strategy, [0, 0, 1], [np.inf, -np.inf, np.nan], 2))
+    assert got.view(np.uint32).tolist() == [bitfold.CANONICAL_NAN_BITS["float32"]] * 2
+
+
 def test_unsupported_out_dtype_is_refused():
     plan = bitfold.Fold([0, 1], 2)
     with pytest.raises(bitfold.FoldTypeError, match="out_dtype must be one of"):

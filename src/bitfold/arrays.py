@@ -129,9 +129,10 @@ def require_host(x: Any, what: str) -> None:
         on_device = bool(devs) and any(d.platform != "cpu" for d in devs())
     if on_device:
         raise DeviceError(
-            f"{what} live on a GPU ({type(x).__module__}.{type(x).__qualname__}); "
-            "this bitfold build folds host (CPU) arrays only — move them with .cpu() "
-            "or use the CUDA kernels when they are available"
+            f"{what} live on a device this path cannot serve "
+            f"({type(x).__module__}.{type(x).__qualname__}); bitfold folds host arrays "
+            "and CUDA arrays (CuPy, torch CUDA, numba, __cuda_array_interface__); "
+            "move them with .cpu() or to a CUDA device"
         )
 
 

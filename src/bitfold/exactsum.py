@@ -176,9 +176,14 @@ def round_state(state: np.ndarray, fmt: LimbFormat, out_dtype: Any) -> np.ndarra
         name = "float32"
     with np.errstate(over="ignore", invalid="ignore"):
         out = wide.astype(name)
+    return canonicalise_nans(out)
+
+
+def canonicalise_nans(out: np.ndarray) -> np.ndarray:
+    """Replace every NaN of ``out`` (in place) by the canonical NaN of its dtype; return it."""
     nan = np.isnan(out)
     if nan.any():
-        out.view(_UINT_OF[name])[nan] = CANONICAL_NAN_BITS[name]
+        out.view(_UINT_OF[out.dtype.name])[nan] = CANONICAL_NAN_BITS[out.dtype.name]
     return out
 
 

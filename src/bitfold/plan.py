@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import dtype_name, from_numpy, library_of, require_host, to_numpy
+from .arrays import dtype_name, from_numpy, library_of, to_numpy
 from .errors import FoldTypeError, IndexRangeError
 from .kernels import cpu
 from .validate import check_K
@@ -17,8 +17,7 @@ _INT32_MAX = np.iinfo(np.int32).max
 
 
 def _read_index(index: Any) -> np.ndarray:
-    """The index as a host NumPy integer array, or a clear refusal."""
-    require_host(index, "the index")
+    """The index as a host NumPy integer array (copied from a device once), or a refusal."""
     arr = to_numpy(index) if hasattr(index, "dtype") else np.asarray(index)
     if arr.dtype == object or arr.dtype.kind not in "iu":
         try:

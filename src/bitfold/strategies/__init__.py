@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import gpu
 from ..arrays import from_numpy
 from ..errors import UnknownStrategyError
 from ..validate import host_values, out_dtype_for
@@ -33,7 +34,14 @@ class Strategy:
     host_fold: HostFold  # (plan, flat host values, out dtype) -> K sums
 
     def fold(self, plan: Fold, values: Any, *, out_dtype: Any = None) -> Any:
-        """Validate ``values`` against ``plan``, fold them, return the library of ``values``."""
+        """Validate ``values`` against ``plan``, fold them, return the library of ``values``.
+
+        Values on a CUDA device (CuPy, torch CUDA, numba device arrays, any
+        ``__cuda_array_interface__``) are folded there by :mod:`bitfold.gpu`,
+        with the same numeric contract (``exact``: the same bits as here).
+        """
+        if gpu.is_device_array(values):
+            return gpu.cuda_fold(plan, values, self.name, out_dtype)
         flat, name = host_values(plan, values)
         out_name = out_dtype_for(name, out_dtype)
         out = self.host_fold(plan, flat, out_name)

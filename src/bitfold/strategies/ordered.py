@@ -6,7 +6,9 @@ Order, exactly: ``out`` starts as ``+0.0`` in the output dtype; then for
 nearest-even in the output dtype (float32 by default, float64 for float64
 values). Within a bucket this adds its values in increasing position, which
 is the stable sorted-index order, without gathering through it. Same bits on
-every run of the same backend; not correctly rounded (use ``exact``).
+every run of the same backend; not correctly rounded (use ``exact``). A NaN
+result is always the canonical NaN (:data:`bitfold.CANONICAL_NAN_BITS`), as
+on the GPU, so digests agree.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..exactsum import canonicalise_nans
 from ..kernels import cpu
 from ..validate import numpy_out_dtype
 from . import register
@@ -31,6 +34,6 @@ def fold_ordered(plan: Fold, values: np.ndarray, out_dtype: str) -> np.ndarray:
     if dtype == np.float16:  # Numba has no float16 arithmetic: add in order in NumPy
         for i, k in enumerate(plan.index.tolist()):
             out[k] = out[k] + np.float16(values[i])
-        return out
-    cpu.ordered_fold(plan.index, values.astype(dtype, copy=False), out)
-    return out
+    else:
+        cpu.ordered_fold(plan.index, values.astype(dtype, copy=False), out)
+    return canonicalise_nans(out)
