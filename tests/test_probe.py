@@ -38,7 +38,8 @@ def test_probe_prints_four_answers_and_writes_json(probe_run, capsys):
         d1, d2 = rep["q4_training"][s]["digests"]
         assert d1 == d2 and d1.startswith("sha256:")
     cost = rep["q3_cost"]["per_call"]
-    assert cost["np.add.at"]["ratio_to_np_add_at"] == pytest.approx(1.0)
+    assert rep["q3_cost"]["atomic_baseline"] == "np.add.at"
+    assert cost["np.add.at"]["ratio_to_atomic"] == pytest.approx(1.0)
     assert {"bitfold exact", "bitfold ordered", "bitfold atomic"} <= set(cost)
     assert all(row["median_ms"] > 0 for row in cost.values())
     assert rep["q3_cost"]["forward_matmul_ms"] > 0
@@ -56,7 +57,7 @@ def test_probe_training_reproduces_the_seed_model_with_exact_digests(probe_run):
     [
         (["--K", "0"], "--K must be at least 1"),
         (["--lr", "-1"], "--lr must be positive"),
-        (["--device", "cuda"], "CUDA probe is not available"),
+        (["--device", "cuda"], "--device cuda needs a CUDA device"),
         (["--json", "/nonexistent-dir/x.json"], "cannot write --json"),
     ],
 )

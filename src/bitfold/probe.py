@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import machine
+from .arrays import to_numpy
 from .digest import bits_equal, digest
 from .errors import DeviceError, FoldError
 from .plan import Fold
@@ -86,25 +87,38 @@ def _torch_or_none(wanted: bool) -> Any:
     return torch
 
 
+def cuda_available() -> bool:
+    """True when torch sees a CUDA device and numba-cuda is installed (checked without CUDA init
+    where possible: torch is imported only if it is installed)."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("numba_cuda") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def resolve_device(requested: str) -> str:
-    """``cpu`` or ``cuda``; ``auto`` picks cpu until bitfold's CUDA probe exists."""
+    """``cpu`` or ``cuda``: ``auto`` takes the GPU when one is usable, else the CPU."""
     if requested not in ("auto", "cpu", "cuda"):
         raise FoldError(f"--device must be auto, cpu or cuda; got {requested!r}")
-    if requested == "cuda":
+    if requested == "cpu":
+        return "cpu"
+    usable = cuda_available()
+    if requested == "cuda" and not usable:
         raise DeviceError(
-            "the CUDA probe is not available in this version of bitfold yet; "
-            "run `bitfold probe --device cpu` (the default) instead"
+            "--device cuda needs a CUDA device visible to PyTorch and numba-cuda installed "
+            "(pip install 'bitfold[cuda,torch]'); none is usable here — run with --device cpu"
         )
-    return "cpu"
+    return "cuda" if usable else "cpu"
 
 
 def repeat_outcome(make: Callable[[], Any], reps: int) -> dict[str, Any]:
     """Run ``make`` once plus ``reps`` times; count repeats whose bits differ from the first."""
-    first = np.array(make(), copy=True)
+    first = np.array(to_numpy(make()), copy=True)
     diffs = []
     seen = {digest(first)}
     for _ in range(reps):
-        r = np.array(make(), copy=True)
+        r = np.array(to_numpy(make()), copy=True)
         seen.add(digest(r))
         diffs.append(0.0 if bits_equal(first, r) else _max_abs_diff(first, r))
     differed = sum(1 for d in diffs if d or np.isnan(d))
@@ -124,7 +138,7 @@ class Probe:
     def __init__(self, cfg: ProbeConfig, show_progress: bool = True) -> None:
         cfg.check()
         self.cfg = cfg
-        self.device = resolve_device(cfg.device)
+        self.device = "cpu"
         self.show_progress = show_progress
         self.torch = _torch_or_none(cfg.torch)
         rng = np.random.default_rng(cfg.seed)
@@ -134,6 +148,29 @@ class Probe:
         self.matmul_x = rng.normal(size=(cfg.batch, cfg.D)).astype(np.float32)
         self.matmul_w = rng.normal(size=(cfg.D, cfg.hid)).astype(np.float32)
         self.plan: Fold | None = None
+        self.values: Any = self.g  # what the bitfold strategies fold (a device array on GPU)
+        self.sync: Callable[[], None] | None = None
+        self.atomic_baseline = "np.add.at"
+
+    def describe_backend(self) -> str:
+        """One line naming where the folds ran."""
+        return "numpy + numba (CPU)" + (" and torch (CPU)" if self.torch else "")
+
+    def baseline_note(self, name: str) -> str:
+        """Why a baseline is or is not expected to be deterministic here."""
+        if name == "np.add.at":
+            return "sequential on the CPU, so deterministic by construction"
+        threads = self.torch.get_num_threads() if self.torch is not None else None
+        return f"CPU, {threads} threads"
+
+    def fold_memory(self, fn: Callable[[], Any]) -> int:
+        """Peak bytes a fold allocates above its inputs."""
+        return peak_bytes(fn)[1]
+
+    def forward_matmul(self) -> Callable[[], Any]:
+        """One forward matmul of the seed's model, for scale."""
+        x, w = self.matmul_x, self.matmul_w
+        return lambda: x @ w
 
     # -- baselines -----------------------------------------------------------------
     def baselines(self) -> dict[str, Callable[[], Any]]:
@@ -164,14 +201,10 @@ class Probe:
     def question1(self) -> dict[str, Any]:
         """Non-determinism of each usual fold, over ``reps`` repeats."""
         out: dict[str, Any] = {}
-        threads = self.torch.get_num_threads() if self.torch is not None else None
         for name, fn in self.baselines().items():
             res = repeat_outcome(fn, self.cfg.reps)
             res.pop("result")
-            if name == "np.add.at":
-                res["note"] = "sequential on the CPU, so deterministic by construction"
-            elif name.startswith("torch"):
-                res["note"] = f"CPU, {threads} threads"
+            res["note"] = self.baseline_note(name)
             out[name] = res
         return out
 
@@ -181,7 +214,7 @@ class Probe:
         cold = time_call(lambda: Fold(self.idx, self.cfg.K), repeats=1)
         plan, _ = peak_bytes(lambda: Fold(self.idx, self.cfg.K))
         self.plan = plan
-        atomic = plan(self.g, "atomic")
+        atomic = to_numpy(plan(self.values, "atomic"))
         out: dict[str, Any] = {
             "plan_build_s_first": cold.first_s,
             "plan_build_s": plan.build_seconds,
@@ -189,10 +222,10 @@ class Probe:
         }
         for name in BIT_STRATEGIES:
             # the first call compiles (or loads Numba's on-disk cache): timed apart from the rest
-            first = time_call(lambda name=name: plan(self.g, name), repeats=1)
-            res = repeat_outcome(lambda name=name: plan(self.g, name), self.cfg.reps)
+            first = time_call(lambda name=name: plan(self.values, name), repeats=1, sync=self.sync)
+            res = repeat_outcome(lambda name=name: plan(self.values, name), self.cfg.reps)
             result = res.pop("result")
-            _, fold_peak = peak_bytes(lambda name=name: plan(self.g, name))
+            fold_peak = self.fold_memory(lambda name=name: plan(self.values, name))
             out[name] = {
                 "first_call_s": first.first_s,
                 "bit_identical": res["differed"] == 0,
@@ -207,7 +240,7 @@ class Probe:
     def question3(self) -> dict[str, Any]:
         """Median cost per call of every strategy and baseline, and a matmul for scale."""
         assert self.plan is not None
-        plan, g = self.plan, self.g
+        plan, g = self.plan, self.values
         contenders: dict[str, Callable[[], Any]] = {
             f"bitfold {name}": (lambda name=name: plan(g, name))
             for name in ("atomic", *BIT_STRATEGIES)
@@ -215,14 +248,17 @@ class Probe:
         contenders.update(self.baselines())
         rows: dict[str, Any] = {}
         for name, fn in contenders.items():
-            t = time_call(fn, repeats=max(5, self.cfg.reps))
+            t = time_call(fn, repeats=max(5, self.cfg.reps), sync=self.sync)
             rows[name] = {"median_ms": t.median_s * 1e3, "first_call_ms": t.first_s * 1e3}
-        base = rows["np.add.at"]["median_ms"]
+        base = rows[self.atomic_baseline]["median_ms"]
         for row in rows.values():
-            row["ratio_to_np_add_at"] = row["median_ms"] / base if base else float("nan")
-        x, w = self.matmul_x, self.matmul_w
-        matmul = time_call(lambda: x @ w, repeats=max(5, self.cfg.reps))
-        return {"per_call": rows, "forward_matmul_ms": matmul.median_s * 1e3}
+            row["ratio_to_atomic"] = row["median_ms"] / base if base else float("nan")
+        matmul = time_call(self.forward_matmul(), repeats=max(5, self.cfg.reps), sync=self.sync)
+        return {
+            "atomic_baseline": self.atomic_baseline,
+            "per_call": rows,
+            "forward_matmul_ms": matmul.median_s * 1e3,
+        }
 
     # -- training --------------------------------------------------------------------
     def _train_numpy(self, strategy: str, tick: Callable[[], None]) -> np.ndarray:
@@ -262,19 +298,24 @@ class Probe:
             tick()
         return v.detach().numpy()
 
-    def question4(self) -> dict[str, Any]:
-        """The seed's folded model trained twice per fold: identical or not, and digests."""
-        runs: list[tuple[str, Callable[[Callable[[], None]], np.ndarray]]] = [
+    def training_runs(self) -> list[tuple[str, Callable[[Callable[[], None]], Any]]]:
+        """(name, train(tick) -> final v) for every fold the training question compares."""
+        runs: list[tuple[str, Callable[[Callable[[], None]], Any]]] = [
             (s, lambda tick, s=s: self._train_numpy(s, tick)) for s in TRAIN_STRATEGIES
         ]
         if self.torch is not None:
             runs.append(("torch autograd", self._train_torch))
+        return runs
+
+    def question4(self) -> dict[str, Any]:
+        """The seed's folded model trained twice per fold: identical or not, and digests."""
+        runs = self.training_runs()
         total = 2 * len(runs) * self.cfg.steps
         out: dict[str, Any] = {}
         with progress_bar(total, "training", enabled=self.show_progress) as bar:
             for name, train in runs:
-                r1 = train(bar.tick)
-                r2 = train(bar.tick)
+                r1 = to_numpy(train(bar.tick))
+                r2 = to_numpy(train(bar.tick))
                 same = bits_equal(r1, r2)
                 out[name] = {
                     "bit_identical": same,
@@ -291,7 +332,7 @@ class Probe:
             "tool": "bitfold probe",
             "config": asdict(self.cfg) | {"device": self.device},
             "machine": machine.describe(),
-            "backend": "numpy + numba (CPU)" + (" and torch (CPU)" if self.torch else ""),
+            "backend": self.describe_backend(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         }
         report["q1_nondeterminism"] = self.question1()
@@ -322,8 +363,9 @@ def readout(rep: dict[str, Any]) -> list[str]:
         q4[s]["bit_identical"] for s in BIT_STRATEGIES if s in q4
     )
     cost = q3["per_call"]
-    exact_ratio = cost["bitfold exact"]["ratio_to_np_add_at"]
-    extra_ms = cost["bitfold exact"]["median_ms"] - cost["np.add.at"]["median_ms"]
+    base = q3["atomic_baseline"]
+    exact_ratio = cost["bitfold exact"]["ratio_to_atomic"]
+    extra_ms = cost["bitfold exact"]["median_ms"] - cost[base]["median_ms"]
     share = extra_ms / q3["forward_matmul_ms"] if q3["forward_matmul_ms"] else float("nan")
     if not fixed_ok:
         lines.append(
@@ -353,14 +395,21 @@ def readout(rep: dict[str, Any]) -> list[str]:
         lines.append(
             f"bitfold's exact fold (correctly rounded) and ordered fold were bit-identical in "
             f"every "
-            f"repeat and in both training runs. exact costs {exact_ratio:.2f}x np.add.at per call "
+            f"repeat and in both training runs. exact costs {exact_ratio:.2f}x {base} per call "
             f"({extra_ms:+.3f} ms, {share:+.1%} of one forward matmul)."
         )
-    lines.append(
-        "This run used the CPU only, so it says nothing about GPU atomics, whose order changes "
-        "from launch to launch; rerun on a machine with a GPU to measure them. The exact fold's "
-        "result does not depend on the device: its digests here are the ones any backend must give."
-    )
+    if rep["config"]["device"] == "cpu":
+        lines.append(
+            "This run used the CPU only, so it says nothing about GPU atomics, whose order "
+            "changes from launch to launch; rerun with --device cuda on a machine with a GPU. "
+            "The exact fold's result does not depend on the device: its digests here are the "
+            "ones any backend must give for the same values."
+        )
+    else:
+        lines.append(
+            "This run folded on the GPU. The exact fold's bits do not depend on the device: "
+            "the same values folded on the CPU give the same digest (bitfold's tests check it)."
+        )
     return lines
 
 
@@ -418,13 +467,13 @@ def print_report(rep: dict[str, Any], out: Any = None) -> None:
         p(
             f" {'':>8s}  bit-identical across {r['repeats']} repeats: {r['bit_identical']}; "
             f"extra memory {r['extra_bytes'] / 1e6:.1f} MB; "
-            f"largest difference from np.add.at {r['max_difference_from_atomic']:.3e}"
+            f"largest difference from the atomic fold {r['max_difference_from_atomic']:.3e}"
         )
     q3 = rep["q3_cost"]
-    p("\n 3. WHAT DOES IT COST?   (median per call; ratio to np.add.at)\n")
+    p(f"\n 3. WHAT DOES IT COST?   (median per call; ratio to {q3['atomic_baseline']})\n")
     for name, r in q3["per_call"].items():
         p(
-            f" {name:>24s} {_fmt_ms(r['median_ms'])}  {r['ratio_to_np_add_at']:6.2f}x"
+            f" {name:>24s} {_fmt_ms(r['median_ms'])}  {r['ratio_to_atomic']:6.2f}x"
             f"   (first call {r['first_call_ms']:.1f} ms)"
         )
     p(f" {'one forward matmul':>24s} {_fmt_ms(q3['forward_matmul_ms'])}  (for scale)")
@@ -494,7 +543,12 @@ def main(args: argparse.Namespace) -> int:
                 pass
         except OSError as err:
             raise FoldError(f"cannot write --json {args.json!r}: {err.strerror}") from None
-    rep = Probe(cfg).run()
+    if resolve_device(cfg.device) == "cuda":
+        from .probe_cuda import CudaProbe
+
+        rep = CudaProbe(cfg).run()
+    else:
+        rep = Probe(cfg).run()
     print_report(rep)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
