@@ -14,8 +14,8 @@ The record of a contender is a plain dict (one row of ``results.json``):
   None for contenders that keep nothing between calls;
 * ``first_call_s``: the first fold of this case, which includes any
   compilation not yet done in this process (Numba, XLA);
-* ``times_s`` and ``median_s``: the timed repeats after the first call
-  (garbage collector off), ``repeats`` of them;
+* ``times_s``, ``median_s`` and ``min_s``: the timed repeats after the first
+  call (garbage collector off), ``repeats`` of them;
 * ``digest`` of the first result and ``identical_repeats``: whether every
   repeat returned the same bits as the first call;
 * ``oom_needed_bytes``: what a contender refused for the memory limit would need;
@@ -142,4 +142,5 @@ def measure_case(
             times = row["times_s"]
             row["repeats"] = len(times)
             row["median_s"] = statistics.median(times) if times else None
+            row["min_s"] = min(times) if times else None
     return rows

@@ -231,7 +231,8 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         f"- threads: Numba {m['threads']['numba']}, PyTorch {m['threads'].get('torch') or '—'}",
         f"- load average (1, 5, 15 min) at start {m.get('load_average_at_start') or '—'}, "
         f"at end {m.get('load_average') or '—'} (other work competing for the cores)",
-        f"- timing: median of up to {s['repeats']} repeats after a first call; ratios against "
+        f"- timing: median of up to {s['repeats']} repeats after a first call (3x as many at "
+        "the seed configuration), interleaved across contenders; ratios against "
         f"`{base}` in the same run; bandwidth counts N values + N int32 indices read and K sums "
         "written; peak memory is above the inputs, setup plus one call, in a fresh process",
         "",
