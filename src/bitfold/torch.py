@@ -30,8 +30,11 @@ The gradient of ``v`` has ``v``'s dtype:
   canonical NaN ``0x7FC0``); with ``ordered`` or ``atomic``, the float32
   fold of that strategy rounded to bfloat16.
 
-Devices: CPU tensors only for now; CUDA (and other) tensors get a
-:class:`bitfold.DeviceError` until the GPU kernels land.
+Devices: CPU tensors fold with the Numba CPU kernels; CUDA tensors fold on
+their device and stream with the numba-cuda kernels of :mod:`bitfold.gpu`
+(``exact`` gives the same bits as on the CPU; needs ``bitfold[cuda]``; not
+yet run on a real GPU by this project). Other devices get a
+:class:`bitfold.DeviceError`.
 """
 
 from __future__ import annotations
@@ -120,10 +123,10 @@ def _check_tensor(t: Any, what: str) -> None:
             f"{what} must be floating point (float16, bfloat16, float32, float64); "
             f"got {str(t.dtype).replace('torch.', '')}"
         )
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "cuda"):
         raise DeviceError(
-            f"{what} is on {t.device}; bitfold.torch folds CPU tensors only for now "
-            "(the CUDA kernels are not wired into the PyTorch adapter yet): use .cpu()"
+            f"{what} is on {t.device}; bitfold.torch folds CPU and CUDA tensors: "
+            "use .cpu() or .cuda()"
         )
 
 
@@ -152,7 +155,7 @@ def _out_dtype(values_dtype: torch.dtype, out_dtype: Any) -> torch.dtype:
 
 # -- host folds -----------------------------------------------------------------------------------
 def _host_fold(plan: Fold, g: torch.Tensor, strategy: str, out: torch.dtype) -> torch.Tensor:
-    """The fold of ``g`` in dtype ``out`` (module docstring), as a CPU tensor."""
+    """The fold of ``g`` in dtype ``out`` (module docstring), on ``g``'s device."""
     g = g.detach()
     if out == torch.bfloat16 and strategy != "exact":  # only exact rounds to bfloat16 directly
         return plan(g, strategy).to(torch.bfloat16)
@@ -211,7 +214,7 @@ _fold_op.register_autograd(_fold_backward, setup_context=_setup)
 def expand(v: torch.Tensor, plan: Fold, strategy: str = "exact") -> torch.Tensor:
     """``v[plan.index]`` in the plan's shape; the gradient of ``v`` is the plan's fold.
 
-    ``v`` is a floating CPU tensor of shape ``(plan.K,)``. The gradient has
+    ``v`` is a floating CPU or CUDA tensor of shape ``(plan.K,)``. The gradient has
     ``v``'s dtype and follows the module docstring's contract (``exact``:
     correctly rounded, the same bits on every run).
 
