@@ -104,7 +104,9 @@ def _memory_bars(res: dict[str, Any], path: str) -> bool:
         if any(row(res, c["id"], n) and row(res, c["id"], n)["status"] != "skipped" for c in cases)
     ]
     fig, ax = plt.subplots(figsize=(9, 5.2))
+    ax.set_yscale("log")
     width = 0.8 / max(1, len(names))
+    top = 0.0
     for j, name in enumerate(names):
         for i, c in enumerate(cases):
             r = row(res, c["id"], name)
@@ -116,20 +118,22 @@ def _memory_bars(res: dict[str, Any], path: str) -> bool:
                 need = r["oom_needed_bytes"] / c["n"]
                 ax.bar(x, need, width, facecolor="none", edgecolor=_style(name)["color"],
                        linestyle="--")  # fmt: skip
-                ax.text(x, need, f"OOM: needs {r['oom_needed_bytes'] / 2**30:,.0f} GiB",
-                        rotation=90, fontsize=7, ha="center", va="top",
-                        color=_style(name)["color"], fontweight="bold")  # fmt: skip
+                ax.text(x, need * 1.15, f"OOM\nneeds {r['oom_needed_bytes'] / 2**30:,.0f} GiB",
+                        fontsize=7, ha="center", va="bottom", color=_style(name)["color"],
+                        fontweight="bold")  # fmt: skip
+                top = max(top, need)
             elif r is not None and r["status"] in ("oom", "failed"):
                 ax.text(x, 0.02, r["status"].upper(), rotation=90, fontsize=7, ha="center",
                         va="bottom", color=_style(name)["color"], fontweight="bold",
                         transform=ax.get_xaxis_transform())  # fmt: skip
+    if top:
+        ax.set_ylim(top=top * 8)  # room for the OOM labels
     goal = MEMORY_GOAL_BYTES_PER_ELEMENT
     ax.axhline(goal, color="black", linestyle=":", linewidth=1)
     ax.text(len(cases) - 0.5, goal * 1.08, f"goal for bitfold-exact: {goal:g} B/element",
             ha="right", va="bottom", fontsize=7)  # fmt: skip
     handles = [plt.Rectangle((0, 0), 1, 1, **_bar_style(n)) for n in names]
     ax.legend(handles, names, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.set_yscale("log")
     ax.set_xticks(range(len(cases)), [c["skew"] for c in cases])
     ax.set_xlabel("index skew")
     ax.set_ylabel("peak memory above the inputs (bytes per element, log)")
