@@ -229,29 +229,8 @@ def _command_line(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
-# -- progress --------------------------------------------------------------------------------
-class _Progress:
-    """A tqdm bar on stderr when it is a terminal and tqdm is installed; otherwise nothing."""
-
-    def __init__(self, total: int) -> None:
-        self.bar = None
-        if sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, file=sys.stderr, unit="job", dynamic_ncols=True)
-
-    def step(self, label: str, n: int = 1) -> None:
-        if self.bar is not None:
-            self.bar.set_description(label[:48])
-            self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 # -- the run ---------------------------------------------------------------------------------
-def _time_cases(cfg: dict[str, Any], cases: list[Any], progress: _Progress) -> list[dict]:
+def _time_cases(cfg: dict[str, Any], cases: list[Any], progress: Any) -> list[dict]:
     """Time every contender on every case in this process."""
     import numpy as np
 
@@ -275,7 +254,8 @@ def _time_cases(cfg: dict[str, Any], cases: list[Any], progress: _Progress) -> l
         label = case.describe()
 
         def step(r: dict[str, Any], label: str = label) -> None:
-            progress.step(f"{r['contender']} {label}")
+            progress.note(f"{r['contender']} {label}")
+            progress.tick()
 
         more = SEED_EXTRA if "seed" in case.sweeps else 1  # the headline: tighter statistics
         case_rows = measure_case(
@@ -300,7 +280,7 @@ def _time_cases(cfg: dict[str, Any], cases: list[Any], progress: _Progress) -> l
 
 
 def _worker_phase(
-    mode: str, cfg: dict[str, Any], cases: list[Any], rows: list[dict], progress: _Progress
+    mode: str, cfg: dict[str, Any], cases: list[Any], rows: list[dict], progress: Any
 ) -> None:
     """Peak memory (``memory``) or digests under another thread count (``threads``) per row."""
     from .bench_machine import thread_counts
@@ -308,6 +288,7 @@ def _worker_phase(
 
     specs = {c.id: c.spec for c in cases}
     todo = [r for r in rows if r["status"] == "ok"]
+    progress.tick(len(rows) - len(todo))  # nothing to measure for the others
     jobs = [{"case": specs[r["case"]], "contender": r["contender"]} for r in todo]
     env, threads = None, None
     if mode == "threads":
@@ -317,7 +298,8 @@ def _worker_phase(
                                          "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}  # fmt: skip
 
     def done(i: int, result: dict[str, Any]) -> None:
-        progress.step(f"{mode}: {jobs[i]['contender']}")
+        progress.note(f"{mode}: {jobs[i]['contender']}")
+        progress.tick()
 
     results = run_jobs(
         "memory" if mode == "memory" else "digest",
@@ -371,15 +353,16 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     from .bench_machine import describe, load_average
     from .bench_report import goals
     from .bench_startup import measure_startup
+    from .progress import progress_bar
 
     t_start = time.perf_counter()
     load_at_start = load_average()
     cases = build_cases(cfg["sweeps"], quick=cfg["quick"], scale=cfg["scale"])
     n_jobs = len(cases) * len(cfg["contenders"])
     total = n_jobs * (1 + sum(p not in cfg["skip"] for p in ("memory", "threads")))
-    progress = _Progress(total + (2 if "startup" not in cfg["skip"] else 0))
     phases: dict[str, float] = {}
-    try:
+    startup = None
+    with progress_bar(total + 2 * ("startup" not in cfg["skip"]), "bitfold bench") as progress:
         t0 = time.perf_counter()
         rows = _time_cases(cfg, cases, progress)
         phases["timing"] = time.perf_counter() - t0
@@ -388,14 +371,12 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 _worker_phase(mode, cfg, cases, rows, progress)
                 phases[mode] = time.perf_counter() - t0
-        startup = None
         if "startup" not in cfg["skip"]:
+            progress.note("Numba cold and warm start")
             t0 = time.perf_counter()
             startup = measure_startup()
-            progress.step("numba cold/warm start", 2)
+            progress.tick(2)
             phases["startup"] = time.perf_counter() - t0
-    finally:
-        progress.close()
     res: dict[str, Any] = {
         "schema": SCHEMA,
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.metadata as md
 import importlib.util
 import os
-import platform
 import sys
 from typing import Any
 
@@ -21,18 +20,6 @@ LIBRARIES = {
     "matplotlib": ("matplotlib",),
     "tqdm": ("tqdm",),
 }
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` where there is one)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def physical_memory() -> int | None:
@@ -96,17 +83,18 @@ def gpu_name(device: str) -> str | None:
 
 
 def describe(device: str) -> dict[str, Any]:
-    """The machine block: CPU, cores, memory, OS, Python, library versions, threads, GPU."""
-    from ._version import __version__
+    """The machine block: :func:`bitfold.machine.describe` plus what benchmarks need.
+
+    Added: usable cores, RAM, the installed version of every library a
+    contender may use (imported or not), thread counts, the GPU and the load
+    average (other work competing for the cores).
+    """
+    from .machine import describe as base
 
     return {
-        "cpu_model": cpu_model(),
-        "cores_logical": os.cpu_count(),
+        **base(),
         "cores_usable": usable_cores(),
         "memory_bytes": physical_memory(),
-        "os": platform.platform(),
-        "python": platform.python_version(),
-        "bitfold": __version__,
         "libraries": versions(),
         "threads": thread_counts(),
         "gpu": gpu_name(device),

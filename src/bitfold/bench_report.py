@@ -224,7 +224,7 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         f"# bitfold bench — {res['date'][:10]}, {s['device']}",
         "",
         f"- command: `{res['command']}`",
-        f"- machine: {m['cpu_model']}, {m['cores_usable']} usable cores"
+        f"- machine: {m['cpu']}, {m['cores_usable']} usable cores"
         + (f", {m['memory_bytes'] / 2**30:.0f} GiB RAM" if m.get("memory_bytes") else "")
         + (f", GPU {m['gpu']}" if m.get("gpu") else ""),
         f"- software: Python {m['python']}, bitfold {m['bitfold']}, {libs}",
