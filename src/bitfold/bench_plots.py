@@ -171,11 +171,11 @@ def _seed_bars(res: dict[str, Any], path: str) -> bool:
             else r["status"]
         )
         if r.get("identical_repeats") is False or r.get("identical_threads") is False:
-            note += "  bits differ between runs"
+            note += "  (bits differ)"
         ax.text(ms + top * 0.01, i, note, va="center", fontsize=7)
     ax.set_yticks(range(len(rows)), [f"{r['contender']} [{r.get('guarantee', '')}]" for r in rows])
     ax.invert_yaxis()
-    ax.set_xlim(0, top * 1.3)
+    ax.set_xlim(0, top * 1.45)
     ax.set_xlabel(f"median time per fold (ms); (x) = multiple of {res['settings']['baseline']}")
     ax.set_title(
         f"Seed configuration: N = {seed['n']:,} {seed['dtype']} values, K = {seed['k']:,}",
