@@ -427,3 +427,22 @@ def test_memory_gauge_sees_numpy_and_torch_allocations(lib: str, monkeypatch) ->
         assert got["peak_traced_bytes"] < 1_000_000 and got["peak_rss_bytes"] >= 60_000_000
     else:
         assert got["peak_traced_bytes"] >= 64_000_000
+
+
+def test_what_each_contender_needs_on_cuda(monkeypatch) -> None:
+    import importlib.util
+
+    from bitfold.bench_contenders import baseline_for
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "cupy" else real(n, *a)
+    )
+    assert "cpu only" in CONTENDERS["numpy-add-at"].unavailable("cuda")
+    assert (
+        CONTENDERS["fixed-scatter"].unavailable("cuda") == "cupy is not installed (needed on cuda)"
+    )
+    assert CONTENDERS["fixed-scatter"].unavailable("cpu") is None
+    assert "cuda only" in CONTENDERS["cupy-scatter-add"].unavailable("cpu")
+    assert baseline_for("cpu") == "numpy-add-at"
+    assert baseline_for("cuda") == "torch-scatter-add"  # cupy missing: torch's atomic scatter
