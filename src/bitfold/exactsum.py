@@ -99,14 +99,20 @@ def format_for(dtype_name: str) -> LimbFormat:
     )
 
 
+#: Private accumulator copies may take at most this many bytes per value added.
+SLOT_BYTES_PER_VALUE = 2
+
+
 def slots_for(n: int, K: int, per_bucket_bytes: int) -> int:
     """How many private copies to split ``n`` values over: from n and K only.
 
     Enough copies to keep several threads busy when the copies are cheap
-    relative to the work, never so many that their memory exceeds about 16
-    bytes per value, and one (no parallel launch at all) for small inputs.
+    relative to the work; never so many that their memory (and the work of
+    clearing and merging them) exceeds :data:`SLOT_BYTES_PER_VALUE` bytes per
+    value; one for small inputs, which then accumulate straight into the
+    state with no parallel launch and no merge.
     """
-    by_memory = (16 * n) // max(1, K * per_bucket_bytes)
+    by_memory = (SLOT_BYTES_PER_VALUE * n) // max(1, K * per_bucket_bytes)
     by_work = n // (cpu.PARALLEL_MIN_VALUES // 4)
     return int(max(1, min(MAX_SLOTS, by_memory, by_work)))
 
@@ -119,14 +125,16 @@ def accumulate(
     *,
     kernel: str = "auto",
     carry_every: int | None = None,
+    counts: np.ndarray | None = None,
 ) -> None:
     """Add ``values[i]`` into bucket ``index[i]`` of ``state`` (in place), exactly.
 
     ``index`` and ``values`` are flat and of equal length; ``values`` are
     float32 for the f32 format (float16 must be widened first) and float64 for
     the f64 format. ``kernel`` is ``"auto"``, ``"binned"`` (float32 only) or
-    ``"limbs"``; every kernel gives the same state value. The term counts
-    (column ``n_terms``) are the caller's job.
+    ``"limbs"``; every kernel gives the same state value. ``counts`` are the
+    per-bucket counts of ``index`` when the caller has them (else computed).
+    The term counts (column ``n_terms``) are the caller's job.
     """
     K = state.shape[0]
     n = values.shape[0]
@@ -141,22 +149,34 @@ def accumulate(
         every = min(carry_every or cpu.BIN_FLUSH_EVERY, cpu.BIN_FLUSH_EVERY)
         S = slots_for(n, K, 8 * (cpu.N_BINS + L))
         bins = np.full((S, cpu.N_BINS, K), -0.0)
-        limbs = np.zeros((S, K, L), np.int64)
-        specials = np.zeros((S, K, 4), np.int64)
+        limbs, specials = _slot_arrays(state, S, L)
         cpu.exact_binned_accumulate(index, values, bins, limbs, specials, every)
-        cpu.merge_slots(limbs, specials, state, L)
+        if S > 1:
+            cpu.merge_slots(limbs, specials, state, L)
     elif kernel == "limbs":
         every = min(carry_every or fmt.carry_every, fmt.carry_every)
         S = slots_for(n, K, 8 * (L + 4))
-        limbs = np.zeros((S, K, L), np.int64)
-        specials = np.zeros((S, K, 4), np.int64)
+        limbs, specials = _slot_arrays(state, S, L)
         bits = values.view(np.int64) if fmt is F64 else values.view(np.uint32)
         cpu.exact_accumulate(index, bits, fmt is F64, limbs, specials, every)
-        cpu.merge_slots(limbs, specials, state, L)
+        if S > 1:
+            cpu.merge_slots(limbs, specials, state, L)
         # the limb kernels count -0.0 terms negatively in n_not_negzero
-        state[:, L + N_NOT_NEGZERO] += np.bincount(index, minlength=K)
+        state[:, L + N_NOT_NEGZERO] += np.bincount(index, minlength=K) if counts is None else counts
     else:
         raise FoldError(f"unknown exact kernel {kernel!r}; choose 'auto', 'binned' or 'limbs'")
+
+
+def _slot_arrays(state: np.ndarray, S: int, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-slot limbs (S, K, L) and side counters (S, K, 4); with one slot, views of ``state``.
+
+    The state's columns after the limbs are n_terms, then the four side
+    counters in the kernels' order, so one slot can write into it directly.
+    """
+    if S == 1:
+        return state[None, :, :L], state[None, :, L + 1 :]
+    K = state.shape[0]
+    return np.zeros((S, K, L), np.int64), np.zeros((S, K, 4), np.int64)
 
 
 def round_state(state: np.ndarray, fmt: LimbFormat, out_dtype: Any) -> np.ndarray:
@@ -269,7 +289,13 @@ class ExactAccumulator:
             index = self.plan.index[start : start + flat.size]
             counts = np.bincount(index, minlength=self.plan.K)
         accumulate(
-            self._state, index, flat, self.format, kernel=self.kernel, carry_every=self.carry_every
+            self._state,
+            index,
+            flat,
+            self.format,
+            kernel=self.kernel,
+            carry_every=self.carry_every,
+            counts=counts,
         )
         self._state[:, self.format.limbs + N_TERMS] += counts
         return self

@@ -386,7 +386,7 @@ def _bit_length(x):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _finalise_bucket(state, L, unit_exp, precision, q_min, out, k):  # pragma: no cover
+def _finalise_bucket(state, L, unit_exp, precision, q_min, out, k, mag):  # pragma: no cover
     n_terms = state[k, L]
     n_not_negzero = state[k, L + 1]
     n_nan = state[k, L + 2]
@@ -401,7 +401,8 @@ def _finalise_bucket(state, L, unit_exp, precision, q_min, out, k):  # pragma: n
     if n_neg > 0:
         out[k] = -np.inf
         return
-    mag = state[k, :L].copy()
+    for j in range(L):
+        mag[j] = state[k, j]
     for j in range(L - 1):
         c = mag[j] >> 32
         mag[j] -= c << 32
@@ -451,14 +452,19 @@ def _finalise_bucket(state, L, unit_exp, precision, q_min, out, k):  # pragma: n
 
 @njit(cache=True, nogil=True)
 def _finalise_serial(state, L, unit_exp, precision, q_min, out):  # pragma: no cover
+    mag = np.empty(L, np.int64)
     for k in range(state.shape[0]):
-        _finalise_bucket(state, L, unit_exp, precision, q_min, out, k)
+        _finalise_bucket(state, L, unit_exp, precision, q_min, out, k, mag)
 
 
 @njit(cache=True, parallel=True)
 def _finalise_parallel(state, L, unit_exp, precision, q_min, out):  # pragma: no cover
-    for k in prange(state.shape[0]):
-        _finalise_bucket(state, L, unit_exp, precision, q_min, out, k)
+    K = state.shape[0]
+    chunks = 64
+    scratch = np.empty((chunks, L), np.int64)
+    for c in prange(chunks):
+        for k in range(K * c // chunks, K * (c + 1) // chunks):
+            _finalise_bucket(state, L, unit_exp, precision, q_min, out, k, scratch[c])
 
 
 def finalise(state, L, unit_exp, precision, q_min, out) -> None:
