@@ -40,6 +40,11 @@ test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	BITFOLD_REQUIRE_BACKENDS=$(REQUIRED_BACKENDS) BITFOLD_REQUIRE_CUDA=1 $(PY) -m pytest $(ARGS)
 
+# The cost of determinism against every peer: table, JSON, plots and summary.md
+# (ARGS=--quick for the two-minute version; see benchmarks/README.md).
+bench: $(VENV)/.installed-test
+	$(VENV)/bin/bitfold bench $(ARGS)
+
 # On a machine with an NVIDIA GPU: install, run the GPU tests, the GPU probe and
 # the GPU benchmark, and write JSON to OUT (default benchmarks/results/gpu-DATE).
 gpu-check: $(PY)

@@ -8,7 +8,8 @@
 # 2. run the GPU tests on the real device (tests/cuda_cases.py with BITFOLD_CUDA_DEVICE=1, the
 #    cc 9.0 compile checks, with BITFOLD_REQUIRE_CUDA=1 so nothing can skip silently);
 # 3. run `bitfold probe --device cuda` (failure is recorded, not fatal);
-# 4. run the GPU benchmark (scripts/gpu_check.py) on the seed's configuration.
+# 4. run the GPU benchmark (scripts/gpu_check.py) on the seed's configuration;
+# 5. run `bitfold bench --device cuda --quick` (tables, JSON and plots in OUT/bench-cuda).
 #
 # Everything lands in OUTDIR: environment.txt, gpu_check.log, gpu_tests.xml/.log,
 # probe.json/.log, gpu_bench.json/.log and summary.json. Exit status: 0 when the tests and the
@@ -101,12 +102,13 @@ step gpu_tests 180 "$PY" -m pytest tests/cuda_cases.py tests/test_cuda_compile.p
     -q -p no:cacheprovider -o addopts= -rs --junitxml="$OUT/gpu_tests.xml"
 step probe 120 "$PY" -m bitfold probe --device cuda --json "$OUT/probe.json"
 step gpu_bench 180 "$PY" scripts/gpu_check.py --out "$OUT/gpu_bench.json"
+step bench_cuda 120 "$PY" -m bitfold bench --device cuda --quick --skip startup --out "$OUT/bench-cuda"
 
 {
     printf '{\n  "outdir": "%s",\n  "seconds": %d,\n  "cuda_major": %s,\n  "steps": {' \
         "$OUT" "$(($(date +%s) - START))" "$CUDA_MAJOR"
     sep=""
-    for name in install gpu_tests probe gpu_bench; do
+    for name in install gpu_tests probe gpu_bench bench_cuda; do
         printf '%s\n    "%s": {"exit": "%s", "seconds": "%s"}' "$sep" "$name" \
             "${RC[$name]:-not run}" "${SECS[$name]:-0}"
         sep=","
