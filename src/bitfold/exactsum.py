@@ -63,7 +63,7 @@ _TARGETS = {  # name -> (precision bits, exponent of the smallest subnormal)
 N_TERMS, N_NOT_NEGZERO, N_NAN, N_POSINF, N_NEGINF = range(5)
 
 #: Largest K for which float32 values take the binned kernel (32 float64 bins a bucket).
-BINNED_MAX_K = 1 << 16
+BINNED_MAX_K = 1 << 18
 #: Most private accumulator copies (slots) one call uses; fixed, never the thread count.
 MAX_SLOTS = 16
 
