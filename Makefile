@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: probe test lint bench gpu-check clean
+.PHONY: probe test lint bench readme-perf gpu-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ test: $(VENV)/.installed-test
 # (ARGS=--quick for the two-minute version; see benchmarks/README.md).
 bench: $(VENV)/.installed-test
 	$(VENV)/bin/bitfold bench $(ARGS)
+
+# Copy a run's generated summary into the README's performance block.
+readme-perf: $(PY)
+	$(PY) benchmarks/readme_performance.py $(or $(RESULTS),benchmarks/results/2026-12-02-cpu-2core)
 
 # On a machine with an NVIDIA GPU: install, run the GPU tests, the GPU probe and
 # the GPU benchmark, and write JSON to OUT (default benchmarks/results/gpu-DATE).
