@@ -16,8 +16,12 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
+# The probe measures PyTorch's folds too (the non-deterministic ones on a CPU).
 $(VENV)/.installed-base: pyproject.toml | $(PY)
-	$(PIP) install --quiet -e ".[progress]"
+ifneq ($(HAS_GPU),yes)
+	$(PIP) install --quiet "$(TORCH_CPU)"
+endif
+	$(PIP) install --quiet -e ".[progress,torch]"
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(PY)

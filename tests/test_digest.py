@@ -80,3 +80,9 @@ def test_non_string_names_are_refused():
 def test_object_arrays_are_refused():
     with pytest.raises(bitfold.FoldTypeError, match="object"):
         bitfold.digest(np.array([1, "a"], dtype=object))
+
+
+@pytest.mark.parametrize("thing", [[1, 2, 3], 1.0, "abc"])
+def test_non_arrays_are_refused(thing):
+    with pytest.raises(bitfold.FoldTypeError, match="digests are of arrays"):
+        bitfold.digest(thing)

@@ -292,6 +292,16 @@ def test_accumulator_refusals():
         acc.add(np.ones(3, np.float64))
     with pytest.raises(bitfold.FoldTypeError, match="no exact accumulator"):
         plan.accumulator("int32")
+    with pytest.raises(bitfold.FoldTypeError, match="needs a value dtype"):
+        plan.accumulator(None)
+
+
+def test_accumulator_dtype_may_be_numpy_or_torch():
+    plan = bitfold.Fold([0, 0], 1)
+    assert plan.accumulator(np.float64).format.name == "f64"
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    acc = plan.accumulator(torch.float32).add(torch.tensor([1.0, 2.0]))
+    assert acc.result().tolist() == [3.0]
 
 
 def test_merging_a_copy_of_the_same_map_is_allowed():

@@ -445,3 +445,8 @@ def test_diff_names_the_first_gradient_that_differs(tmp_path, torch, capsys):
     assert _diff(a, b, "--json") == 1
     d = json.loads(capsys.readouterr().out)["first_difference"]
     assert (d["step"], d["tensor"]) == (2, "grad/0.weight")
+
+
+def test_record_into_a_folder_is_refused_clearly(tmp_path):
+    with pytest.raises(bitfold.FoldError, match="cannot write the manifest"):
+        bitfold.record(str(tmp_path))

@@ -57,6 +57,8 @@ def test_probe_training_reproduces_the_seed_model_with_exact_digests(probe_run):
     [
         (["--K", "0"], "--K must be at least 1"),
         (["--lr", "-1"], "--lr must be positive"),
+        (["--seed", "-1"], "--seed must be an integer"),
+        (["--steps", "0"], "--steps must be at least 1"),
         (["--device", "cuda"], "--device cuda needs a CUDA device"),
         (["--json", "/nonexistent-dir/x.json"], "cannot write --json"),
     ],
@@ -64,3 +66,10 @@ def test_probe_training_reproduces_the_seed_model_with_exact_digests(probe_run):
 def test_probe_refuses_bad_input_before_any_work(args, words, capsys):
     assert cli.main(["probe", *TINY, *args]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_probe_without_torch_says_what_it_did_not_measure(capsys):
+    assert cli.main(["probe", *TINY, "--no-torch"]) == 0
+    out = capsys.readouterr().out
+    assert "not measured" in out and "--no-torch" in out
+    assert "PyTorch's were not measured" in out

@@ -141,6 +141,27 @@ def test_nan_results_are_the_canonical_nan(strategy):
     assert got.view(np.uint32).tolist() == [bitfold.CANONICAL_NAN_BITS["float32"]] * 2
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("order", [">", "<"])
+@pytest.mark.parametrize("dtype", ["f2", "f4", "f8"])
+def test_any_byte_order_gives_the_native_result(strategy, order, dtype):
+    idx = np.array([0, 0, 1, 2, 1])
+    vals = np.array([1.5, 2.0, -3.0, 0.25, 8.0])
+    plan = bitfold.Fold(idx.astype(order + "i8"), 3)
+    got = plan(vals.astype(order + dtype), strategy)
+    want = bitfold.Fold(idx, 3)(vals.astype(dtype), strategy)
+    assert got.tolist() == want.tolist() == [3.5, 5.0, 0.25]
+
+
+def test_values_in_another_multidimensional_shape_are_refused():
+    plan = bitfold.Fold(np.zeros((2, 3), np.int64), 1)
+    with pytest.raises(bitfold.ShapeError, match=r"shape \(3, 2\) but the index has shape"):
+        plan(np.ones((3, 2), np.float32))
+    assert plan(np.ones(6, np.float32)).tolist() == [6.0]  # flat values are read in C order
+    flat_plan = bitfold.Fold(np.zeros(6, np.int64), 1)
+    assert flat_plan(np.ones((3, 2), np.float32)).tolist() == [6.0]
+
+
 def test_unsupported_out_dtype_is_refused():
     plan = bitfold.Fold([0, 1], 2)
     with pytest.raises(bitfold.FoldTypeError, match="out_dtype must be one of"):

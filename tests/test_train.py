@@ -70,6 +70,10 @@ def test_json_to_stdout_is_the_json_alone(capsys):
     [
         (["--strategies", "exact,fast"], "unknown strategy 'fast'"),
         (["--epochs", "0"], "--epochs must be a positive integer"),
+        (["--seed", "-1"], "--seed must be an integer"),
+        (["--lr", "-1"], "--lr must be positive"),
+        (["--json", "/nonexistent-dir/x.json"], "cannot write --json"),
+        (["--record", "/proc/version/runs"], "cannot make that folder"),
     ],
 )
 def test_bad_options_are_refused(extra, message, capsys):

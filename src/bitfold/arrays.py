@@ -61,6 +61,11 @@ def raw_bits(x: Any) -> tuple[str, tuple[int, ...], bytes]:
     bfloat16 as bfloat16 (two bytes an element) whatever library holds it.
     """
     lib = library_of(x)
+    if not hasattr(x, "dtype"):
+        raise FoldTypeError(
+            f"digests are of arrays (NumPy, PyTorch, CuPy, JAX) or mappings of them; got "
+            f"{type(x).__qualname__}: wrap it with numpy.asarray(..., dtype=...) first"
+        )
     name = dtype_name(x)
     if lib == "torch":
         import torch

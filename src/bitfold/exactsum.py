@@ -207,6 +207,21 @@ def canonicalise_nans(out: np.ndarray) -> np.ndarray:
     return out
 
 
+def _dtype_label(dtype: Any) -> str:
+    """A value dtype given as a name, NumPy dtype or torch dtype, as its name."""
+    if isinstance(dtype, str):
+        return dtype
+    text = str(dtype)
+    if text.startswith("torch."):
+        return text[len("torch.") :]
+    if dtype is None:
+        raise FoldTypeError("the accumulator needs a value dtype, e.g. 'float32'; got None")
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        raise FoldTypeError(f"not a dtype: {dtype!r}") from None
+
+
 class ExactAccumulator:
     """A mergeable exact sum per bucket of a plan: ``add``, ``merge``, ``result``.
 
@@ -233,9 +248,8 @@ class ExactAccumulator:
         kernel: str = "auto",
         carry_every: int | None = None,
     ) -> None:
-        name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
         self.plan = plan
-        self.format = format_for(name)
+        self.format = format_for(_dtype_label(dtype))
         self.kernel = kernel
         self.carry_every = carry_every
         self._state = np.zeros((plan.K, self.format.width), np.int64)

@@ -358,7 +358,13 @@ class Recorder:
         self._worker_error: str | None = None
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: Any = open(self.path, "w", encoding="utf-8")
+        try:
+            self._fh: Any = open(self.path, "w", encoding="utf-8")
+        except OSError as err:
+            raise FoldError(
+                f"cannot write the manifest {str(self.path)!r}: {err.strerror}; "
+                "give the path of a file to create"
+            ) from None
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self._write(_record("header", created=created, meta=self.meta, env=environment()))
 

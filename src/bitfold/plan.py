@@ -61,6 +61,8 @@ class Fold:
         arr = _read_index(index)
         self._shape = tuple(int(s) for s in arr.shape)
         flat = np.ravel(arr, order="C")
+        if not flat.dtype.isnative:
+            flat = flat.astype(flat.dtype.newbyteorder("="))
         if flat.dtype.kind == "u" and flat.dtype.itemsize == 8:
             big = np.flatnonzero(flat > np.uint64(np.iinfo(np.int64).max))
             if big.size:

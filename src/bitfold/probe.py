@@ -57,8 +57,10 @@ class ProbeConfig:
         for name in ("D", "hid", "K", "reps", "batch"):
             if getattr(self, name) < 1:
                 raise FoldError(f"--{name} must be at least 1; got {getattr(self, name)}")
-        if self.steps < 0:
-            raise FoldError(f"--steps must be 0 or more; got {self.steps}")
+        if self.steps < 1:
+            raise FoldError(f"--steps must be at least 1; got {self.steps}")
+        if not 0 <= self.seed < 2**63:
+            raise FoldError(f"--seed must be an integer in [0, 2**63); got {self.seed}")
         if not self.lr > 0:
             raise FoldError(f"--lr must be positive; got {self.lr}")
 
@@ -68,6 +70,12 @@ def _max_abs_diff(a: Any, b: Any) -> float:
     x = np.asarray(a, np.float64)
     y = np.asarray(b, np.float64)
     return float(np.nanmax(np.abs(x - y))) if x.size else 0.0
+
+
+def passive_openmp_before_torch() -> None:
+    """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the user chose, if torch is not loaded yet."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _torch_or_none(wanted: bool) -> Any:
@@ -80,8 +88,7 @@ def _torch_or_none(wanted: bool) -> Any:
     """
     if not wanted or importlib.util.find_spec("torch") is None:
         return None
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    passive_openmp_before_torch()
     import torch
 
     return torch
@@ -92,6 +99,7 @@ def cuda_available() -> bool:
     where possible: torch is imported only if it is installed)."""
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("numba_cuda") is None:
         return False
+    passive_openmp_before_torch()
     import torch
 
     return bool(torch.cuda.is_available())
@@ -151,6 +159,17 @@ class Probe:
         self.values: Any = self.g  # what the bitfold strategies fold (a device array on GPU)
         self.sync: Callable[[], None] | None = None
         self.atomic_baseline = "np.add.at"
+
+    def skipped_baselines(self) -> list[str]:
+        """Baselines this run could not measure, with the reason."""
+        if self.torch is not None:
+            return []
+        why = "--no-torch" if not self.cfg.torch else "torch is not installed"
+        return [
+            f"PyTorch's folds (autograd of v[idx], index_add_, scatter_add_): {why}; they are "
+            "the ones that are non-deterministic on a multi-core CPU "
+            "(pip install 'bitfold[torch]')"
+        ]
 
     def describe_backend(self) -> str:
         """One line naming where the folds ran."""
@@ -333,6 +352,7 @@ class Probe:
             "config": asdict(self.cfg) | {"device": self.device},
             "machine": machine.describe(),
             "backend": self.describe_backend(),
+            "skipped_baselines": self.skipped_baselines(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         }
         report["q1_nondeterminism"] = self.question1()
@@ -385,6 +405,11 @@ def readout(rep: dict[str, Any]) -> list[str]:
             lines.append(
                 f"Training with {', '.join(diverged)} gave two different models from the same seed."
             )
+    elif rep.get("skipped_baselines"):
+        lines.append(
+            "THE FOLDS MEASURED HERE WERE DETERMINISTIC, but PyTorch's were not measured "
+            "(see question 1): install torch and rerun before concluding anything."
+        )
     else:
         lines.append(
             "THE USUAL FOLDS WERE DETERMINISTIC IN EVERY REPEAT HERE, so there is nothing for "
@@ -441,8 +466,9 @@ def print_report(rep: dict[str, Any], out: Any = None) -> None:
     for name, r in rep["q1_nondeterminism"].items():
         verdict = (
             (
-                f"{r['differed']} of {r['repeats']} repeats differed "
-                f"({r['distinct_results']} distinct results, largest difference "
+                f"{r['differed']} of {r['repeats']} repeats differed from the first call "
+                f"({r['distinct_results']} distinct results in {r['repeats'] + 1} calls, "
+                "largest difference "
                 f"{r['max_difference']:.3e})"
             )
             if r["differed"]
@@ -451,6 +477,8 @@ def print_report(rep: dict[str, Any], out: Any = None) -> None:
         p(f" {name:>24s}: {verdict}")
         if r.get("note"):
             p(f" {'':>24s}  ({r['note']})")
+    for line in rep.get("skipped_baselines", []):
+        p(f" {'not measured':>24s}: {line}")
     q2 = rep["q2_fixed_order"]
     p("\n 2. ARE BITFOLD'S FIXED FOLDS BIT-IDENTICAL?\n")
     p(

@@ -151,6 +151,20 @@ def _check_positive(args: argparse.Namespace, *names: str) -> None:
             raise FoldError(f"--{name} must be a positive integer; got {val}")
 
 
+def _check_inputs(args: argparse.Namespace) -> None:
+    """Refuse a bad seed, learning rate or output path before any training starts."""
+    if not 0 <= args.seed < 2**31:
+        raise FoldError(f"--seed must be an integer in [0, 2**31); got {args.seed}")
+    if args.lr is not None and not args.lr > 0:
+        raise FoldError(f"--lr must be positive; got {args.lr}")
+    if args.json and args.json != "-":
+        try:
+            with open(args.json, "a", encoding="utf-8"):
+                pass
+        except OSError as err:
+            raise FoldError(f"cannot write --json {args.json!r}: {err.strerror}") from None
+
+
 # -- one run --------------------------------------------------------------------------------------
 class _Recorder:
     """Opens a manifest per run when ``--record`` is given; otherwise does nothing."""
@@ -166,7 +180,13 @@ class _Recorder:
                     f"--record needs bitfold.manifest, which this installation lacks ({err})"
                 ) from None
             self._record = manifest.record
-            self.directory.mkdir(parents=True, exist_ok=True)
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise FoldError(
+                    f"--record {directory!r}: cannot make that folder ({err.strerror}); "
+                    "give a folder path that can be created or already is a folder"
+                ) from None
 
     def open(self, name: str, meta: dict[str, Any]) -> Any:
         if self._record is None:
@@ -339,6 +359,7 @@ def _print_report(result: dict[str, Any], file: Any = None) -> None:
 def main(args: argparse.Namespace) -> int:
     """Train every strategy ``--repeats`` times; print (and optionally save) the comparison."""
     _check_positive(args, "epochs", "steps", "hidden", "buckets", "batch", "repeats", "threads")
+    _check_inputs(args)
     # PyTorch's OpenMP workers spin after every parallel region; on a small machine they take
     # the cores from bitfold's Numba kernels (about 10 ms lost per fold on 2 cores). Passive
     # waiting changes no result, only the time; an explicit setting is kept.

@@ -47,10 +47,14 @@ def value_dtype_name(values: Any) -> str:
 def host_values(plan: Fold, values: Any, *, start: int | None = None) -> tuple[np.ndarray, str]:
     """Flat contiguous host values for ``plan``, and the dtype name they came with.
 
-    With ``start=None`` the values must have exactly ``plan.size`` elements (any
-    shape, read in C order). With an integer ``start`` they are the flat slice
-    ``[start, start + values.size)`` of the plan's positions. bfloat16 values
-    are widened to float32 (exact).
+    With ``start=None`` the values must have exactly ``plan.size`` elements,
+    read in C order: either flat (1-D), or in the index's own shape when the
+    index has several dimensions (a transposed gradient, shape (3, 2) for a
+    (2, 3) map, is refused rather than folded into the wrong buckets); a
+    one-dimensional index accepts values of any shape. With an integer
+    ``start`` they are the flat slice ``[start, start + values.size)`` of the
+    plan's positions. bfloat16 values are widened to float32 (exact); values
+    of a non-native byte order are converted to native order first.
     """
     require_host(values, "values")
     if not hasattr(values, "dtype"):
@@ -59,12 +63,20 @@ def host_values(plan: Fold, values: Any, *, start: int | None = None) -> tuple[n
     arr = to_numpy(values)
     if name == "bfloat16":
         arr = arr.astype(np.float32)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     n = int(arr.size)
     if start is None:
         if n != plan.size:
             raise ShapeError(
                 f"values have {n} elements (shape {tuple(arr.shape)}); this plan folds "
                 f"{plan.size} (index shape {plan.shape}): pass exactly {plan.size} values"
+            )
+        if len(plan.shape) > 1 and arr.ndim > 1 and tuple(arr.shape) != plan.shape:
+            raise ShapeError(
+                f"values have shape {tuple(arr.shape)} but the index has shape {plan.shape}: "
+                "pass values in the index's shape (or flat, if their C order really matches "
+                "the index's)"
             )
     else:
         if isinstance(start, bool) or not isinstance(start, numbers.Integral):
