@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from .errors import DeviceError, FoldError
+from .torch_env import passive_openmp_before_torch
 
 HELP = "measure the cost of determinism: bitfold against every peer, with JSON, table and plots"
 
@@ -421,8 +422,7 @@ def main(args: argparse.Namespace) -> int:
     """
     if args.from_json:
         return _from_json(args)
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    passive_openmp_before_torch()
     cfg = _settings(args)
     cfg["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY")
     res = run(cfg, _command_line(args))

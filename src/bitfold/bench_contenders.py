@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .errors import FoldError
+from .torch_env import deterministic_algorithms
 
 
 class OutOfMemory(MemoryError):
@@ -196,18 +196,6 @@ def _bincount(inp: Inputs) -> Runner:
 
 
 # -- torch -----------------------------------------------------------------------------------
-@contextmanager
-def _torch_mode(deterministic: bool) -> Iterator[None]:
-    import torch
-
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(deterministic)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before)
-
-
 def _torch(op: str, deterministic: bool) -> Callable[[Inputs], Runner]:
     def make(inp: Inputs) -> Runner:
         import torch
@@ -220,14 +208,14 @@ def _torch(op: str, deterministic: bool) -> Callable[[Inputs], Runner]:
             fold = lambda: zeros().scatter_add_(0, idx, values)  # noqa: E731
         else:  # the autograd gradient of v[idx]; the forward gather is the input, not timed
             v = torch.zeros(inp.k, dtype=values.dtype, device=values.device, requires_grad=True)
-            with _torch_mode(deterministic):
+            with deterministic_algorithms(torch, deterministic):
                 w = v[idx]
 
             def fold() -> Any:
                 return torch.autograd.grad(w, v, values, retain_graph=True)[0]
 
         def call() -> Any:
-            with _torch_mode(deterministic):
+            with deterministic_algorithms(torch, deterministic):
                 out = fold()
             _sync(inp.device, out)
             return out

@@ -28,7 +28,6 @@ nothing is ever unpickled beyond what ``weights_only`` allows.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 import json
 import os
@@ -44,7 +43,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from .arrays import dtype_name
-from .digest import digest
+from .digest import combine, digest, digest_of_bytes
 from .errors import FoldError
 
 HELP = "print the canonical digest of checkpoints (.npy/.npz, safetensors, PyTorch)"
@@ -102,31 +101,9 @@ class CheckpointDigest:
 
 # --------------------------------------------------------------------------- digests
 def _bfloat16_digest(bits: np.ndarray) -> str:
-    """:func:`bitfold.digest` of a bfloat16 array given as its uint16 bit patterns.
-
-    NumPy has no bfloat16, so this follows the documented version-1 array
-    encoding of :mod:`bitfold.digest` directly (tests check it against
-    ``bitfold.digest`` of the same torch bfloat16 tensor).
-    """
+    """:func:`bitfold.digest` of a bfloat16 array given as its uint16 bit patterns."""
     data = np.ascontiguousarray(bits, dtype="<u2").tobytes()
-    h = hashlib.sha256(b"bitfold-array-v1\0")
-    h.update(f"bfloat16\0{','.join(map(str, bits.shape))}\0{len(data)}\0".encode())
-    h.update(data)
-    return "sha256:" + h.hexdigest()
-
-
-def combine(digests: Mapping[str, str]) -> str:
-    """:func:`bitfold.digest` of a mapping, from its arrays' digests (no array re-read).
-
-    Follows the documented version-1 mapping encoding of :mod:`bitfold.digest`
-    (names sorted, each name's UTF-8 bytes, NUL, the array's 32-byte digest).
-    """
-    h = hashlib.sha256(b"bitfold-dict-v1\0")
-    h.update(f"{len(digests)}\0".encode())
-    for name in sorted(digests):
-        h.update(name.encode() + b"\0")
-        h.update(bytes.fromhex(digests[name].removeprefix("sha256:")))
-    return "sha256:" + h.hexdigest()
+    return digest_of_bytes("bfloat16", tuple(bits.shape), data)
 
 
 def _entry(path: str, name: str, arr: Any, dtype: str | None = None) -> TensorDigest:

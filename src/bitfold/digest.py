@@ -25,28 +25,49 @@ from .arrays import raw_bits
 from .errors import FoldTypeError
 
 
-def _array_hash(x: Any) -> bytes:
-    name, shape, data = raw_bits(x)
+def _encoded_array_hash(name: str, shape: tuple[int, ...], data: bytes) -> bytes:
     h = hashlib.sha256(b"bitfold-array-v1\0")
     h.update(f"{name}\0{','.join(map(str, shape))}\0{len(data)}\0".encode())
     h.update(data)
     return h.digest()
 
 
-def _mapping_hash(m: Mapping[str, Any]) -> bytes:
+def _array_hash(x: Any) -> bytes:
+    return _encoded_array_hash(*raw_bits(x))
+
+
+def _combined_hash(raw: Mapping[str, bytes]) -> bytes:
     h = hashlib.sha256(b"bitfold-dict-v1\0")
-    h.update(f"{len(m)}\0".encode())
-    for name in sorted(m):
+    h.update(f"{len(raw)}\0".encode())
+    for name in sorted(raw):
         if not isinstance(name, str):
             raise FoldTypeError(f"digest needs string names in a mapping; got {name!r}")
         h.update(name.encode() + b"\0")
-        h.update(_array_hash(m[name]))
+        h.update(raw[name])
     return h.digest()
+
+
+def digest_of_bytes(dtype_name: str, shape: tuple[int, ...], data: bytes) -> str:
+    """:func:`digest` of an array given as its dtype name, shape and little-endian C-order bytes.
+
+    For arrays no library here can hold (bfloat16 read from a file into NumPy).
+    """
+    return "sha256:" + _encoded_array_hash(dtype_name, tuple(shape), data).hex()
+
+
+def combine(digests: Mapping[str, str]) -> str:
+    """:func:`digest` of a mapping, from the digests of its arrays (no array is re-read)."""
+    return "sha256:" + _combined_hash(
+        {name: bytes.fromhex(d.removeprefix("sha256:")) for name, d in digests.items()}
+    ).hex()
 
 
 def digest(x: Any) -> str:
     """``"sha256:<hex>"`` of an array or of a mapping name -> array (see the module docstring)."""
-    raw = _mapping_hash(x) if isinstance(x, Mapping) else _array_hash(x)
+    if isinstance(x, Mapping):
+        raw = _combined_hash({name: _array_hash(arr) for name, arr in x.items()})
+    else:
+        raw = _array_hash(x)
     return "sha256:" + raw.hex()
 
 

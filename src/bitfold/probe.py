@@ -30,6 +30,7 @@ from .errors import DeviceError, FoldError
 from .plan import Fold
 from .progress import progress_bar
 from .timing import peak_bytes, time_call
+from .torch_env import passive_openmp_before_torch
 
 HELP = "answer the seed's four questions about the fold on this machine"
 
@@ -70,12 +71,6 @@ def _max_abs_diff(a: Any, b: Any) -> float:
     x = np.asarray(a, np.float64)
     y = np.asarray(b, np.float64)
     return float(np.nanmax(np.abs(x - y))) if x.size else 0.0
-
-
-def passive_openmp_before_torch() -> None:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` unless the user chose, if torch is not loaded yet."""
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _torch_or_none(wanted: bool) -> Any:

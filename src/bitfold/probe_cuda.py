@@ -12,24 +12,13 @@ PyTorch's autograd fold.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .probe import TRAIN_STRATEGIES, Probe, ProbeConfig, _adam
-
-
-@contextmanager
-def deterministic_torch(torch: Any) -> Iterator[None]:
-    """``torch.use_deterministic_algorithms(True)`` for the block, then the previous setting."""
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before)
+from .torch_env import deterministic_algorithms
 
 
 class CudaProbe(Probe):
@@ -85,7 +74,7 @@ class CudaProbe(Probe):
             return torch.zeros(K, device=self.dev).index_add_(0, ti, tg)
 
         def index_add_deterministic() -> Any:
-            with deterministic_torch(torch):
+            with deterministic_algorithms(torch):
                 return torch.zeros(K, device=self.dev).index_add_(0, ti, tg)
 
         def autograd_fold() -> Any:

@@ -50,6 +50,7 @@ import numpy as np
 
 from .errors import DeviceError, FoldError
 from .progress import progress_bar
+from .torch_env import passive_openmp_before_torch
 
 HELP = "train a folded MLP twice per strategy and check that the runs are bit-identical"
 
@@ -363,8 +364,7 @@ def main(args: argparse.Namespace) -> int:
     # PyTorch's OpenMP workers spin after every parallel region; on a small machine they take
     # the cores from bitfold's Numba kernels (about 10 ms lost per fold on 2 cores). Passive
     # waiting changes no result, only the time; an explicit setting is kept.
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    passive_openmp_before_torch()
     try:
         import torch
     except ImportError:
