@@ -44,7 +44,9 @@ pytest.importorskip("numba_cuda", reason="numba-cuda is not installed (pip insta
 
 from numba import cuda  # noqa: E402  (after the mode checks above)
 
-from bitfold import gpu  # noqa: E402
+from bitfold import dispatch  # noqa: E402
+from bitfold.arrays import is_cuda_array  # noqa: E402
+from bitfold.backends import cuda as gpu  # noqa: E402
 from bitfold.kernels import cuda as kernels  # noqa: E402
 
 device_only = pytest.mark.skipif(not DEVICE, reason=NEEDS_DEVICE)
@@ -83,9 +85,14 @@ def _wide_values(rng, n, dtype=np.float32, spread=40):
     return v.astype(dtype)
 
 
+def cuda_fold(plan, values, strategy="exact", out_dtype=None, **kw):
+    """The one dispatch, with the CUDA backend's tuning options."""
+    return dispatch.fold(plan, values, strategy, out_dtype=out_dtype, **kw)
+
+
 def _fold(plan, values, strategy="exact", out_dtype=None, launch=None, **kw):
     dev = cuda.to_device(values)
-    out = gpu.cuda_fold(plan, dev, strategy, out_dtype, launch=launch or LAUNCHES[0], **kw)
+    out = cuda_fold(plan, dev, strategy, out_dtype, launch=launch or LAUNCHES[0], **kw)
     return out.copy_to_host()
 
 
@@ -186,10 +193,10 @@ def test_exact_state_equals_cpu_limb_state(dtype):
     plan = bitfold.Fold(idx, K)
     cpu = plan.accumulator(dtype, kernel="limbs").add(vals)
     dev = cuda.to_device(vals)
-    state = gpu.cuda_exact_state(plan, dev, launch=LAUNCHES[0])
+    state = gpu.exact_state(plan, dev, launch=LAUNCHES[0])
     np.testing.assert_array_equal(state.copy_to_host(), cpu.state)
     # a second addition into the same device state, as the CPU accumulator does
-    gpu.cuda_exact_state(plan, dev, state, launch=LAUNCHES[0])
+    gpu.exact_state(plan, dev, state, launch=LAUNCHES[0])
     cpu.add(vals)
     np.testing.assert_array_equal(state.copy_to_host(), cpu.state)
     back = bitfold.ExactAccumulator.from_state(plan, state.copy_to_host(), dtype)
@@ -280,7 +287,7 @@ def test_atomic_is_close_to_a_float64_reference(out):
 
 
 # -- every strategy: empty inputs, the plan cache, refusals --------------------------------------
-@pytest.mark.parametrize("strategy", gpu.GPU_STRATEGIES)
+@pytest.mark.parametrize("strategy", bitfold.strategies())
 def test_empty_plan_gives_positive_zeros(strategy):
     plan = bitfold.Fold(np.zeros(0, np.int64), 3)
     got = _fold(plan, np.zeros(0, np.float32), strategy)
@@ -290,36 +297,36 @@ def test_empty_plan_gives_positive_zeros(strategy):
 def test_plan_data_is_uploaded_once_per_device():
     plan = bitfold.Fold(np.array([0, 1, 1]), 2)
     vals = cuda.to_device(np.ones(3, np.float32))
-    gpu.cuda_fold(plan, vals)
-    entry = plan._device_cache[("numba-cuda", 0)]
-    gpu.cuda_fold(plan, vals, "ordered")
-    gpu.cuda_fold(plan, vals, "atomic")
-    assert plan._device_cache[("numba-cuda", 0)] is entry
+    cuda_fold(plan, vals)
+    entry = plan._prepared[("numba-cuda", 0)]
+    cuda_fold(plan, vals, "ordered")
+    cuda_fold(plan, vals, "atomic")
+    assert plan._prepared[("numba-cuda", 0)] is entry
     np.testing.assert_array_equal(entry.index.copy_to_host(), plan.index)
 
 
 def test_is_device_array_tells_gpu_values_from_host_values():
-    assert gpu.is_device_array(cuda.to_device(np.ones(3, np.float32)))
-    assert not gpu.is_device_array(np.ones(3, np.float32))
-    assert not gpu.is_device_array([1.0, 2.0])
+    assert is_cuda_array(cuda.to_device(np.ones(3, np.float32)))
+    assert not is_cuda_array(np.ones(3, np.float32))
+    assert not is_cuda_array([1.0, 2.0])
 
 
 def test_refusals_name_the_problem():
     plan = bitfold.Fold(np.array([0, 1, 1]), 2)
     with pytest.raises(bitfold.DeviceError, match="CUDA device"):
-        gpu.cuda_fold(plan, np.ones(3, np.float32))
+        gpu.device_values(np.ones(3, np.float32))
     with pytest.raises(bitfold.ShapeError, match="4 elements"):
-        gpu.cuda_fold(plan, cuda.to_device(np.ones(4, np.float32)))
+        cuda_fold(plan, cuda.to_device(np.ones(4, np.float32)))
     with pytest.raises(bitfold.FoldTypeError, match="int32"):
-        gpu.cuda_fold(plan, cuda.to_device(np.ones(3, np.int32)))
-    with pytest.raises(bitfold.UnknownStrategyError, match="exact, ordered, atomic"):
-        gpu.cuda_fold(plan, cuda.to_device(np.ones(3, np.float32)), "fastest")
+        cuda_fold(plan, cuda.to_device(np.ones(3, np.int32)))
+    with pytest.raises(bitfold.UnknownStrategyError, match="exact, atomic, ordered"):
+        cuda_fold(plan, cuda.to_device(np.ones(3, np.float32)), "fastest")
     with pytest.raises(bitfold.FoldTypeError, match="bfloat16"):
-        gpu.cuda_fold(plan, cuda.to_device(np.ones(3, np.float32)), "ordered", "bfloat16")
+        cuda_fold(plan, cuda.to_device(np.ones(3, np.float32)), "ordered", "bfloat16")
     with pytest.raises(bitfold.FoldError, match="contiguous"):
-        gpu.cuda_fold(plan, cuda.to_device(np.ones(6, np.float32))[::2])
+        cuda_fold(plan, cuda.to_device(np.ones(6, np.float32))[::2])
     with pytest.raises(bitfold.ShapeError, match="int64 with shape"):
-        gpu.cuda_exact_state(
+        gpu.exact_state(
             plan, cuda.to_device(np.ones(3, np.float32)), cuda.to_device(np.zeros((2, 3)))
         )
 
@@ -327,20 +334,20 @@ def test_refusals_name_the_problem():
 def test_a_state_or_cached_plan_on_another_device_is_refused(monkeypatch):
     plan = bitfold.Fold(np.array([0, 1, 1]), 2)
     vals = cuda.to_device(np.ones(3, np.float32))
-    state = gpu.cuda_exact_state(plan, vals)
+    state = gpu.exact_state(plan, vals)
     real = gpu.device_values_of_state
     monkeypatch.setattr(
         gpu, "device_values_of_state", lambda s: gpu._StateView(1, real(s).array)
     )
     with pytest.raises(bitfold.DeviceError, match="state lives on CUDA device 1"):
-        gpu.cuda_exact_state(plan, vals, state)
-    entry = plan._device_cache[("numba-cuda", 0)]
+        gpu.exact_state(plan, vals, state)
+    entry = plan._prepared[("numba-cuda", 0)]
     monkeypatch.setitem(
-        plan._device_cache, ("numba-cuda", 0), gpu.DevicePlan(1, entry.index, entry.counts,
-                                                              entry.launch)
+        plan._prepared, ("numba-cuda", 0), gpu.DevicePlan(1, entry.index, entry.counts,
+                                                       entry.order, entry.offsets, entry.launch)
     )  # fmt: skip
     with pytest.raises(bitfold.DeviceError, match="cached for CUDA device 1"):
-        gpu.cuda_fold(plan, vals)
+        cuda_fold(plan, vals)
 
 
 # -- a real GPU only: foreign arrays, streams, graphs, the seed's size ---------------------------
@@ -371,8 +378,8 @@ def test_torch_cuda_tensors_in_and_out(dtype):
     dev = host.cuda()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # kernels must follow torch's current stream
-        got = gpu.cuda_fold(plan, dev)
-        got_bf = gpu.cuda_fold(plan, dev, out_dtype="bfloat16")
+        got = cuda_fold(plan, dev)
+        got_bf = cuda_fold(plan, dev, out_dtype="bfloat16")
     stream.synchronize()
     want = plan(host)
     assert got.is_cuda and got.device == dev.device and got.dtype == want.dtype
@@ -381,9 +388,9 @@ def test_torch_cuda_tensors_in_and_out(dtype):
     assert got_bf.dtype == torch.bfloat16 == want_bf.dtype
     assert torch.equal(got_bf.cpu().view(torch.int16), want_bf.view(torch.int16))
     strided = torch.stack([dev, dev], 1)[:, 0]  # non-contiguous
-    _assert_bits_equal(gpu.cuda_fold(plan, strided).cpu().numpy(), want.numpy(), "strided")
+    _assert_bits_equal(cuda_fold(plan, strided).cpu().numpy(), want.numpy(), "strided")
     with pytest.raises(bitfold.DeviceError, match="CUDA device"):
-        gpu.cuda_fold(plan, host)
+        cuda_fold(plan, host)
 
 
 @device_only
@@ -393,8 +400,8 @@ def test_cupy_arrays_in_and_out():
     idx = rng.integers(0, 433, 50000)
     vals = _wide_values(rng, 50000)
     plan = bitfold.Fold(idx, 433)
-    for strategy in gpu.GPU_STRATEGIES:
-        got = gpu.cuda_fold(plan, cupy.asarray(vals), strategy)
+    for strategy in bitfold.strategies():
+        got = cuda_fold(plan, cupy.asarray(vals), strategy)
         assert isinstance(got, cupy.ndarray)
         if strategy != "atomic":
             _assert_bits_equal(cupy.asnumpy(got), plan(vals, strategy), strategy)
@@ -410,12 +417,12 @@ def test_cuda_graph_capture_replays_the_same_bits():
     plan = bitfold.Fold(idx, 433)
     host = _wide_values(rng, 100000)
     static = torch.from_numpy(host).cuda()
-    gpu.cuda_fold(plan, static)  # warm-up: compiles and uploads outside the capture
+    cuda_fold(plan, static)  # warm-up: compiles and uploads outside the capture
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        out = gpu.cuda_fold(plan, static)
+        out = cuda_fold(plan, static)
     torch.cuda.current_stream().wait_stream(stream)
     graph.replay()
     torch.cuda.synchronize()

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from oracle import exact_fold_oracle
 
 import bitfold
-from bitfold.exactsum import ExactAccumulator
+from bitfold.exact import ExactAccumulator
 
 F32_MAX = float(np.finfo(np.float32).max)
 TINY = 2.0**-149
@@ -315,7 +315,7 @@ def test_merging_a_copy_of_the_same_map_is_allowed():
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_parallel_and_serial_paths_agree_with_the_oracle(kernel, monkeypatch):
     """Small inputs run serially; lower thresholds send them through the parallel kernels."""
-    from bitfold import exactsum
+    from bitfold.backends import host
     from bitfold.kernels import cpu
 
     rng = np.random.default_rng(11)
@@ -327,8 +327,8 @@ def test_parallel_and_serial_paths_agree_with_the_oracle(kernel, monkeypatch):
     serial = exact_with(kernel, idx, vals, 37)
     monkeypatch.setattr(cpu, "PARALLEL_MIN_VALUES", 64)
     monkeypatch.setattr(cpu, "PARALLEL_MIN_BUCKETS", 4)
-    monkeypatch.setattr(exactsum, "SLOT_BYTES_PER_VALUE", 64)
-    assert exactsum.slots_for(2000, 37, 8 * 14) > 1
+    monkeypatch.setattr(host, "SLOT_BYTES_PER_VALUE", 64)
+    assert host.slots_for(2000, 37, 8 * 14) > 1
     parallel = exact_with(kernel, idx, vals, 37)
     np.testing.assert_array_equal(serial.view(np.uint32), want)
     np.testing.assert_array_equal(parallel.view(np.uint32), want)

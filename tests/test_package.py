@@ -55,10 +55,10 @@ def test_readme_examples_run():
 def test_docstring_examples():
     import doctest
 
-    import bitfold.exactsum
+    import bitfold.exact
     import bitfold.plan
 
-    for module in (bitfold.plan, bitfold.exactsum):
+    for module in (bitfold.plan, bitfold.exact):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0
 

@@ -5,11 +5,16 @@ sums, by default correctly rounded (strategy ``exact``): the same bits for
 every order, thread count, split of the work and backend.
 
 Importing bitfold imports NumPy and Numba only; framework adapters live in
-``bitfold.torch`` and ``bitfold.jax`` and load when imported.
+``bitfold.torch`` and ``bitfold.jax`` and load when imported. The tools
+(``digest``, ``bits_equal``, ``record``) load on first use.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 from ._version import __version__
-from .digest import bits_equal, digest
+from .digest import bits_equal, digest  # TODO(merge): lazy, from bitfold.repro.digest
 from .errors import (
     DeviceError,
     FoldError,
@@ -18,10 +23,29 @@ from .errors import (
     ShapeError,
     UnknownStrategyError,
 )
-from .exactsum import CANONICAL_NAN_BITS, ExactAccumulator
-from .manifest import record
+from .exact import ExactAccumulator
+from .formats import CANONICAL_NAN_BITS
 from .plan import Fold
 from .strategies import get_strategy, strategies
+
+#: public name -> module that defines it, imported on first use (PEP 562)
+_LAZY = {
+    "digest": "bitfold.digest",  # TODO(merge): bitfold.repro.digest
+    "bits_equal": "bitfold.digest",
+    "record": "bitfold.manifest",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bitfold' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CANONICAL_NAN_BITS",

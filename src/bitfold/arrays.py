@@ -1,8 +1,11 @@
-"""Which array library a value comes from, and conversions to and from NumPy.
+"""Which array library a value comes from, where it lives, and conversions to and from NumPy.
 
-Nothing here imports a framework: a value is recognised by the module its
-type comes from, and the framework is only touched when the value is already
-one of its arrays (so it has already been imported by the user).
+One class per array family (NumPy, PyTorch, CuPy, JAX, numba device arrays,
+any ``__cuda_array_interface__`` object, Python sequences), found once per
+type and cached. Nothing here imports a framework: a family is only
+considered when its module is already in ``sys.modules`` (the value could
+not exist otherwise), and the framework is touched only through the value
+itself.
 """
 
 from __future__ import annotations
@@ -12,46 +15,239 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DeviceError, FoldTypeError
-
-#: dtype names bitfold accepts as fold values.
-SUPPORTED_VALUE_DTYPES = ("float16", "bfloat16", "float32", "float64")
+from .errors import FoldTypeError
+from .formats import dtype_name
 
 
-def library_of(x: Any) -> str:
-    """Return ``"numpy"``, ``"torch"``, ``"cupy"``, ``"jax"`` or ``"other"`` for ``x``."""
-    if isinstance(x, np.ndarray | np.generic):
-        return "numpy"
-    root = type(x).__module__.split(".", 1)[0]
-    if root == "torch" and "torch" in sys.modules:
-        return "torch"
-    if root == "cupy" and "cupy" in sys.modules:
-        return "cupy"
-    if root in ("jax", "jaxlib") and "jax" in sys.modules:
-        return "jax"
-    return "other"
+class ArrayFamily:
+    """What bitfold needs to know about the arrays of one library."""
+
+    name = "other"
+
+    def is_appropriate(self, x: Any) -> bool:
+        """True when ``x`` is an array of this family."""
+        raise NotImplementedError
+
+    def device(self, x: Any) -> str:
+        """``"cpu"``, ``"cuda"``, or the name of another device (``"mps"``, ``"tpu"``, ...)."""
+        return "cpu"
+
+    def cuda_ordinal(self, x: Any) -> int | None:
+        """The CUDA device number of ``x`` when known from the library (no driver query)."""
+        return None
+
+    def shape(self, x: Any) -> tuple[int, ...]:
+        """The shape as a tuple of ints."""
+        return tuple(int(s) for s in x.shape)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """A host NumPy view or copy of ``x`` with the same values (bfloat16 widened to float32)."""
+        return np.asarray(x)
+
+    def from_numpy(self, result: np.ndarray, like: Any, out_dtype: str | None = None) -> Any:
+        """``result`` as an array of this family, beside ``like`` (NumPy by default)."""
+        return result
 
 
-def dtype_name(x: Any) -> str:
-    """The canonical dtype name of an array of any supported library (``"float32"``, ...)."""
-    dt = x.dtype
-    name = dt.name if isinstance(dt, np.dtype) else str(dt)
-    if name.startswith("torch."):
-        name = name[len("torch.") :]
-    return {"bool_": "bool", "float": "float32", "double": "float64", "half": "float16"}.get(
-        name, name
+class _Numpy(ArrayFamily):
+    name = "numpy"
+
+    def is_appropriate(self, x: Any) -> bool:
+        return isinstance(x, np.ndarray | np.generic)
+
+
+class _Torch(ArrayFamily):
+    name = "torch"
+
+    def is_appropriate(self, x: Any) -> bool:
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(x, torch.Tensor)
+
+    def device(self, x: Any) -> str:
+        return str(x.device.type)
+
+    def cuda_ordinal(self, x: Any) -> int | None:
+        return int(x.device.index or 0) if x.device.type == "cuda" else None
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        import torch
+
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: widening is exact
+            return t.float().numpy()
+        return t.contiguous().numpy() if not t.is_contiguous() else t.numpy()
+
+    def from_numpy(self, result: np.ndarray, like: Any, out_dtype: str | None = None) -> Any:
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(result))
+        if out_dtype == "bfloat16":  # float32 holding bfloat16 values: the conversion is exact
+            t = t.to(torch.bfloat16)
+        if like.device.type != "cpu":
+            t = t.to(like.device)
+        return t
+
+
+class _Cupy(ArrayFamily):
+    name = "cupy"
+
+    def is_appropriate(self, x: Any) -> bool:
+        cupy = sys.modules.get("cupy")
+        return cupy is not None and isinstance(x, cupy.ndarray)
+
+    def device(self, x: Any) -> str:
+        return "cuda"
+
+    def cuda_ordinal(self, x: Any) -> int | None:
+        return int(x.device.id)
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        import cupy
+
+        return cupy.asnumpy(x)
+
+    def from_numpy(self, result: np.ndarray, like: Any, out_dtype: str | None = None) -> Any:
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.asarray(result)
+
+
+class _Jax(ArrayFamily):
+    name = "jax"
+
+    def is_appropriate(self, x: Any) -> bool:
+        jax = sys.modules.get("jax")
+        return jax is not None and isinstance(x, jax.Array)
+
+    def device(self, x: Any) -> str:
+        try:  # a concrete array knows its devices; a tracer inside jit does not
+            platforms = {d.platform for d in x.devices()}
+        except Exception:
+            platforms = {sys.modules["jax"].default_backend()}
+        if platforms == {"cpu"}:
+            return "cpu"
+        return "cuda" if platforms <= {"gpu", "cuda"} else ",".join(sorted(platforms))
+
+    def from_numpy(self, result: np.ndarray, like: Any, out_dtype: str | None = None) -> Any:
+        import jax.numpy as jnp
+
+        return jnp.asarray(result)
+
+
+class _NumbaDevice(ArrayFamily):
+    """numba-cuda device arrays, real or the simulator's."""
+
+    name = "numba"
+
+    def is_appropriate(self, x: Any) -> bool:
+        return bool(getattr(x, "__cuda_ndarray__", False))
+
+    def device(self, x: Any) -> str:
+        return "cuda"
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        return x.copy_to_host()
+
+
+class _CudaInterface(ArrayFamily):
+    """Any other object with ``__cuda_array_interface__``."""
+
+    name = "cuda-interface"
+
+    def is_appropriate(self, x: Any) -> bool:
+        return hasattr(x, "__cuda_array_interface__")
+
+    def device(self, x: Any) -> str:
+        return "cuda"
+
+    def shape(self, x: Any) -> tuple[int, ...]:
+        return tuple(int(s) for s in x.__cuda_array_interface__["shape"])
+
+    def to_numpy(self, x: Any) -> np.ndarray:
+        from numba import cuda
+
+        return cuda.as_cuda_array(x).copy_to_host()
+
+
+class _Sequence(ArrayFamily):
+    """Python sequences and scalars, and objects with ``__array__``: read through NumPy."""
+
+    name = "numpy"
+
+    def is_appropriate(self, x: Any) -> bool:
+        return isinstance(x, list | tuple | int | float) or hasattr(x, "__array__")
+
+    def shape(self, x: Any) -> tuple[int, ...]:
+        return tuple(int(s) for s in np.shape(x))
+
+
+_FAMILIES: tuple[ArrayFamily, ...] = (
+    _Numpy(), _Torch(), _Cupy(), _Jax(), _NumbaDevice(), _CudaInterface(), _Sequence(),
+)  # fmt: skip
+_BY_TYPE: dict[type, ArrayFamily] = {}
+
+
+def family_of(x: Any) -> ArrayFamily:
+    """The family of ``x`` (cached by type), or a :class:`FoldTypeError` naming the type."""
+    family = _BY_TYPE.get(type(x))
+    if family is not None:
+        return family
+    for family in _FAMILIES:
+        if family.is_appropriate(x):
+            if family.name != "numpy" or isinstance(x, np.ndarray | np.generic):
+                _BY_TYPE[type(x)] = family
+            return family
+    raise FoldTypeError(
+        f"cannot read an array from a {type(x).__module__}.{type(x).__qualname__}; "
+        "pass a NumPy, PyTorch, CuPy or JAX array"
     )
 
 
-def _torch_to_numpy(t: Any) -> np.ndarray:
-    import torch
+def library_of(x: Any) -> str:
+    """``"numpy"``, ``"torch"``, ``"cupy"``, ``"jax"``, ``"numba"``, ... or ``"other"``."""
+    try:
+        return family_of(x).name
+    except FoldTypeError:
+        return "other"
 
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.dtype == torch.bfloat16:  # NumPy has no bfloat16: widening is exact
-        return t.float().numpy()
-    return t.contiguous().numpy()
+
+def device_of(x: Any) -> str:
+    """``"cpu"``, ``"cuda"`` or another device name for an array of any family."""
+    return family_of(x).device(x)
+
+
+def is_cuda_array(x: Any) -> bool:
+    """True for values that live on a CUDA device (CuPy, torch CUDA, numba, JAX GPU, ...)."""
+    try:
+        return family_of(x).device(x) == "cuda"
+    except FoldTypeError:
+        return False
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    """The shape of an array of any family."""
+    return family_of(x).shape(x)
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A NumPy view or copy of ``x`` on the host, with the same values.
+
+    Device arrays are copied to the host (for digests, tests and the CPU
+    path, not for hot GPU code); bfloat16 tensors are widened to float32.
+    """
+    return family_of(x).to_numpy(x)
+
+
+def from_numpy(result: np.ndarray, like: Any, dtype_name: str | None = None) -> Any:
+    """``result`` as an array of ``like``'s library and device.
+
+    ``dtype_name="bfloat16"`` marks a float32 array holding bfloat16 values:
+    torch gets a bfloat16 tensor (an exact conversion), others the float32.
+    """
+    return family_of(like).from_numpy(result, like, dtype_name)
 
 
 def raw_bits(x: Any) -> tuple[str, tuple[int, ...], bytes]:
@@ -60,14 +256,13 @@ def raw_bits(x: Any) -> tuple[str, tuple[int, ...], bytes]:
     This is the canonical encoding behind :func:`bitfold.digest`: it keeps
     bfloat16 as bfloat16 (two bytes an element) whatever library holds it.
     """
-    lib = library_of(x)
     if not hasattr(x, "dtype"):
         raise FoldTypeError(
             f"digests are of arrays (NumPy, PyTorch, CuPy, JAX) or mappings of them; got "
             f"{type(x).__qualname__}: wrap it with numpy.asarray(..., dtype=...) first"
         )
     name = dtype_name(x)
-    if lib == "torch":
+    if library_of(x) == "torch":
         import torch
 
         t = x.detach()
@@ -94,78 +289,15 @@ def raw_bits(x: Any) -> tuple[str, tuple[int, ...], bytes]:
     return name, shape, arr.tobytes(order="C")
 
 
-def to_numpy(x: Any) -> np.ndarray:
-    """Return a NumPy view or copy of ``x`` on the host, without changing its values.
-
-    Device arrays are copied to the host; this is for digests, tests and the
-    CPU path, not for hot GPU code.
-    """
-    lib = library_of(x)
-    if lib == "numpy":
-        return np.asarray(x)
-    if lib == "torch":
-        return _torch_to_numpy(x)
-    if lib == "cupy":
-        import cupy
-
-        return cupy.asnumpy(x)
-    if lib == "jax":
-        return np.asarray(x)
-    if hasattr(x, "copy_to_host"):  # numba device arrays
-        return x.copy_to_host()
-    if hasattr(x, "__array__") or isinstance(x, list | tuple):
-        return np.asarray(x)
-    raise FoldTypeError(
-        f"cannot read an array from a {type(x).__module__}.{type(x).__qualname__}; "
-        "pass a NumPy, PyTorch, CuPy or JAX array"
-    )
-
-
-def require_host(x: Any, what: str) -> None:
-    """Refuse ``x`` if it lives on an accelerator that this code path cannot serve."""
-    lib = library_of(x)
-    on_device = False
-    if lib == "torch":
-        on_device = x.device.type != "cpu"
-    elif lib == "cupy" or hasattr(x, "__cuda_array_interface__"):
-        on_device = True
-    elif lib == "jax":
-        devs = getattr(x, "devices", None)
-        on_device = bool(devs) and any(d.platform != "cpu" for d in devs())
-    if on_device:
-        raise DeviceError(
-            f"{what} live on a device this path cannot serve "
-            f"({type(x).__module__}.{type(x).__qualname__}); bitfold folds host arrays "
-            "and CUDA arrays (CuPy, torch CUDA, numba, __cuda_array_interface__); "
-            "move them with .cpu() or to a CUDA device"
-        )
-
-
-def from_numpy(result: np.ndarray, like: Any, dtype_name: str | None = None) -> Any:
-    """Return ``result`` as an array of the same library as ``like`` (host arrays only).
-
-    ``dtype_name="bfloat16"`` marks a float32 array holding bfloat16 values:
-    torch gets a bfloat16 tensor (an exact conversion), others the float32.
-    """
-    lib = library_of(like)
-    if lib == "torch":
-        import torch
-
-        t = torch.from_numpy(np.ascontiguousarray(result))
-        return t.to(torch.bfloat16) if dtype_name == "bfloat16" else t
-    if lib == "jax":
-        import jax.numpy as jnp
-
-        return jnp.asarray(result)
-    return result
-
-
 __all__ = [
-    "SUPPORTED_VALUE_DTYPES",
+    "ArrayFamily",
+    "device_of",
     "dtype_name",
+    "family_of",
     "from_numpy",
+    "is_cuda_array",
     "library_of",
     "raw_bits",
-    "require_host",
+    "shape_of",
     "to_numpy",
 ]

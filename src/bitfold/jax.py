@@ -27,21 +27,19 @@ bfloat16).
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import DeviceError, FoldError, FoldTypeError, ShapeError
+from .errors import DeviceError, FoldTypeError
+from .formats import VALUE_DTYPES, dtype_name, resolve_out_dtype
 from .plan import Fold
 from .strategies import get_strategy
+from .validate import check_expand_input, check_values
 
 __all__ = ["expand", "fold"]
-
-_FLOATING = ("float16", "bfloat16", "float32", "float64")
-_INDEX: weakref.WeakKeyDictionary[Fold, Any] = weakref.WeakKeyDictionary()
 
 def _host_fold(plan: Fold, strategy: str, out_name: str, g: Any) -> np.ndarray:
     """The fold of one (unbatched) host gradient, in dtype ``out_name``."""
@@ -56,20 +54,15 @@ def _host_fold(plan: Fold, strategy: str, out_name: str, g: Any) -> np.ndarray:
 
 
 def _index(plan: Fold) -> Any:
-    idx = _INDEX.get(plan)
-    if idx is None:
-        idx = np.asarray(plan.index)
-        _INDEX[plan] = idx
-    return idx
+    return plan.index  # a host constant that XLA embeds in the traced computation
 
 
 def _check(x: Any, what: str) -> str:
     dtype = getattr(x, "dtype", None)
-    name = np.dtype(dtype).name if dtype is not None else None
-    if name not in _FLOATING:
+    name = dtype_name(np.dtype(dtype)) if dtype is not None else None
+    if name not in VALUE_DTYPES:
         raise FoldTypeError(
-            f"{what} must be a floating JAX array (float16, bfloat16, float32, float64); "
-            f"got dtype {name}"
+            f"{what} must be a floating JAX array ({', '.join(VALUE_DTYPES)}); got dtype {name}"
         )
     try:  # a concrete array knows its devices; a tracer inside jit does not
         platforms = {d.platform for d in x.devices()}
@@ -143,11 +136,7 @@ def expand(v: Any, plan: Fold, strategy: str = "exact") -> Any:
     """
     strategy = _check_plan(plan, strategy)
     _check(v, "v")
-    if tuple(v.shape) != (plan.K,):
-        raise ShapeError(
-            f"expand needs v of shape ({plan.K},) for this plan (K = {plan.K}); "
-            f"got shape {tuple(v.shape)}"
-        )
+    check_expand_input(plan.K, tuple(v.shape))
     return _expand(v, plan, strategy)
 
 
@@ -161,20 +150,8 @@ def fold(values: Any, plan: Fold, strategy: str = "exact", *, out_dtype: Any = N
     """
     strategy = _check_plan(plan, strategy)
     name = _check(values, "values")
-    if int(np.prod(values.shape, dtype=np.int64)) != plan.size:
-        raise ShapeError(
-            f"values have shape {tuple(values.shape)}; this plan folds {plan.size} values "
-            f"(index shape {plan.shape})"
-        )
-    if out_dtype is None:
-        out_name = "float64" if name == "float64" else "float32"
-    else:
-        try:
-            out_name = jnp.dtype(out_dtype).name
-        except TypeError:
-            out_name = str(out_dtype)
-        if out_name not in _FLOATING:
-            raise FoldError(
-                f"out_dtype must be one of {', '.join(_FLOATING)}; got {out_dtype!r}"
-            )
+    check_values(plan.shape, tuple(values.shape), name)
+    if out_dtype is not None and not isinstance(out_dtype, str):
+        out_dtype = jnp.dtype(out_dtype).name
+    out_name = resolve_out_dtype(name, out_dtype)
     return _fold(values.reshape(-1), plan, strategy, out_name)

@@ -4,31 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
-from .arrays import dtype_name, from_numpy, library_of, to_numpy
-from .errors import FoldTypeError, IndexRangeError
+from . import dispatch
+from .errors import FoldError
+from .exact import ExactAccumulator
 from .kernels import cpu
-from .validate import check_K
+from .validate import check_K, check_K_fits, index_range_error, read_index
 
 _INT32_MAX = np.iinfo(np.int32).max
-
-
-def _read_index(index: Any) -> np.ndarray:
-    """The index as a host NumPy integer array (copied from a device once), or a refusal."""
-    arr = to_numpy(index) if hasattr(index, "dtype") else np.asarray(index)
-    if arr.dtype == object or arr.dtype.kind not in "iu":
-        try:
-            name = dtype_name(index) if hasattr(index, "dtype") else str(arr.dtype)
-        except Exception:  # pragma: no cover - exotic objects
-            name = str(arr.dtype)
-        raise FoldTypeError(
-            f"the index must be an array of integers (int8 .. int64, uint8 .. uint64); "
-            f"got dtype {name}"
-        )
-    return arr
+T = TypeVar("T")
 
 
 class Fold:
@@ -41,11 +29,12 @@ class Fold:
     memory). The plan is immutable; build it once and call it every step.
 
     ``plan(values, strategy="exact")`` returns the K sums as an array of the
-    same library as ``values``. The default ``exact`` strategy returns, for
-    every bucket, the exact real sum rounded once to nearest-even (see
-    :mod:`bitfold.exactsum` for zeros, NaN and Inf): the same bits for every
-    order, thread count and split of the work. ``ordered`` adds each bucket's
-    values in increasing position; ``atomic`` is the usual scatter-add.
+    same library (and device) as ``values``. The default ``exact`` strategy
+    returns, for every bucket, the exact real sum rounded once to
+    nearest-even (zeros, NaN and Inf as in :mod:`bitfold.exact`): the same
+    bits for every order, thread count, split of the work, backend and
+    device. ``ordered`` adds each bucket's values in increasing position;
+    ``atomic`` is the usual scatter-add.
 
     >>> import numpy as np, bitfold
     >>> plan = bitfold.Fold(np.array([[0, 2], [2, 1]]), K=3)
@@ -58,41 +47,37 @@ class Fold:
     def __init__(self, index: Any, K: int) -> None:
         t0 = time.perf_counter()
         self._K = check_K(K)
-        arr = _read_index(index)
+        check_K_fits(self._K)
+        arr = read_index(index)
         self._shape = tuple(int(s) for s in arr.shape)
-        flat = np.ravel(arr, order="C")
-        if not flat.dtype.isnative:
-            flat = flat.astype(flat.dtype.newbyteorder("="))
+        flat = arr.reshape(-1)
         if flat.dtype.kind == "u" and flat.dtype.itemsize == 8:
             big = np.flatnonzero(flat > np.uint64(np.iinfo(np.int64).max))
             if big.size:
-                self._raise_range(int(big[0]), int(flat[big[0]]))
+                raise index_range_error(self._shape, int(big[0]), int(flat[big[0]]), self._K)
             flat = flat.astype(np.int64)
-        counts, bad = cpu.count_and_check(flat, self._K)
+        try:
+            counts, bad = cpu.count_and_check(flat, self._K)
+        except MemoryError:
+            raise FoldError(
+                f"K = {self._K:,} buckets do not fit in memory: the plan keeps 16 bytes a "
+                f"bucket ({16 * self._K / 1e9:.1f} GB); use a smaller K"
+            ) from None
         if bad >= 0:
-            self._raise_range(int(bad), int(flat[bad]))
+            raise index_range_error(self._shape, int(bad), int(flat[bad]), self._K)
         compact = np.int32 if self._K <= _INT32_MAX else np.int64
-        self._index = np.ascontiguousarray(flat, dtype=compact)
-        self._index.flags.writeable = False
-        self._counts = counts
-        self._counts.flags.writeable = False
-        self._offsets = np.zeros(self._K + 1, np.int64)
-        np.cumsum(counts, out=self._offsets[1:])
-        self._offsets.flags.writeable = False
+        self._index = _frozen(np.ascontiguousarray(flat, dtype=compact))
+        self._counts = _frozen(counts)
+        offsets = np.zeros(self._K + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        self._offsets = _frozen(offsets)
         n = self._index.size
-        self._order = np.empty(n, np.int32 if n <= _INT32_MAX else np.int64)
-        cpu.counting_sort(self._index, self._offsets, self._order)
-        self._order.flags.writeable = False
+        order = np.empty(n, np.int32 if n <= _INT32_MAX else np.int64)
+        cpu.counting_sort(self._index, self._offsets, order)
+        self._order = _frozen(order)
         self._fingerprint: str | None = None
-        self._device_cache: dict[Any, Any] = {}
+        self._prepared: dict[Any, Any] = {}
         self.build_seconds = time.perf_counter() - t0
-
-    def _raise_range(self, position: int, value: int) -> None:
-        where = np.unravel_index(position, self._shape) if self._shape else ()
-        raise IndexRangeError(
-            f"index{list(int(w) for w in where)} = {value} (flat position {position}) is out "
-            f"of range: every index must satisfy 0 <= index < K = {self._K}"
-        )
 
     # -- what the plan holds ------------------------------------------------------
     @property
@@ -130,18 +115,9 @@ class Fold:
         """Positions sorted by bucket, stable (increasing position within a bucket)."""
         return self._order
 
-    def index64(self) -> np.ndarray:
-        """The flat index as int64 (made on first use and kept: for NumPy's own scatter)."""
-        idx = self._device_cache.get("index64")
-        if idx is None:
-            idx = self._index.astype(np.int64)
-            idx.flags.writeable = False
-            self._device_cache["index64"] = idx
-        return idx
-
     @property
     def nbytes(self) -> int:
-        """Bytes the plan holds (index copy, counts, offsets, order)."""
+        """Bytes the plan holds on the host (index copy, counts, offsets, order)."""
         return int(
             self._index.nbytes + self._counts.nbytes + self._offsets.nbytes + self._order.nbytes
         )
@@ -163,47 +139,44 @@ class Fold:
             other.K == self.K and other.size == self.size and other.fingerprint == self.fingerprint
         )
 
+    def prepared(self, key: Any, build: Callable[[], T]) -> T:
+        """What a backend or adapter derives once from this plan, built by ``build()`` on first use.
+
+        Device copies of the index (per library and device), an int64 copy for
+        NumPy's scatter, and the like: ``key`` names the thing (say
+        ``("numba-cuda", 0)``), ``build`` makes it, and the plan keeps it for
+        its lifetime. This is the only way anything is cached on a plan.
+        """
+        value = self._prepared.get(key)
+        if value is None:
+            value = build()
+            self._prepared[key] = value
+        return value
+
     # -- folding ----------------------------------------------------------------
     def __call__(self, values: Any, strategy: str = "exact", *, out_dtype: Any = None) -> Any:
-        """Fold ``values`` (any shape, ``size == self.size``) into K sums with ``strategy``."""
-        from .strategies import get_strategy
+        """Fold ``values`` into K sums with ``strategy`` (see :func:`bitfold.dispatch.fold`)."""
+        return dispatch.fold(self, values, strategy, out_dtype=out_dtype)
 
-        return get_strategy(strategy).fold(self, values, out_dtype=out_dtype)
-
-    def accumulator(self, dtype: Any = "float32", **options: Any) -> Any:
+    def accumulator(self, dtype: Any = "float32", **options: Any) -> ExactAccumulator:
         """A mergeable exact accumulator for values of ``dtype`` (see ``ExactAccumulator``)."""
-        from .exactsum import ExactAccumulator
-
         return ExactAccumulator(self, dtype, **options)
 
     def expand(self, v: Any) -> Any:
         """``v[index]`` in the index's shape: the forward of a folded layer.
 
         ``v`` must be one-dimensional with K entries; the result is an array of
-        the same library as ``v``.
+        the same library and device as ``v``.
         """
-        from .errors import ShapeError
-
-        lib = library_of(v)
-        shape = tuple(getattr(v, "shape", np.shape(v)))
-        if len(shape) != 1 or shape[0] != self._K:
-            raise ShapeError(f"expand needs a vector of K = {self._K} entries; got shape {shape}")
-        if lib == "torch":
-            import torch
-
-            key = ("torch-index", str(v.device))
-            idx = self._device_cache.get(key)
-            if idx is None:
-                idx = torch.from_numpy(self._index.astype(np.int64)).to(v.device)
-                self._device_cache[key] = idx
-            return v[idx].reshape(self._shape)
-        host = np.ascontiguousarray(to_numpy(v))
-        out = np.empty(self.size, host.dtype)
-        if host.dtype.kind == "f" and host.dtype.itemsize >= 4:
-            cpu.gather(host, self._index, out)
-        else:
-            np.take(host, self._index, out=out)
-        return from_numpy(out.reshape(self._shape), like=v)
+        return dispatch.expand(self, v)
 
     def __repr__(self) -> str:
         return f"Fold(K={self._K}, shape={self._shape}, size={self.size})"
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    arr.flags.writeable = False
+    return arr
+
+
+__all__ = ["Fold"]

@@ -51,8 +51,10 @@ from torch.nn import functional as F
 
 from . import hashing
 from .errors import DeviceError, FoldError, FoldTypeError, ShapeError
+from .formats import resolve_out_dtype
 from .plan import Fold
 from .strategies import get_strategy
+from .validate import check_expand_input, check_values
 
 __all__ = ["FoldedLinear", "expand", "fold", "plan_key"]
 
@@ -64,17 +66,14 @@ _NP_OUT = {
     torch.float64: "float64",
 }
 
-# -- the plan table -----------------------------------------------------------------------------
+# -- the plan table -------------------------------------------------------------------------------
 _KEYS: weakref.WeakKeyDictionary[Fold, int] = weakref.WeakKeyDictionary()
 _PLANS: dict[int, weakref.ReferenceType[Fold]] = {}
-_INDEX: dict[tuple[int, str], torch.Tensor] = {}  # (key, device) -> int64 index tensor
 _COUNTER = itertools.count(1)
 
 
 def _forget(key: int) -> None:
     _PLANS.pop(key, None)
-    for k in [k for k in _INDEX if k[0] == key]:
-        _INDEX.pop(k, None)
 
 
 @torch.compiler.assume_constant_result
@@ -106,15 +105,14 @@ def _plan(key: int) -> Fold:
 
 
 def _index_tensor(key: int, device: torch.device) -> torch.Tensor:
-    k = (key, str(device))
-    idx = _INDEX.get(k)
-    if idx is None:
-        idx = torch.from_numpy(_plan(key).index.astype(np.int64)).to(device)
-        _INDEX[k] = idx
-    return idx
+    plan = _plan(key)
+    return plan.prepared(
+        ("torch-index", str(device)),
+        lambda: torch.from_numpy(plan.index.astype(np.int64)).to(device),
+    )
 
 
-# -- checks at the public boundary --------------------------------------------------------------
+# -- checks at the public boundary ----------------------------------------------------------------
 def _check_tensor(t: Any, what: str) -> None:
     if not isinstance(t, torch.Tensor):
         raise FoldTypeError(f"{what} must be a torch.Tensor; got {type(t).__qualname__}")
@@ -135,26 +133,11 @@ def _check_strategy(strategy: str) -> str:
 
 
 def _out_dtype(values_dtype: torch.dtype, out_dtype: Any) -> torch.dtype:
-    if out_dtype is None:
-        return torch.float64 if values_dtype == torch.float64 else torch.float32
-    if isinstance(out_dtype, str):
-        out = getattr(torch, out_dtype, None)
-    else:
-        out = out_dtype if isinstance(out_dtype, torch.dtype) else None
-        if out is None:
-            try:
-                out = getattr(torch, np.dtype(out_dtype).name, None)
-            except TypeError:
-                out = None
-    if out not in _FLOATING:
-        raise FoldTypeError(
-            f"out_dtype must be one of float16, bfloat16, float32, float64; got {out_dtype!r}"
-        )
-    return out
+    return getattr(torch, resolve_out_dtype(_NP_OUT[values_dtype], out_dtype))
 
 
-# -- host folds -----------------------------------------------------------------------------------
-def _host_fold(plan: Fold, g: torch.Tensor, strategy: str, out: torch.dtype) -> torch.Tensor:
+# -- folds ----------------------------------------------------------------------------------------
+def _fold_tensor(plan: Fold, g: torch.Tensor, strategy: str, out: torch.dtype) -> torch.Tensor:
     """The fold of ``g`` in dtype ``out`` (module docstring), on ``g``'s device."""
     g = g.detach()
     if out == torch.bfloat16 and strategy != "exact":  # only exact rounds to bfloat16 directly
@@ -172,21 +155,19 @@ def _expand_op(v: torch.Tensor, key: int, strategy: str) -> torch.Tensor:
 @_expand_op.register_fake
 def _expand_fake(v: torch.Tensor, key: int, strategy: str) -> torch.Tensor:
     plan = _plan(key)
-    if v.dim() != 1 or v.shape[0] != plan.K:
-        raise ShapeError(f"expand needs a vector of K = {plan.K} entries; got {tuple(v.shape)}")
+    check_expand_input(plan.K, tuple(v.shape))
     return v.new_empty(plan.shape)
 
 
 @torch.library.custom_op("bitfold::fold", mutates_args=())
 def _fold_op(g: torch.Tensor, key: int, strategy: str, out_dtype: torch.dtype) -> torch.Tensor:
-    return _host_fold(_plan(key), g, strategy, out_dtype).to(g.device)
+    return _fold_tensor(_plan(key), g, strategy, out_dtype).to(g.device)
 
 
 @_fold_op.register_fake
 def _fold_fake(g: torch.Tensor, key: int, strategy: str, out_dtype: torch.dtype) -> torch.Tensor:
     plan = _plan(key)
-    if g.numel() != plan.size:
-        raise ShapeError(f"fold needs {plan.size} values; got {g.numel()}")
+    check_values(plan.shape, tuple(g.shape), g.dtype)
     return g.new_empty((plan.K,), dtype=out_dtype)
 
 
@@ -229,11 +210,7 @@ def expand(v: torch.Tensor, plan: Fold, strategy: str = "exact") -> torch.Tensor
     """
     key = plan_key(plan)
     _check_tensor(v, "v")
-    if v.dim() != 1 or v.shape[0] != plan.K:
-        raise ShapeError(
-            f"expand needs v of shape ({plan.K},) for this plan (K = {plan.K}); "
-            f"got shape {tuple(v.shape)}"
-        )
+    check_expand_input(plan.K, tuple(v.shape))
     return _expand_op(v, key, _check_strategy(strategy))
 
 
@@ -249,11 +226,7 @@ def fold(
     """
     key = plan_key(plan)
     _check_tensor(values, "values")
-    if values.numel() != plan.size:
-        raise ShapeError(
-            f"values have {values.numel()} elements (shape {tuple(values.shape)}); this plan "
-            f"folds {plan.size} (index shape {plan.shape})"
-        )
+    check_values(plan.shape, tuple(values.shape), values.dtype)
     return _fold_op(values, key, _check_strategy(strategy), _out_dtype(values.dtype, out_dtype))
 
 

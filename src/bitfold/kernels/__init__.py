@@ -1,4 +1,6 @@
-"""Compiled kernels. ``cpu`` holds the Numba CPU kernels; GPU kernels live beside it.
+"""Compiled kernels: ``ieee`` (the arithmetic, once), ``cpu`` (Numba) and ``cuda`` (numba-cuda).
 
-Kernels know nothing about frameworks or plans: they take flat NumPy arrays.
+Kernels know nothing about plans, accumulators or frameworks: they take flat
+arrays and the format facts of :mod:`bitfold.formats`. ``cuda`` is imported
+only when a GPU fold is asked for.
 """

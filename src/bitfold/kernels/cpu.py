@@ -4,7 +4,7 @@ Every kernel is compiled on first use and cached on disk (``cache=True``);
 Numba falls back to a per-user cache directory when the package directory is
 not writable, and ``NUMBA_CACHE_DIR`` overrides both.
 
-Exact accumulation (see :mod:`bitfold.exactsum` for the state layout): a
+Exact accumulation (see :class:`bitfold.formats.LimbFormat` for the state layout): a
 value ``±M·2^(p + unit)`` with integer mantissa ``M`` and shift ``p >= 0``
 adds ``±M << (p mod 32)`` into int64 limbs ``p // 32`` and up, split into
 32-bit pieces, so every single addition to a limb is below ``2^33`` in
@@ -22,7 +22,7 @@ import sys
 import numpy as np
 from numba import njit, prange
 
-MASK32 = np.int64(0xFFFFFFFF)
+from .ieee import FINITE, NEGZERO, POSZERO, decode, normalise, round_row, split_narrow, split_wide
 
 # Side-counter columns of the per-slot ``specials`` arrays.
 NOT_NEGZERO, NAN, POSINF, NEGINF = 0, 1, 2, 3
@@ -129,138 +129,73 @@ def gather(v: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:
 
 @njit(cache=True, nogil=True)
 def normalise_rows(limbs):  # pragma: no cover - compiled
-    """Carry-normalise every row of a (rows, L) limb array in place.
-
-    Afterwards limbs ``0 .. L-2`` of each row lie in ``[0, 2^32)``; the top
-    limb is signed and holds the rest. The represented integers do not change.
-    """
+    """Carry-normalise every row of a (rows, L) limb array in place (:func:`ieee.normalise`)."""
     rows, L = limbs.shape
     for r in range(rows):
-        for j in range(L - 1):
-            c = limbs[r, j] >> 32
-            limbs[r, j] -= c << 32
-            limbs[r, j + 1] += c
+        normalise(limbs[r], L)
 
 
 @njit(cache=True, nogil=True)
-def _add_f32_range(index, bits, lo, hi, acc, sp):  # pragma: no cover - compiled
+def _add_range(index, bits, lo, hi, acc, sp, exp_bits, frac_bits, shift, wide):  # pragma: no cover
+    """Add values ``lo .. hi-1`` (their bit patterns) into the limbs ``acc`` and counters ``sp``."""
     ix, bt = index[lo:hi], bits[lo:hi]
     for t in range(hi - lo):
-        b = np.int64(bt[t])
         k = ix[t]
-        e = (b >> 23) & 0xFF
-        m = b & 0x7FFFFF
-        neg = b >> 31
-        if e == 0xFF:
-            if m != 0:
-                sp[k, NAN] += 1
-            elif neg:
-                sp[k, NEGINF] += 1
+        cls, neg, m, p = decode(bt[t], exp_bits, frac_bits, shift)
+        if cls == FINITE:
+            sign = 1 - 2 * neg
+            if wide:
+                j, a0, a1, a2 = split_wide(m, p)
+                acc[k, j + 2] += sign * a2
             else:
-                sp[k, POSINF] += 1
-            continue
-        if e == 0:
-            if m == 0:
-                sp[k, NOT_NEGZERO] -= neg  # the caller adds the term counts
-                continue
-            p = np.int64(0)
-        else:
-            m |= 0x800000
-            p = e - 1
-        shifted = m << (p & 31)
-        j = p >> 5
-        sign = 1 - 2 * neg
-        acc[k, j] += sign * (shifted & MASK32)
-        acc[k, j + 1] += sign * (shifted >> 32)
+                j, a0, a1, a2 = split_narrow(m, p)
+            acc[k, j] += sign * a0
+            acc[k, j + 1] += sign * a1
+        elif cls == NEGZERO:
+            sp[k, NOT_NEGZERO] -= 1  # the caller adds the term counts
+        elif cls != POSZERO:
+            sp[k, cls - 1] += 1  # NAN, POSINF, NEGINF -> their side-counter columns
 
 
 @njit(cache=True, nogil=True)
-def _add_f64_range(index, bits, lo, hi, acc, sp):  # pragma: no cover - compiled
-    ix, bt = index[lo:hi], bits[lo:hi]
-    for t in range(hi - lo):
-        b = bt[t]
-        k = ix[t]
-        e = (b >> 52) & 0x7FF
-        m = b & 0xFFFFFFFFFFFFF
-        neg = np.int64(b < 0)
-        if e == 0x7FF:
-            if m != 0:
-                sp[k, NAN] += 1
-            elif neg:
-                sp[k, NEGINF] += 1
-            else:
-                sp[k, POSINF] += 1
-            continue
-        if e == 0:
-            if m == 0:
-                sp[k, NOT_NEGZERO] -= neg  # the caller adds the term counts
-                continue
-            p = np.int64(0)
-        else:
-            m |= 0x10000000000000
-            p = e - 1
-        s = p & 31
-        j = p >> 5
-        low = (m & MASK32) << s  # < 2^63
-        high = (m >> 32) << s  # < 2^52
-        sign = 1 - 2 * neg
-        acc[k, j] += sign * (low & MASK32)
-        acc[k, j + 1] += sign * ((low >> 32) + (high & MASK32))
-        acc[k, j + 2] += sign * (high >> 32)
-
-
-@njit(cache=True, nogil=True)
-def _limbs_slot(index, bits, wide, lo, hi, acc, sp, carry_every):  # pragma: no cover - compiled
+def _limbs_slot(index, bits, lo, hi, acc, sp, decoding, carry_every):  # pragma: no cover
+    exp_bits, frac_bits, shift, wide = decoding
     start = lo
     while start < hi:
         stop = min(hi, start + carry_every)
-        if wide:
-            _add_f64_range(index, bits, start, stop, acc, sp)
-        else:
-            _add_f32_range(index, bits, start, stop, acc, sp)
+        _add_range(index, bits, start, stop, acc, sp, exp_bits, frac_bits, shift, wide)
         normalise_rows(acc)
         start = stop
 
 
 @njit(cache=True, parallel=True)
-def _limbs_parallel(index, bits, wide, limbs, specials, carry_every):  # pragma: no cover
+def _limbs_parallel(index, bits, limbs, specials, decoding, carry_every):  # pragma: no cover
     n = bits.shape[0]
     S = limbs.shape[0]
     for s in prange(S):
         _limbs_slot(
-            index, bits, wide, n * s // S, n * (s + 1) // S, limbs[s], specials[s], carry_every
+            index, bits, n * s // S, n * (s + 1) // S, limbs[s], specials[s], decoding, carry_every
         )
 
 
-def exact_accumulate(index, bits, wide, limbs, specials, carry_every) -> None:
+def exact_accumulate(index, bits, decoding, limbs, specials, carry_every) -> None:
     """Add every value into private per-slot limbs; slot s takes the s-th of S equal ranges.
 
-    ``limbs`` is (S, K, L) int64 and ``specials`` (S, K, 4) int64, both zeroed
-    by the caller. ``wide`` selects the float64 layout (``bits`` int64) over
-    the float32 one (``bits`` uint32). The number of slots S is chosen by the
-    caller from the problem size, never from the thread count; since integer
-    addition is associative the result would not depend on it anyway.
-    Limbs are carry-normalised after every ``carry_every`` values of a slot,
-    so no limb can overflow whatever the bucket sizes.
+    ``bits`` are the values' bit patterns (uint16, uint32, or int64 for
+    float64) and ``decoding = (exp_bits, frac_bits, shift, wide)`` says how to
+    read them (:func:`bitfold.kernels.ieee.decode`; ``wide`` for the f64
+    format's 53-bit mantissas). ``limbs`` is (S, K, L) int64 and ``specials``
+    (S, K, 4) int64, both zeroed by the caller. The number of slots S is
+    chosen by the caller from the problem size, never from the thread count;
+    since integer addition is associative the result would not depend on it
+    anyway. Limbs are carry-normalised after every ``carry_every`` values of
+    a slot, so no limb can overflow whatever the bucket sizes.
     """
     if limbs.shape[0] == 1:
-        _limbs_slot(index, bits, wide, 0, bits.shape[0], limbs[0], specials[0], carry_every)
+        _limbs_slot(index, bits, 0, bits.shape[0], limbs[0], specials[0], decoding, carry_every)
     else:
         start_thread_pool()
-        _limbs_parallel(index, bits, wide, limbs, specials, carry_every)
-
-
-@njit(cache=True, nogil=True)
-def _add_shifted(acc, k, magnitude, negative, shift):  # pragma: no cover - compiled
-    """Add ``±magnitude · 2^shift`` (magnitude < 2^53) into row k of the limbs."""
-    s = shift & 31
-    j = shift >> 5
-    low = (magnitude & MASK32) << s
-    high = (magnitude >> 32) << s
-    sign = 1 - 2 * negative
-    acc[k, j] += sign * (low & MASK32)
-    acc[k, j + 1] += sign * ((low >> 32) + (high & MASK32))
-    acc[k, j + 2] += sign * (high >> 32)
+        _limbs_parallel(index, bits, limbs, specials, decoding, carry_every)
 
 
 @njit(cache=True, nogil=True)
@@ -288,9 +223,11 @@ def _flush_bins(bins, acc, sp):  # pragma: no cover - compiled
             elif f == -np.inf:
                 sp[k, NEGINF] += 1
             elif f != 0.0:
-                negative = np.int64(f < 0.0)
-                magnitude = np.int64(math.ldexp(abs(f), -unit))
-                _add_shifted(acc, k, magnitude, negative, unit + 149)
+                sign = 1 - 2 * np.int64(f < 0.0)
+                j, a0, a1, a2 = split_wide(np.int64(math.ldexp(abs(f), -unit)), unit + 149)
+                acc[k, j] += sign * a0
+                acc[k, j + 1] += sign * a1
+                acc[k, j + 2] += sign * a2
 
 
 @njit(cache=True, nogil=True)
@@ -349,10 +286,7 @@ def _merge_bucket(limbs, specials, state, L, k):  # pragma: no cover - compiled
             state[k, j] += limbs[s, k, j]
         for c in range(4):
             state[k, L + 1 + c] += specials[s, k, c]
-    for j in range(L - 1):
-        c = state[k, j] >> 32
-        state[k, j] -= c << 32
-        state[k, j + 1] += c
+    normalise(state[k], L)
 
 
 @njit(cache=True, nogil=True)
@@ -377,110 +311,38 @@ def merge_slots(limbs, specials, state, L) -> None:
 
 
 @njit(cache=True, nogil=True)
-def _bit_length(x):  # pragma: no cover - compiled
-    n = 0
-    while x > 0:
-        x >>= 1
-        n += 1
-    return n
-
-
-@njit(cache=True, nogil=True)
-def _finalise_bucket(state, L, unit_exp, precision, q_min, out, k, mag):  # pragma: no cover
-    n_terms = state[k, L]
-    n_not_negzero = state[k, L + 1]
-    n_nan = state[k, L + 2]
-    n_pos = state[k, L + 3]
-    n_neg = state[k, L + 4]
-    if n_nan > 0 or (n_pos > 0 and n_neg > 0):
-        out[k] = np.nan
-        return
-    if n_pos > 0:
-        out[k] = np.inf
-        return
-    if n_neg > 0:
-        out[k] = -np.inf
-        return
-    for j in range(L):
-        mag[j] = state[k, j]
-    for j in range(L - 1):
-        c = mag[j] >> 32
-        mag[j] -= c << 32
-        mag[j + 1] += c
-    negative = mag[L - 1] < 0
-    if negative:
-        for j in range(L):
-            mag[j] = -mag[j]
-        for j in range(L - 1):
-            c = mag[j] >> 32
-            mag[j] -= c << 32
-            mag[j + 1] += c
-    top = -1
-    for j in range(L - 1, -1, -1):
-        if mag[j] != 0:
-            top = j
-            break
-    if top < 0:
-        if n_terms > 0 and n_not_negzero == 0:
-            out[k] = -0.0
-        else:
-            out[k] = 0.0
-        return
-    bitlen = 32 * top + _bit_length(mag[top])
-    q = max(bitlen - precision, q_min)
-    m = np.int64(0)
-    for j in range(top + 1):
-        sh = 32 * j - q
-        if sh >= 0:
-            m += mag[j] << sh
-        elif sh > -64:
-            m += mag[j] >> (-sh)
-    if q > 0:
-        t = q - 1  # the half bit
-        jt = min(t >> 5, L - 1)
-        bt = t - 32 * jt
-        half = (mag[jt] >> bt) & 1
-        sticky = (mag[jt] & ((np.int64(1) << bt) - 1)) != 0
-        for j in range(jt):
-            if mag[j] != 0:
-                sticky = True
-        if half == 1 and (sticky or (m & 1) == 1):
-            m += 1
-    value = math.ldexp(np.float64(m), q + unit_exp)
-    out[k] = -value if negative else value
-
-
-@njit(cache=True, nogil=True)
-def _finalise_serial(state, L, unit_exp, precision, q_min, out):  # pragma: no cover
+def _round_serial(state, L, target, out_bits):  # pragma: no cover - compiled
+    unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
     mag = np.empty(L, np.int64)
     for k in range(state.shape[0]):
-        _finalise_bucket(state, L, unit_exp, precision, q_min, out, k, mag)
+        out_bits[k] = round_row(
+            state[k], L, 0, unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift, mag
+        )
 
 
 @njit(cache=True, parallel=True)
-def _finalise_parallel(state, L, unit_exp, precision, q_min, out):  # pragma: no cover
+def _round_parallel(state, L, target, out_bits):  # pragma: no cover - compiled
+    unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
     K = state.shape[0]
     chunks = 64
     scratch = np.empty((chunks, L), np.int64)
     for c in prange(chunks):
         for k in range(K * c // chunks, K * (c + 1) // chunks):
-            _finalise_bucket(state, L, unit_exp, precision, q_min, out, k, scratch[c])
+            out_bits[k] = round_row(
+                state[k], L, 0, unit_exp, precision, exp_bits, subnormal_exp, nan_bits,
+                out_shift, scratch[c],
+            )
 
 
-def finalise(state, L, unit_exp, precision, q_min, out) -> None:
-    """Round each bucket's exact sum once, to ``precision`` significant bits.
+def round_states(state, L, target, out_bits) -> None:
+    """Round each bucket's exact sum once (:func:`bitfold.kernels.ieee.round_row`).
 
-    ``state`` rows hold L limbs (value = sum limb_j * 2^(32 j + unit_exp)),
-    then n_terms, n_not_negzero, n_nan, n_posinf, n_neginf. The result, written
-    to the float64 array ``out``, is exactly representable in the target
-    format (precision bits, smallest subnormal ``2^(q_min + unit_exp)``) or
-    beyond its range, in which case the caller's cast turns it into ±inf.
-    Specials: NaN if any NaN or both infinities, else the infinity present.
-    A zero sum is -0.0 only when the bucket is non-empty and all its terms
-    are -0.0; a non-zero sum that rounds to zero keeps its sign.
+    ``state`` is (K, L + 5) int64; ``target = (unit_exp, precision, exp_bits,
+    subnormal_exp, nan_bits, out_shift)``; ``out_bits`` is the signed integer
+    array of the output's width that the caller views as the float dtype.
     """
     if state.shape[0] >= PARALLEL_MIN_BUCKETS:
         start_thread_pool()
-        _finalise_parallel(state, L, unit_exp, precision, q_min, out)
+        _round_parallel(state, L, target, out_bits)
     else:
-        _finalise_serial(state, L, unit_exp, precision, q_min, out)
+        _round_serial(state, L, target, out_bits)

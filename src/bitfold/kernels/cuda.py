@@ -2,7 +2,9 @@
 
 Kernels know nothing about plans or frameworks: they take numba device
 arrays (real ones, or the simulator's under ``NUMBA_ENABLE_CUDASIM=1``) and a
-stream. :mod:`bitfold.gpu` wraps foreign arrays and chooses launch shapes.
+stream. :mod:`bitfold.backends.cuda` wraps foreign arrays and chooses launch shapes.
+Decoding, limb splitting, carry normalisation and rounding are the CPU's own
+functions (:mod:`bitfold.kernels.ieee`), compiled for the device.
 
 Numeric contracts
 -----------------
@@ -21,7 +23,7 @@ Numeric contracts
     :data:`bitfold.CANONICAL_NAN_BITS` (hardware NaN payloads differ between
     CPU and GPU; only the canonical pattern is reproducible).
 ``exact``
-    The state layout of :mod:`bitfold.exactsum`: ``(K, L + 5)`` int64, L limbs
+    The state layout of :class:`bitfold.formats.LimbFormat`: ``(K, L + 5)`` int64, L limbs
     of 32 bits (limb j weighs ``2^(32 j + unit)``) then ``n_terms``,
     ``n_not_negzero``, ``n_nan``, ``n_posinf``, ``n_neginf``. A finite non-zero
     value ``±M·2^(p + unit)`` adds ``±(M << (p mod 32))`` split into 32-bit
@@ -30,9 +32,10 @@ Numeric contracts
     end, to ``n_terms`` and ``n_not_negzero``); NaN/±inf count in their
     columns. Integer addition is associative, so the state after
     :func:`launch_settle` equals the CPU state bit for bit, whatever the thread
-    schedule; :func:`launch_round` ports :func:`bitfold.kernels.cpu.finalise`
-    and writes the IEEE bits directly (integer arithmetic only), so the
-    result equals the CPU result bit for bit.
+    schedule; :func:`launch_round` runs the CPU's rounding
+    (:func:`bitfold.kernels.ieee.round_row`, integer arithmetic only) and
+    writes the IEEE bits directly, so the result equals the CPU result bit
+    for bit.
 
 Carry bound (exact)
 -------------------
@@ -57,123 +60,28 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32, float64, int64
 from numba.core.types import float16
-from numba.extending import register_jitable
 
-from ..exactsum import CANONICAL_NAN_BITS, F32, F64, LimbFormat
+from ..formats import F64, FLOATS, LIMBS, OUT_DTYPES, LimbFormat, decode_shift, limb_format_for
+from .ieee import FINITE, NEGZERO, POSZERO, decode, normalise, round_row, split_narrow, split_wide
 
-MASK32 = 0xFFFFFFFF
 #: Most dynamic shared memory a block of the shared-limb exact kernel asks for
 #: (the limit without an opt-in on every CUDA GPU since compute capability 2.0).
 SHARED_LIMIT_BYTES = 48 * 1024
 
-# decode classes; 1..4 are also the counter column offsets after the L limbs
-FINITE, NEGZERO, NAN, POSINF, NEGINF, POSZERO = 0, 1, 2, 3, 4, 5
-
-#: (precision bits, exponent bits, exponent of the smallest subnormal) per output dtype.
-TARGETS = {
-    "bfloat16": (8, 8, -133),
-    "float16": (11, 5, -24),
-    "float32": (24, 8, -149),
-    "float64": (53, 11, -1074),
-}
-#: Canonical NaN of each output format (bfloat16: the top half of the float32 one).
-NAN_BITS = dict(CANONICAL_NAN_BITS, bfloat16=CANONICAL_NAN_BITS["float32"] >> 16)
 _NUMBA_FLOAT = {"float16": float16, "float32": float32, "float64": float64}
 
 #: value source formats: bits dtype of the view the exact kernel reads, limb format.
 SOURCES: dict[str, tuple[Any, LimbFormat]] = {
-    "float32": (np.uint32, F32),
-    "float16": (np.uint16, F32),
-    "float64": (np.int64, F64),
+    "float32": (np.uint32, limb_format_for("float32")),
+    "float16": (np.uint16, limb_format_for("float16")),
+    "float64": (np.int64, limb_format_for("float64")),
 }
 
 
-# -- decoding values into (class, sign, integer mantissa, shift) --------------------------
-@register_jitable
-def _decode_f32(raw):  # pragma: no cover - compiled
-    """float32 bits -> (class, negative, M, p) with value = ±M·2^(p - 149)."""
-    b = int64(raw)
-    e = (b >> 23) & 0xFF
-    m = b & 0x7FFFFF
-    neg = (b >> 31) & 1
-    if e == 0xFF:
-        if m != 0:
-            return NAN, neg, m, e
-        if neg:
-            return NEGINF, neg, m, e
-        return POSINF, neg, m, e
-    if e == 0:
-        if m == 0:
-            if neg:
-                return NEGZERO, neg, m, e
-            return POSZERO, neg, m, e
-        return FINITE, neg, m, e  # subnormal: p = 0
-    return FINITE, neg, m | 0x800000, e - 1
-
-
-@register_jitable
-def _decode_f16(raw):  # pragma: no cover - compiled
-    """float16 bits -> (class, negative, M, p) with value = ±M·2^(p - 149) (p = p16 + 125)."""
-    b = int64(raw)
-    e = (b >> 10) & 0x1F
-    m = b & 0x3FF
-    neg = (b >> 15) & 1
-    if e == 0x1F:
-        if m != 0:
-            return NAN, neg, m, e
-        if neg:
-            return NEGINF, neg, m, e
-        return POSINF, neg, m, e
-    if e == 0:
-        if m == 0:
-            if neg:
-                return NEGZERO, neg, m, e
-            return POSZERO, neg, m, e
-        return FINITE, neg, m, e + 125
-    return FINITE, neg, m | 0x400, e - 1 + 125
-
-
-@register_jitable
-def _decode_f64(raw):  # pragma: no cover - compiled
-    """float64 bits (as int64) -> (class, negative, M, p) with value = ±M·2^(p - 1074)."""
-    b = int64(raw)
-    e = (b >> 52) & 0x7FF
-    m = b & 0xFFFFFFFFFFFFF
-    neg = int64(0)
-    if b < 0:
-        neg = int64(1)
-    if e == 0x7FF:
-        if m != 0:
-            return NAN, neg, m, e
-        if neg:
-            return NEGINF, neg, m, e
-        return POSINF, neg, m, e
-    if e == 0:
-        if m == 0:
-            if neg:
-                return NEGZERO, neg, m, e
-            return POSZERO, neg, m, e
-        return FINITE, neg, m, e
-    return FINITE, neg, m | 0x10000000000000, e - 1
-
-
-@register_jitable
-def _parts_narrow(m, p):  # pragma: no cover - compiled
-    """M < 2^24 shifted by p mod 32: pieces for limbs j, j+1 (j+2 gets 0); each < 2^32."""
-    shifted = m << (p & 31)
-    return p >> 5, shifted & MASK32, shifted >> 32, int64(0)
-
-
-@register_jitable
-def _parts_wide(m, p):  # pragma: no cover - compiled
-    """M < 2^53 shifted by p mod 32: pieces for limbs j, j+1, j+2; each < 2^33."""
-    s = p & 31
-    low = (m & MASK32) << s
-    high = (m >> 32) << s
-    return p >> 5, low & MASK32, (low >> 32) + (high & MASK32), high >> 32
-
-
-_DECODE = {"float32": _decode_f32, "float16": _decode_f16, "float64": _decode_f64}
+def _decoding(source: str) -> tuple[int, int, int]:
+    """``(exp_bits, frac_bits, shift)`` for :func:`bitfold.kernels.ieee.decode` of ``source``."""
+    f = FLOATS[source]
+    return f.exponent_bits, f.fraction_bits, decode_shift(source, SOURCES[source][1])
 
 
 # -- exact: accumulation kernels ------------------------------------------------------------
@@ -184,9 +92,9 @@ def exact_shared_kernel(source: str) -> Any:
     Needs ``K * L * 8`` bytes of dynamic shared memory (the launch's 4th
     parameter). Values ``lo .. hi-1`` are taken grid-stride.
     """
-    decode = _DECODE[source]
+    EXP, FRAC, SHIFT = _decoding(source)
     fmt = SOURCES[source][1]
-    parts = _parts_wide if fmt is F64 else _parts_narrow
+    parts = split_wide if fmt is F64 else split_narrow
     L = fmt.limbs
 
     def exact_shared(index, bits, lo, hi, state):  # pragma: no cover - compiled
@@ -201,7 +109,7 @@ def exact_shared_kernel(source: str) -> Any:
         stride = nt * int64(cuda.gridDim.x)
         while i < hi:
             k = int64(index[i])
-            cls, neg, m, p = decode(bits[i])
+            cls, neg, m, p = decode(bits[i], EXP, FRAC, SHIFT)
             if cls == FINITE:
                 j, a0, a1, a2 = parts(m, p)
                 sgn = 1 - 2 * neg
@@ -229,9 +137,9 @@ def exact_shared_kernel(source: str) -> Any:
 @cache
 def exact_global_kernel(source: str) -> Any:
     """Kernel ``(index, bits, lo, hi, state)``: int64 atomics straight into the global state."""
-    decode = _DECODE[source]
+    EXP, FRAC, SHIFT = _decoding(source)
     fmt = SOURCES[source][1]
-    parts = _parts_wide if fmt is F64 else _parts_narrow
+    parts = split_wide if fmt is F64 else split_narrow
     L = fmt.limbs
 
     def exact_global(index, bits, lo, hi, state):  # pragma: no cover - compiled
@@ -239,7 +147,7 @@ def exact_global_kernel(source: str) -> Any:
         stride = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
         while i < hi:
             k = int64(index[i])
-            cls, neg, m, p = decode(bits[i])
+            cls, neg, m, p = decode(bits[i], EXP, FRAC, SHIFT)
             if cls == FINITE:
                 j, a0, a1, a2 = parts(m, p)
                 sgn = 1 - 2 * neg
@@ -278,21 +186,9 @@ def settle_kernel(limbs: int) -> Any:
             c = int64(counts[k])
             state[k, L] += c
             state[k, L + 1] += c
-        for j in range(L - 1):
-            c = state[k, j] >> 32
-            state[k, j] -= c << 32
-            state[k, j + 1] += c
+        normalise(state[k], L)
 
     return cuda.jit(settle)
-
-
-@register_jitable
-def _bit_length(x):  # pragma: no cover - compiled
-    n = int64(0)
-    while x > 0:
-        x >>= 1
-        n += 1
-    return n
 
 
 def signed_bits(unsigned: int, width: int) -> int:
@@ -311,123 +207,34 @@ def out_bits_dtype(out_name: str, widen_bfloat16: bool = False) -> Any:
 def round_kernel(limbs: int, unit_exp: int, out_name: str, widen_bfloat16: bool = False) -> Any:
     """Kernel ``(state, counts, add_counts, out_bits)``: round each bucket once; write IEEE bits.
 
-    ``state`` need not be normalised (it is normalised in a private copy);
-    with ``add_counts`` != 0 the term counts ``counts[k]`` are taken as not yet
-    added to ``n_terms`` and ``n_not_negzero`` (the state is not modified).
-    ``out_bits`` is a signed integer array of :func:`out_bits_dtype` (int16
-    for float16 and bfloat16, int32 for float32, int64 for float64) that the
-    caller views as the float dtype; ``widen_bfloat16`` writes bfloat16 results
-    as the float32 that holds them exactly (bits shifted left by 16), as the
-    CPU does for libraries without bfloat16. Same rules and bits as
-    :func:`bitfold.exactsum.round_state`.
+    One thread a bucket runs :func:`bitfold.kernels.ieee.round_row`, the CPU's
+    rounding, so the bits are the CPU's. ``state`` need not be normalised (it
+    is normalised in a private copy); with ``add_counts`` != 0 the term counts
+    ``counts[k]`` are taken as not yet added to ``n_terms`` and
+    ``n_not_negzero`` (the state is not modified). ``out_bits`` is a signed
+    integer array of :func:`out_bits_dtype` (int16 for float16 and bfloat16,
+    int32 for float32, int64 for float64) that the caller views as the float
+    dtype; ``widen_bfloat16`` writes bfloat16 results as the float32 that holds
+    them exactly (bits shifted left by 16), as the CPU does for libraries
+    without bfloat16.
     """
     L = limbs
     UNIT = unit_exp
-    P, EBITS, SUB_EXP = TARGETS[out_name]
+    target = FLOATS[out_name]
+    P, EBITS, SUB_EXP, NAN_BITS = (
+        target.precision, target.exponent_bits, target.subnormal_exp, target.canonical_nan
+    )
     SHIFT = 16 if (widen_bfloat16 and out_name == "bfloat16") else 0
-    W = P + EBITS + SHIFT  # width of the written pattern
-    Q_MIN = max(0, SUB_EXP - unit_exp)
-    BIAS = (1 << (EBITS - 1)) - 1
-    E_INF = (1 << EBITS) - 1
-    HIDDEN = 1 << (P - 1)
-    FULL = 1 << P
-    NEG_HALF = -(1 << (W - 1))  # adding it sets the sign bit of a signed W-bit view
-    INF_BITS = (E_INF << (P - 1)) << SHIFT
-    NEG_INF_BITS = INF_BITS + NEG_HALF
-    NEG_ZERO_BITS = NEG_HALF
-    NAN_OUT = signed_bits(NAN_BITS[out_name] << SHIFT, W)
 
     def round_state(state, counts, add_counts, out_bits):  # pragma: no cover - compiled
         k = cuda.grid(1)
         if k >= state.shape[0]:
             return
-        n_terms = state[k, L]
-        n_not_negzero = state[k, L + 1]
+        extra = int64(0)
         if add_counts != 0:
-            n_terms += counts[k]
-            n_not_negzero += counts[k]
-        n_nan = state[k, L + 2]
-        n_pos = state[k, L + 3]
-        n_neg = state[k, L + 4]
-        if n_nan > 0 or (n_pos > 0 and n_neg > 0):
-            out_bits[k] = NAN_OUT
-            return
-        if n_pos > 0:
-            out_bits[k] = INF_BITS
-            return
-        if n_neg > 0:
-            out_bits[k] = NEG_INF_BITS
-            return
+            extra = int64(counts[k])
         mag = cuda.local.array(L, int64)
-        for j in range(L):
-            mag[j] = state[k, j]
-        for j in range(L - 1):
-            c = mag[j] >> 32
-            mag[j] -= c << 32
-            mag[j + 1] += c
-        negative = mag[L - 1] < 0
-        if negative:
-            for j in range(L):
-                mag[j] = -mag[j]
-            for j in range(L - 1):
-                c = mag[j] >> 32
-                mag[j] -= c << 32
-                mag[j + 1] += c
-        top = -1
-        for j in range(L - 1, -1, -1):
-            if mag[j] != 0:
-                top = j
-                break
-        if top < 0:
-            if n_terms > 0 and n_not_negzero == 0:
-                out_bits[k] = NEG_ZERO_BITS
-            else:
-                out_bits[k] = 0
-            return
-        bitlen = 32 * top + _bit_length(mag[top])
-        q = max(bitlen - P, Q_MIN)
-        m = int64(0)
-        for j in range(top + 1):
-            sh = 32 * j - q
-            if sh >= 0:
-                m += mag[j] << sh
-            elif sh > -64:
-                m += mag[j] >> (-sh)
-        if q > 0:
-            t = q - 1  # the half bit
-            jt = min(t >> 5, L - 1)
-            bt = t - 32 * jt
-            half = (mag[jt] >> bt) & 1
-            sticky = (mag[jt] & ((int64(1) << bt) - 1)) != 0
-            for j in range(jt):
-                if mag[j] != 0:
-                    sticky = True
-            if half == 1 and (sticky or (m & 1) == 1):
-                m += 1
-        # encode ±m·2^(q + UNIT) (exact in the target, or beyond its range)
-        if m == FULL:
-            m >>= 1
-            q += 1
-        if m == 0:
-            bits = int64(0)
-        else:
-            shift = P - _bit_length(m)  # >= 0: move the leading bit to the hidden position
-            room = q + UNIT - SUB_EXP  # how far down the exponent may go (>= 0)
-            if shift > room:
-                shift = room
-            m <<= shift
-            q -= shift
-            if m >= HIDDEN:
-                e_field = q + UNIT + (P - 1) + BIAS
-                if e_field >= E_INF:
-                    bits = int64(INF_BITS)
-                else:
-                    bits = ((e_field << (P - 1)) | (m - HIDDEN)) << SHIFT
-            else:
-                bits = m << SHIFT  # subnormal: q + UNIT == SUB_EXP
-        if negative:
-            bits += NEG_HALF
-        out_bits[k] = bits
+        out_bits[k] = round_row(state[k], L, extra, UNIT, P, EBITS, SUB_EXP, NAN_BITS, SHIFT, mag)
 
     return cuda.jit(round_state)
 
@@ -441,12 +248,12 @@ def ordered_kernel(out_name: str) -> Any:
     write the canonical NaN.
     """
     OUT = _NUMBA_FLOAT[out_name]
+    target = FLOATS[out_name]
     # float16 sums are formed in float32 and rounded once to float16: for a sum of two
     # float16 numbers that double rounding is innocuous (24 >= 2*11 + 2 bits), so each step
     # is the correctly rounded float16 addition, as NumPy's float16 ``+`` on the CPU.
     WIDE = float32 if out_name == "float16" else OUT
-    P, EBITS, _ = TARGETS[out_name]
-    NAN_OUT = signed_bits(NAN_BITS[out_name], P + EBITS)
+    NAN_OUT = signed_bits(target.canonical_nan, target.width)
 
     def ordered(order, offsets, values, out, out_bits):  # pragma: no cover - compiled
         k = cuda.grid(1)
@@ -646,8 +453,8 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
         targets.append((f"exact_shared[{source}]", exact_shared_kernel(source).py_func, sig))
         targets.append((f"exact_global[{source}]", exact_global_kernel(source).py_func, sig))
     ints = {"float16": types.int16, "float32": types.int32, "float64": types.int64}
-    for fmt in (F32, F64):
-        for out_name, widen in [(n, False) for n in TARGETS] + [("bfloat16", True)]:
+    for fmt in LIMBS.values():
+        for out_name, widen in [(n, False) for n in OUT_DTYPES] + [("bfloat16", True)]:
             bits_t = types.int32 if widen else ints.get(out_name, types.int16)
             targets.append(
                 (

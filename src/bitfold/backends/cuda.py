@@ -1,47 +1,48 @@
-"""Folds of GPU arrays, on their device and stream, with the numba-cuda kernels.
+"""The CUDA backend: folds of GPU arrays, on their device and stream, with the numba-cuda kernels.
 
-``cuda_fold(plan, values, strategy, out_dtype)`` takes values that live on
-a CUDA device — a CuPy array, a torch CUDA tensor, a numba device array, or
-any object with ``__cuda_array_interface__`` — and returns the K sums as the
-same kind of array (a numba device array for other interface objects), on
-the same device. Kernels are launched on the stream the values' library is
-using: torch's current stream of that device, CuPy's current stream, the
-numba array's own stream, or the ``stream`` entry of the interface (the
-default stream when it has none). Nothing waits for the host: the call
-returns once the work is queued, and every step (the zeroing, the
-accumulation, the rounding) is a kernel, so the call may be captured in a
-CUDA graph after a first, warm-up call (which compiles the kernels and
-uploads the plan).
+It serves values that live on a CUDA device — a CuPy array, a torch CUDA
+tensor, a numba device array, or any object with ``__cuda_array_interface__``
+— and returns the K sums as the same kind of array (a numba device array for
+other interface objects), on the same device. Kernels are launched on the
+stream the values' library is using: torch's current stream of that device,
+CuPy's current stream, the numba array's own stream, or the ``stream`` entry
+of the interface (the default stream when it has none). Nothing waits for
+the host: the call returns once the work is queued, and every step (the
+zeroing, the accumulation, the rounding) is a kernel, so the call may be
+captured in a CUDA graph after a first, warm-up call (which compiles the
+kernels and uploads the plan).
 
-The plan's index data (index, counts, and for ``ordered`` the sorted order
-and offsets) is uploaded once per device and kept in ``plan._device_cache``
-under the key ``("numba-cuda", device)``.
+The plan's index data (index, counts, sorted order and offsets) is uploaded
+once per device, the first time the plan meets that device, through
+:meth:`bitfold.Fold.prepared` under the key ``("numba-cuda", device)``.
 
 Numeric contracts: see :mod:`bitfold.kernels.cuda`. In short, ``exact``
-gives the same bits as ``plan(values)`` on the CPU (the correctly rounded
-sum), ``ordered`` the same bits as the CPU ``ordered`` strategy (NaN results
-as the canonical NaN), ``atomic`` whatever the float atomics give.
+gives the same bits as on the CPU (the correctly rounded sum), ``ordered``
+the same bits as the CPU ``ordered`` strategy (NaN results as the canonical
+NaN), ``atomic`` whatever the float atomics give.
 
 Values in bfloat16 (torch only) are widened to float32 first (exact) by
-torch; every other dtype is read in place.
+torch; every other dtype is read in place. Validation happens before this
+module is reached (:mod:`bitfold.dispatch`); only what is particular to
+device memory (contiguity, the device of a state) is checked here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .arrays import library_of
-from .errors import DeviceError, FoldError, FoldTypeError, ShapeError, UnknownStrategyError
-from .validate import numpy_out_dtype, out_dtype_for, value_dtype_name
+from ..arrays import library_of
+from ..errors import DeviceError, FoldError, FoldTypeError, ShapeError
+from ..formats import dtype_name, limb_format_for
+from ..validate import Values
 
 if TYPE_CHECKING:
-    from .plan import Fold
+    from ..plan import Fold
 
-#: Strategies with a GPU kernel.
-GPU_STRATEGIES = ("exact", "ordered", "atomic")
+NAME = "cuda"
 
 _BITS_OF = {"float32": np.uint32, "float16": np.uint16, "float64": np.int64}
 
@@ -53,7 +54,7 @@ def _cuda() -> Any:
 
 
 def _kernels() -> Any:
-    from .kernels import cuda as kernels
+    from ..kernels import cuda as kernels
 
     return kernels
 
@@ -82,14 +83,6 @@ def _host_error(values: Any) -> DeviceError:
     )
 
 
-def _check_size(plan: Fold, n: int, shape: tuple[int, ...]) -> None:
-    if n != plan.size:
-        raise ShapeError(
-            f"values have {n} elements (shape {shape}); this plan folds {plan.size} "
-            f"(index shape {plan.shape}): pass exactly {plan.size} values"
-        )
-
-
 def _numba_stream(handle: int | None) -> Any:
     cuda = _cuda()
     if not handle:
@@ -115,20 +108,25 @@ def _numba_array_device(arr: Any) -> int:
         return 0
 
 
-def device_values(plan: Fold, values: Any) -> DeviceValues:
+def serves(device: str) -> bool:
+    """The CUDA backend folds values that live on a CUDA device."""
+    return device == "cuda"
+
+
+def device_values(values: Any) -> DeviceValues:
     """Wrap GPU ``values`` for the kernels, or refuse them with a clear error."""
     lib = library_of(values)
     if lib == "torch":
-        return _torch_values(plan, values)
+        return _torch_values(values)
     if lib == "cupy":
-        return _cupy_values(plan, values)
+        return _cupy_values(values)
     if lib == "jax":
         raise DeviceError(
             "JAX arrays are not folded by the numba-cuda kernels (JAX arrays are immutable and "
             "JAX owns their streams); use bitfold.jax, or pass a CuPy/torch array"
         )
     if getattr(values, "__cuda_ndarray__", False):  # numba device arrays (and the simulator's)
-        return _numba_values(plan, values, values, kind="numba")
+        return _numba_values(values, values, kind="numba")
     if hasattr(values, "__cuda_array_interface__"):
         iface = values.__cuda_array_interface__
         ptr = int(iface["data"][0])
@@ -138,18 +136,17 @@ def device_values(plan: Fold, values: Any) -> DeviceValues:
             dev = cuda.get_current_device().id
         with cuda.gpus[dev]:
             arr = cuda.as_cuda_array(values, sync=False)
-        dv = _numba_values(plan, values, arr, kind="numba")
+        dv = _numba_values(values, arr, kind="numba")
         dv.device = dev
         dv.stream = _numba_stream(iface.get("stream"))
         return dv
     raise _host_error(values)
 
 
-def _numba_values(plan: Fold, original: Any, arr: Any, kind: str) -> DeviceValues:
-    name = value_dtype_name(arr)
+def _numba_values(original: Any, arr: Any, kind: str) -> DeviceValues:
+    name = dtype_name(arr)
     if name not in _BITS_OF:
         raise FoldTypeError(f"GPU folds take float16, float32 or float64 values; got {name}")
-    _check_size(plan, int(arr.size), tuple(arr.shape))
     if not arr.is_c_contiguous():
         raise FoldError(
             f"GPU folds of {type(original).__qualname__} values need a C-contiguous array; "
@@ -162,13 +159,12 @@ def _numba_values(plan: Fold, original: Any, arr: Any, kind: str) -> DeviceValue
     )
 
 
-def _torch_values(plan: Fold, values: Any) -> DeviceValues:
+def _torch_values(values: Any) -> DeviceValues:
     import torch
 
     if values.device.type != "cuda":
         raise _host_error(values)
-    name = value_dtype_name(values)
-    _check_size(plan, int(values.numel()), tuple(values.shape))
+    name = dtype_name(values)
     t = values.detach()
     if t.dtype == torch.bfloat16:
         t = t.float()  # exact widening
@@ -181,11 +177,10 @@ def _torch_values(plan: Fold, values: Any) -> DeviceValues:
     return DeviceValues("torch", dev, stream, arr, name, keep=t)
 
 
-def _cupy_values(plan: Fold, values: Any) -> DeviceValues:
+def _cupy_values(values: Any) -> DeviceValues:
     import cupy
 
-    name = value_dtype_name(values)
-    _check_size(plan, int(values.size), tuple(values.shape))
+    name = dtype_name(values)
     dev = int(values.device.id)
     cuda = _cuda()
     with cupy.cuda.Device(dev):
@@ -233,26 +228,32 @@ class DevicePlan:
     device: int
     index: Any
     counts: Any
+    order: Any
+    offsets: Any
     launch: Any  # kernels.LaunchShape sized for the device
-    order_offsets: tuple[Any, Any] | None = field(default=None)
 
 
 def device_plan(plan: Fold, device: int) -> DevicePlan:
-    """The plan's data on ``device`` (uploaded on first use, then taken from the cache).
+    """The plan's data on ``device``: uploaded the first time the plan meets it, then kept.
 
     Must be called with ``device``'s context current.
     """
-    key = ("numba-cuda", int(device))
-    entry = plan._device_cache.get(key)
-    if entry is None:
+
+    def upload() -> DevicePlan:
         cuda = _cuda()
         kernels = _kernels()
         sm = getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", None)
         launch = kernels.LaunchShape(max_blocks=2 * int(sm)) if sm else kernels.LaunchShape()
-        entry = DevicePlan(
-            int(device), cuda.to_device(plan.index), cuda.to_device(plan.counts), launch
+        return DevicePlan(
+            int(device),
+            cuda.to_device(plan.index),
+            cuda.to_device(plan.counts),
+            cuda.to_device(plan.order),
+            cuda.to_device(plan.offsets),
+            launch,
         )
-        plan._device_cache[key] = entry
+
+    entry = plan.prepared(("numba-cuda", int(device)), upload)
     if entry.device != int(device):
         raise DeviceError(
             f"the plan's index data cached for CUDA device {entry.device} cannot serve values "
@@ -261,101 +262,137 @@ def device_plan(plan: Fold, device: int) -> DevicePlan:
     return entry
 
 
-def _order_offsets(entry: DevicePlan, plan: Fold) -> tuple[Any, Any]:
-    if entry.order_offsets is None:
-        cuda = _cuda()
-        entry.order_offsets = (cuda.to_device(plan.order), cuda.to_device(plan.offsets))
-    return entry.order_offsets
-
-
-# -- the entry points --------------------------------------------------------------------------
-def cuda_fold(
+# -- the strategies ----------------------------------------------------------------------------
+def fold_exact(
     plan: Fold,
     values: Any,
-    strategy: str = "exact",
-    out_dtype: Any = None,
+    spec: Values,
+    out_name: str,
     *,
     launch: Any = None,
     exact_path: str = "auto",
 ) -> Any:
-    """Fold GPU ``values`` with ``strategy`` on their device and stream; same kind of array out.
+    """The exact fold on the values' device: the same bits as the CPU.
 
-    ``out_dtype`` defaults to float32 (float64 for float64 values), as on the
-    CPU. ``launch`` (a :class:`bitfold.kernels.cuda.LaunchShape`) and
+    ``launch`` (a :class:`bitfold.kernels.cuda.LaunchShape`) and
     ``exact_path`` (``"auto"``, ``"shared"``, ``"global"``) tune the kernels;
-    they never change an ``exact`` or ``ordered`` result.
+    they never change the result.
     """
-    if strategy not in GPU_STRATEGIES:
-        raise UnknownStrategyError(
-            f"unknown strategy {strategy!r}; choose one of: {', '.join(GPU_STRATEGIES)}"
-        )
-    dv = device_values(plan, values)
-    out_name = out_dtype_for(dv.dtype, out_dtype)
-    if strategy != "exact":
-        numpy_out_dtype(out_name, strategy)  # refuses bfloat16, as on the CPU
+    dv = device_values(values)
     cuda = _cuda()
     kernels = _kernels()
     with cuda.gpus[dv.device]:
         entry = device_plan(plan, dv.device)
         shape = launch or entry.launch
         K = plan.K
-        if strategy == "exact":
-            source = "float32" if dv.dtype == "bfloat16" else dv.dtype
-            fmt = kernels.SOURCES[source][1]
-            _, state = _empty(dv, (K, fmt.width), np.int64)
-            kernels.launch_zero(state.reshape(K * fmt.width), dv.stream, shape)
-            bits = dv.array.view(_BITS_OF[source])
-            kernels.launch_exact(
-                entry.index, bits, source, state, entry.counts, dv.stream,
-                shape=shape, path=exact_path, count_terms=False,
-            )
-            # bfloat16 results: torch gets bfloat16; other libraries the float32 holding them
-            widen = out_name == "bfloat16" and dv.kind != "torch"
-            out, out_bits = _empty(dv, (K,), kernels.out_bits_dtype(out_name, widen))
-            kernels.launch_round(
-                state, entry.counts, True, fmt, out_name, out_bits, dv.stream,
-                widen_bfloat16=widen,
-            )
-            return _view(out, dv.kind, "float32" if widen else out_name)
-        if strategy == "ordered":
-            order, offsets = _order_offsets(entry, plan)
-            out, out_bits = _empty(dv, (K,), kernels.out_bits_dtype(out_name))
-            out_f = out_bits.view(np.dtype(out_name))
-            kernels.launch_ordered(order, offsets, dv.array, out_f, out_bits, out_name, dv.stream)
-            return _view(out, dv.kind, out_name)
-        # atomic: float32 (or float64) atomics; a float16 result is rounded once at the end
+        source = "float32" if dv.dtype == "bfloat16" else dv.dtype
+        fmt = limb_format_for(source)
+        _, state = _empty(dv, (K, fmt.width), np.int64)
+        kernels.launch_zero(state.reshape(K * fmt.width), dv.stream, shape)
+        bits = dv.array.view(_BITS_OF[source])
+        kernels.launch_exact(
+            entry.index, bits, source, state, entry.counts, dv.stream,
+            shape=shape, path=exact_path, count_terms=False,
+        )  # fmt: skip
+        # bfloat16 results: torch gets bfloat16; other libraries the float32 holding them
+        widen = out_name == "bfloat16" and dv.kind != "torch"
+        out, out_bits = _empty(dv, (K,), kernels.out_bits_dtype(out_name, widen))
+        kernels.launch_round(
+            state, entry.counts, True, fmt, out_name, out_bits, dv.stream, widen_bfloat16=widen
+        )
+        return _view(out, dv.kind, "float32" if widen else out_name)
+
+
+def fold_ordered(
+    plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None
+) -> Any:
+    """The ``ordered`` fold on the device: the same bits as the CPU ``ordered`` strategy."""
+    dv = device_values(values)
+    cuda = _cuda()
+    kernels = _kernels()
+    with cuda.gpus[dv.device]:
+        entry = device_plan(plan, dv.device)
+        out, out_bits = _empty(dv, (plan.K,), kernels.out_bits_dtype(out_name))
+        out_f = out_bits.view(np.dtype(out_name))
+        kernels.launch_ordered(
+            entry.order, entry.offsets, dv.array, out_f, out_bits, out_name, dv.stream
+        )
+        return _view(out, dv.kind, out_name)
+
+
+def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None) -> Any:
+    """Float atomics (float32, or float64 for float64 output); a float16 result is rounded once."""
+    dv = device_values(values)
+    cuda = _cuda()
+    kernels = _kernels()
+    with cuda.gpus[dv.device]:
+        entry = device_plan(plan, dv.device)
+        shape = launch or entry.launch
         acc_name = "float64" if out_name == "float64" else "float32"
-        acc_obj, acc = _empty(dv, (K,), np.dtype(acc_name))
+        acc_obj, acc = _empty(dv, (plan.K,), np.dtype(acc_name))
         kernels.launch_zero(acc, dv.stream, shape)
         kernels.launch_atomic(entry.index, dv.array, acc, acc_name, dv.stream, shape=shape)
         if out_name == acc_name:
             return acc_obj
-        out, out_view = _empty(dv, (K,), np.float16)
+        out, out_view = _empty(dv, (plan.K,), np.float16)
         kernels.launch_cast_f16(acc, out_view, dv.stream)
         return out
 
 
-def cuda_exact_state(plan: Fold, values: Any, state: Any = None, *, launch: Any = None) -> Any:
+def expand(plan: Fold, v: Any) -> Any:
+    """``v[index]`` in the index's shape, on ``v``'s device and in its library."""
+    lib = library_of(v)
+    if lib == "torch":
+        import torch
+
+        idx = plan.prepared(
+            ("torch-index", str(v.device)),
+            lambda: torch.from_numpy(plan.index.astype(np.int64)).to(v.device),
+        )
+        return v[idx].reshape(plan.shape)
+    if lib == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(v.device.id):
+            idx = plan.prepared(("cupy-index", int(v.device.id)), lambda: cupy.asarray(plan.index))
+            return cupy.take(v, idx).reshape(plan.shape)
+    from ..arrays import to_numpy
+
+    cuda = _cuda()
+    return cuda.to_device(np.take(to_numpy(v), plan.index).reshape(plan.shape))
+
+
+# -- exact states on the device ----------------------------------------------------------------
+def exact_state(
+    plan: Fold, values: Any, state: Any = None, *, start: int = 0, launch: Any = None
+) -> Any:
     """The exact accumulator state of GPU ``values``, or ``values`` added into ``state``.
 
+    ``values`` cover the plan's positions ``start .. start + values.size``.
     Returns (or updates in place and returns) a ``(K, L + 5)`` int64 array of
     the values' kind and device, in the layout of
     :attr:`bitfold.ExactAccumulator.state`; it equals, bit for bit, the state
-    of ``plan.accumulator(dtype, kernel="limbs").add(values)`` on the CPU, so
-    it can be copied to the host and given to
+    of ``plan.accumulator(dtype, kernel="limbs").add(values, start=start)`` on
+    the CPU, so it can be copied to the host and given to
     :meth:`bitfold.ExactAccumulator.from_state`, or summed over devices and
     processes (an all-reduce with SUM) before rounding. A ``state`` on another
     device than ``values`` is refused with :class:`bitfold.DeviceError`.
     """
-    dv = device_values(plan, values)
+    dv = device_values(values)
     source = "float32" if dv.dtype == "bfloat16" else dv.dtype
     cuda = _cuda()
     kernels = _kernels()
-    fmt = kernels.SOURCES[source][1]
+    fmt = limb_format_for(source)
     width = fmt.width
+    n = int(dv.array.shape[0])
     with cuda.gpus[dv.device]:
         entry = device_plan(plan, dv.device)
         shape = launch or entry.launch
+        if start == 0 and n == plan.size:
+            index, counts = entry.index, entry.counts
+        else:
+            index = entry.index[start : start + n]
+            counts = cuda.to_device(np.bincount(plan.index[start : start + n], minlength=plan.K))
         if state is None:
             result, view = _empty(dv, (plan.K, width), np.int64)
             kernels.launch_zero(view.reshape(plan.K * width), dv.stream, shape)
@@ -374,12 +411,21 @@ def cuda_exact_state(plan: Fold, values: Any, state: Any = None, *, launch: Any 
                     f"{(plan.K, width)}; got {view.dtype} with shape {tuple(view.shape)}"
                 )
             # a state from elsewhere (e.g. an all-reduce) may not be normalised: settle it
-            kernels.launch_settle(view, entry.counts, False, fmt, dv.stream)
+            kernels.launch_settle(view, counts, False, fmt, dv.stream)
         kernels.launch_exact(
-            entry.index, dv.array.view(_BITS_OF[source]), source, view, entry.counts, dv.stream,
-            shape=shape,
+            index, dv.array.view(_BITS_OF[source]), source, view, counts, dv.stream, shape=shape
         )
     return result
+
+
+def add_to_state(
+    state: np.ndarray, plan: Fold, values: Any, spec: Values, fmt: Any, **options: Any
+) -> None:
+    """Add GPU ``values`` into the host state ``state`` (the device state is copied back once)."""
+    from .host import merge_states
+
+    device_state = exact_state(plan, values, start=spec.start, **options)
+    merge_states(state, device_values_of_state(device_state).array.copy_to_host(), fmt)
 
 
 @dataclass
@@ -416,30 +462,17 @@ def device_values_of_state(state: Any) -> _StateView:
     raise _host_error(state)
 
 
-def is_device_array(x: Any) -> bool:
-    """True for values :func:`cuda_fold` serves: CUDA tensors/arrays of any library.
-
-    Never imports a framework or numba.cuda: torch tensors are recognised by
-    ``x.device.type`` and everything else by the interface attributes. JAX
-    arrays are not served here (``False``): :mod:`bitfold.jax` handles them.
-    """
-    lib = library_of(x)
-    if lib == "torch":
-        return x.device.type == "cuda"
-    if lib == "jax":
-        return False
-    return bool(getattr(x, "__cuda_ndarray__", False)) or hasattr(
-        x, "__cuda_array_interface__"
-    )
-
-
 __all__ = [
-    "GPU_STRATEGIES",
+    "NAME",
     "DevicePlan",
     "DeviceValues",
-    "cuda_exact_state",
-    "cuda_fold",
+    "add_to_state",
     "device_plan",
     "device_values",
-    "is_device_array",
+    "exact_state",
+    "expand",
+    "fold_atomic",
+    "fold_exact",
+    "fold_ordered",
+    "serves",
 ]

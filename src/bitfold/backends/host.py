@@ -1,0 +1,268 @@
+"""The host backend: NumPy arrays, CPU tensors and CPU JAX arrays, folded by the Numba CPU kernels.
+
+Values are read on the host as one flat, contiguous, native-byte-order
+NumPy array (a view when they already are one; bfloat16 widened to float32,
+which is exact) and the result goes back to the values' own library.
+
+State functions (the exact accumulator on the host): a state is a
+``(K, L + 5)`` int64 array in the layout of :class:`bitfold.formats.LimbFormat`;
+:func:`add_to_state` adds values into it, :func:`merge_states` adds one
+state into another, :func:`round_state` rounds every bucket once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..arrays import family_of, from_numpy, to_numpy
+from ..errors import FoldError
+from ..formats import (
+    F32,
+    FLOATS,
+    N_NOT_NEGZERO,
+    N_TERMS,
+    LimbFormat,
+    decode_shift,
+    limb_format_for,
+)
+from ..kernels import cpu
+from ..validate import Values
+
+if TYPE_CHECKING:
+    from ..plan import Fold
+
+NAME = "host"
+
+#: Largest K for which float32 values take the binned kernel (32 float64 bins a bucket).
+BINNED_MAX_K = 1 << 18
+#: Most private accumulator copies (slots) one call uses; fixed, never the thread count.
+MAX_SLOTS = 16
+#: Private accumulator copies may take at most this many bytes per value added.
+SLOT_BYTES_PER_VALUE = 2
+
+
+def serves(device: str) -> bool:
+    """The host backend folds values that live in host memory."""
+    return device == "cpu"
+
+
+def host_values(values: Any) -> np.ndarray:
+    """The values as a flat, contiguous, native-order NumPy array (bfloat16 widened to float32)."""
+    arr = to_numpy(values) if hasattr(values, "dtype") else np.asarray(values)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return np.ascontiguousarray(arr.reshape(-1))
+
+
+def _result(out: np.ndarray, like: Any, out_name: str) -> Any:
+    return from_numpy(out, like=like, dtype_name=out_name)
+
+
+# -- the strategies ----------------------------------------------------------------------------
+def fold_exact(plan: Fold, values: Any, spec: Values, out_name: str, **options: Any) -> Any:
+    """One exact accumulation of all values, rounded once to ``out_name``."""
+    fmt = _format_of(spec)
+    state = new_state(plan.K, fmt)
+    add_to_state(state, plan, values, spec, fmt, **options)
+    return _result(round_state(state, fmt, out_name), values, out_name)
+
+
+def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
+    """``out[index[i]] += values[i]`` for i = 0 .. N-1, each addition rounded in ``out_name``."""
+    dtype = np.dtype(out_name)
+    flat = host_values(values)
+    out = np.zeros(plan.K, dtype)
+    if dtype == np.float16:  # Numba has no float16 arithmetic: add in order in NumPy
+        for i, k in enumerate(plan.index.tolist()):
+            out[k] = out[k] + np.float16(flat[i])
+    else:
+        cpu.ordered_fold(plan.index, flat.astype(dtype, copy=False), out)
+    return _result(canonicalise_nans(out), values, out_name)
+
+
+def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
+    """``np.add.at`` into zeros of ``out_name``, values cast to ``out_name`` first."""
+    dtype = np.dtype(out_name)
+    out = np.zeros(plan.K, dtype)
+    index = plan.prepared("index64", lambda: _frozen(plan.index.astype(np.int64)))
+    np.add.at(out, index, host_values(values).astype(dtype, copy=False))
+    return _result(out, values, out_name)
+
+
+def expand(plan: Fold, v: Any) -> Any:
+    """``v[index]`` in the index's shape, in ``v``'s library."""
+    family = family_of(v)
+    if family.name == "torch":
+        import torch
+
+        idx = plan.prepared(
+            ("torch-index", "cpu"), lambda: torch.from_numpy(plan.index.astype(np.int64))
+        )
+        return v[idx].reshape(plan.shape)
+    host = np.ascontiguousarray(to_numpy(v))
+    out = np.empty(plan.size, host.dtype)
+    if host.dtype.kind == "f" and host.dtype.itemsize >= 4:
+        cpu.gather(host, plan.index, out)
+    else:
+        np.take(host, plan.index, out=out)
+    return from_numpy(out.reshape(plan.shape), like=v)
+
+
+# -- exact states ------------------------------------------------------------------------------
+def new_state(K: int, fmt: LimbFormat) -> np.ndarray:
+    """A zero state: K buckets of ``fmt``'s limbs and counters."""
+    return np.zeros((K, fmt.width), np.int64)
+
+
+def _format_of(spec: Values) -> LimbFormat:
+    return limb_format_for(spec.dtype)
+
+
+def add_to_state(
+    state: np.ndarray,
+    plan: Fold,
+    values: Any,
+    spec: Values,
+    fmt: LimbFormat,
+    *,
+    kernel: str = "auto",
+    carry_every: int | None = None,
+) -> None:
+    """Add host ``values`` (plan positions ``spec.start ..``) into ``state``, exactly.
+
+    ``kernel`` is ``"auto"``, ``"binned"`` (float32 values only) or
+    ``"limbs"``; every kernel gives the same state value. The term counts are
+    added too, so the state is complete when this returns.
+    """
+    flat = host_values(values)
+    n = flat.shape[0]
+    if spec.start == 0 and n == plan.size:
+        index, counts = plan.index, plan.counts
+    else:
+        index = plan.index[spec.start : spec.start + n]
+        counts = np.bincount(index, minlength=plan.K)
+    if n:
+        _accumulate(state, index, flat, spec.dtype, fmt, kernel, carry_every, counts)
+    state[:, fmt.limbs + N_TERMS] += counts
+
+
+def _accumulate(state, index, flat, dtype, fmt, kernel, carry_every, counts) -> None:
+    K = state.shape[0]
+    n = flat.shape[0]
+    L = fmt.limbs
+    if dtype == "bfloat16":
+        dtype = "float32"  # host_values widened them (exactly)
+    if kernel == "auto":
+        kernel = "binned" if dtype in ("float16", "float32") and K <= BINNED_MAX_K else "limbs"
+    if kernel == "binned" and dtype == "float16":
+        flat, dtype = flat.astype(np.float32), "float32"  # exact widening
+    if kernel == "binned":
+        if dtype != "float32":
+            raise FoldError("the binned kernel serves float32 values only; use kernel='limbs'")
+        every = min(carry_every or cpu.BIN_FLUSH_EVERY, cpu.BIN_FLUSH_EVERY)
+        S = slots_for(n, K, 8 * (cpu.N_BINS + L))
+        bins = np.full((S, cpu.N_BINS, K), -0.0)
+        limbs, specials = _slot_arrays(state, S, L)
+        cpu.exact_binned_accumulate(index, flat, bins, limbs, specials, every)
+        if S > 1:
+            cpu.merge_slots(limbs, specials, state, L)
+    elif kernel == "limbs":
+        every = min(carry_every or fmt.carry_every, fmt.carry_every)
+        S = slots_for(n, K, 8 * (L + 4))
+        limbs, specials = _slot_arrays(state, S, L)
+        f = FLOATS[dtype]
+        decoding = (f.exponent_bits, f.fraction_bits, decode_shift(dtype, fmt), fmt is not F32)
+        bits = flat.view(np.int64 if dtype == "float64" else f.bits_dtype)
+        cpu.exact_accumulate(index, bits, decoding, limbs, specials, every)
+        if S > 1:
+            cpu.merge_slots(limbs, specials, state, L)
+        # the limb kernels count -0.0 terms negatively in n_not_negzero
+        state[:, L + N_NOT_NEGZERO] += counts
+    else:
+        raise FoldError(f"unknown exact kernel {kernel!r}; choose 'auto', 'binned' or 'limbs'")
+
+
+def slots_for(n: int, K: int, per_bucket_bytes: int) -> int:
+    """How many private copies to split ``n`` values over: from n and K only.
+
+    Enough copies to keep several threads busy when the copies are cheap
+    relative to the work; never so many that their memory (and the work of
+    clearing and merging them) exceeds :data:`SLOT_BYTES_PER_VALUE` bytes per
+    value; one for small inputs, which then accumulate straight into the
+    state with no parallel launch and no merge.
+    """
+    by_memory = (SLOT_BYTES_PER_VALUE * n) // max(1, K * per_bucket_bytes)
+    by_work = n // (cpu.PARALLEL_MIN_VALUES // 4)
+    return int(max(1, min(MAX_SLOTS, by_memory, by_work)))
+
+
+def _slot_arrays(state: np.ndarray, S: int, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-slot limbs (S, K, L) and side counters (S, K, 4); with one slot, views of ``state``.
+
+    The state's columns after the limbs are n_terms, then the four side
+    counters in the kernels' order, so one slot can write into it directly.
+    """
+    if S == 1:
+        return state[None, :, :L], state[None, :, L + 1 :]
+    K = state.shape[0]
+    return np.zeros((S, K, L), np.int64), np.zeros((S, K, 4), np.int64)
+
+
+def merge_states(into: np.ndarray, other: np.ndarray, fmt: LimbFormat) -> None:
+    """``into += other`` (two states of one plan and format), then carry-normalise ``into``."""
+    into += other
+    cpu.normalise_rows(into[:, : fmt.limbs])
+
+
+def round_state(state: np.ndarray, fmt: LimbFormat, out_name: str) -> np.ndarray:
+    """Round every bucket of ``state`` once to ``out_name`` (see :mod:`bitfold.exact`).
+
+    NumPy has no bfloat16, so bfloat16 results come back as a float32 array
+    whose values are all exactly representable in bfloat16
+    (``torch.Tensor.to(torch.bfloat16)`` converts them without rounding).
+    """
+    target = FLOATS[out_name]
+    out_shift = 16 if out_name == "bfloat16" else 0
+    out = np.empty(state.shape[0], np.int32 if out_shift else target.signed_bits_dtype)
+    cpu.round_states(
+        np.ascontiguousarray(state),
+        fmt.limbs,
+        (fmt.unit_exp, target.precision, target.exponent_bits, target.subnormal_exp,
+         target.canonical_nan, out_shift),
+        out,
+    )  # fmt: skip
+    return out.view(np.float32 if out_shift else out_name)
+
+
+def canonicalise_nans(out: np.ndarray) -> np.ndarray:
+    """Replace every NaN of ``out`` (in place) by the canonical NaN of its dtype; return it."""
+    nan = np.isnan(out)
+    if nan.any():
+        f = FLOATS[out.dtype.name]
+        out.view(f.bits_dtype)[nan] = f.canonical_nan
+    return out
+
+
+def _frozen(arr: np.ndarray) -> np.ndarray:
+    arr.flags.writeable = False
+    return arr
+
+
+#: strategy name -> implementation, read by :mod:`bitfold.strategies`
+__all__ = [
+    "NAME",
+    "add_to_state",
+    "canonicalise_nans",
+    "expand",
+    "fold_atomic",
+    "fold_exact",
+    "fold_ordered",
+    "host_values",
+    "merge_states",
+    "new_state",
+    "round_state",
+    "serves",
+    "slots_for",
+]

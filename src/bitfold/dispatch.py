@@ -1,0 +1,101 @@
+"""The one dispatch: validate once, pick the backend from where the values live, call its impl.
+
+Every way into a fold — ``plan(values)``, ``plan.expand(v)``, the
+accumulator, the PyTorch and JAX adapters — comes through here, so every
+library and device gets the same checks, the same errors and the same
+numeric contract.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .arrays import family_of
+from .backends import cuda, host
+from .errors import DeviceError, FoldTypeError
+from .formats import LimbFormat, resolve_out_dtype
+from .strategies import get_strategy
+from .validate import Values, check_expand_input, check_values
+
+if TYPE_CHECKING:
+    from .plan import Fold
+
+#: The backends, asked in order which one serves a device.
+BACKENDS: tuple[ModuleType, ...] = (host, cuda)
+
+
+def backend_for(values: Any) -> ModuleType:
+    """The backend module that serves ``values``, by the device they live on."""
+    family = family_of(values)
+    device = family.device(values)
+    for backend in BACKENDS:
+        if backend.serves(device):
+            return backend
+    raise DeviceError(
+        f"values live on device {device!r} ({type(values).__module__}."
+        f"{type(values).__qualname__}); bitfold folds host arrays and CUDA arrays "
+        "(CuPy, torch CUDA, numba, __cuda_array_interface__): move them with .cpu() or to a "
+        "CUDA device"
+    )
+
+
+def _as_array(values: Any) -> Any:
+    return values if hasattr(values, "dtype") else np.asarray(values)
+
+
+def validate(plan: Fold, values: Any, *, start: int | None = None) -> Values:
+    """What the one validator says of ``values`` for ``plan`` (or a refusal)."""
+    family = family_of(values)
+    return check_values(plan.shape, family.shape(values), values.dtype, start=start)
+
+
+def fold(
+    plan: Fold, values: Any, strategy: str = "exact", *, out_dtype: Any = None, **options: Any
+) -> Any:
+    """Fold ``values`` into ``plan.K`` sums with ``strategy``, in the values' library and device.
+
+    ``values`` have ``plan.size`` elements, flat or in the index's shape.
+    ``out_dtype`` defaults to float32 (float64 for float64 values).
+    ``options`` tune one backend's kernels (e.g. ``launch=`` on CUDA,
+    ``kernel=`` on the host for ``exact``) and never change an ``exact`` or
+    ``ordered`` result.
+    """
+    strat = get_strategy(strategy)
+    values = _as_array(values)
+    spec = validate(plan, values)
+    out_name = strat.check_out_dtype(resolve_out_dtype(spec.dtype, out_dtype))
+    backend = backend_for(values)
+    return strat.impl(backend.NAME)(plan, values, spec, out_name, **options)
+
+
+def add_to_state(
+    plan: Fold,
+    state: np.ndarray,
+    fmt: LimbFormat,
+    values: Any,
+    *,
+    start: int | None = None,
+    **options: Any,
+) -> Values:
+    """Add ``values`` exactly into the host ``state`` of ``plan`` in limb format ``fmt``."""
+    values = _as_array(values)
+    spec = validate(plan, values, start=start)
+    if spec.dtype not in fmt.value_dtypes:
+        raise FoldTypeError(
+            f"this accumulator sums {', '.join(fmt.value_dtypes)} values; got {spec.dtype}"
+        )
+    backend_for(values).add_to_state(state, plan, values, spec, fmt, **options)
+    return spec
+
+
+def expand(plan: Fold, v: Any) -> Any:
+    """``v[plan.index]`` in the index's shape, in ``v``'s library and on its device."""
+    v = _as_array(v)
+    check_expand_input(plan.K, family_of(v).shape(v))
+    return backend_for(v).expand(plan, v)
+
+
+__all__ = ["BACKENDS", "add_to_state", "backend_for", "expand", "fold", "validate"]

@@ -1,0 +1,217 @@
+"""The IEEE arithmetic of the exact fold, written once and compiled for the CPU and for CUDA.
+
+Every function here is a plain Python function registered with
+``numba.extending.register_jitable``: Numba compiles it into the CPU kernels
+(``njit``) of :mod:`bitfold.kernels.cpu` and into the device kernels
+(``cuda.jit``) of :mod:`bitfold.kernels.cuda`, so decoding a value, cutting it
+into limb pieces, normalising carries and rounding a sum once exist in one
+copy. They use integer arithmetic only (no float operation, so no FMA, no
+flush-to-zero and no rounding mode can change a result), and take the format
+facts of :mod:`bitfold.formats` as arguments.
+
+State row layout (see :class:`bitfold.formats.LimbFormat`): ``L`` int64 limbs,
+limb ``j`` weighing ``2^(32 j + unit_exp)``, then ``n_terms``,
+``n_not_negzero``, ``n_nan``, ``n_posinf``, ``n_neginf``.
+"""
+
+from __future__ import annotations
+
+from numba import int64
+from numba.extending import register_jitable
+
+MASK32 = 0xFFFFFFFF
+
+#: Classes of a decoded value; 1..4 are also the counter columns after the L limbs
+#: (n_not_negzero, n_nan, n_posinf, n_neginf).
+FINITE, NEGZERO, NAN, POSINF, NEGINF, POSZERO = 0, 1, 2, 3, 4, 5
+
+
+@register_jitable
+def decode(raw, exp_bits, frac_bits, shift):  # pragma: no cover - compiled
+    """IEEE bits -> ``(class, negative, M, p)`` with a finite value ``±M·2^(p + unit_exp)``.
+
+    ``raw`` is the value's bit pattern (any integer type; float64 patterns as
+    int64), ``exp_bits``/``frac_bits`` its format's widths and ``shift`` the
+    :func:`bitfold.formats.decode_shift` of the format into the limb format.
+    ``M`` and ``p`` are meaningful for ``FINITE`` values only.
+    """
+    b = int64(raw)
+    e_max = (int64(1) << exp_bits) - 1
+    e = (b >> frac_bits) & e_max
+    m = b & ((int64(1) << frac_bits) - 1)
+    neg = (b >> (exp_bits + frac_bits)) & 1
+    if e == e_max:
+        if m != 0:
+            return NAN, neg, m, e
+        if neg:
+            return NEGINF, neg, m, e
+        return POSINF, neg, m, e
+    if e == 0:
+        if m == 0:
+            if neg:
+                return NEGZERO, neg, m, e
+            return POSZERO, neg, m, e
+        return FINITE, neg, m, int64(shift)  # subnormal
+    return FINITE, neg, m | (int64(1) << frac_bits), e - 1 + shift
+
+
+@register_jitable
+def split_narrow(m, p):  # pragma: no cover - compiled
+    """``M < 2^24`` shifted by ``p mod 32``: ``(j, piece j, piece j+1, 0)``, pieces below 2^32."""
+    shifted = m << (p & 31)
+    return p >> 5, shifted & MASK32, shifted >> 32, int64(0)
+
+
+@register_jitable
+def split_wide(m, p):  # pragma: no cover - compiled
+    """``M < 2^53`` shifted by ``p mod 32``: ``(j, piece j, j+1, j+2)``, pieces below 2^33."""
+    s = p & 31
+    low = (m & MASK32) << s
+    high = (m >> 32) << s
+    return p >> 5, low & MASK32, (low >> 32) + (high & MASK32), high >> 32
+
+
+@register_jitable
+def normalise(limbs, L):  # pragma: no cover - compiled
+    """Carry-normalise the first ``L`` limbs of a 1-D array in place.
+
+    Afterwards limbs ``0 .. L-2`` lie in ``[0, 2^32)`` and the top limb is
+    signed and holds the rest; the integer they represent does not change.
+    """
+    for j in range(L - 1):
+        c = limbs[j] >> 32
+        limbs[j] -= c << 32
+        limbs[j + 1] += c
+
+
+@register_jitable
+def bit_length(x):  # pragma: no cover - compiled
+    """Number of bits of a non-negative int64."""
+    n = int64(0)
+    while x > 0:
+        x >>= 1
+        n += 1
+    return n
+
+
+@register_jitable
+def round_row(row, L, extra_terms, unit_exp, precision, exp_bits, subnormal_exp, nan_bits,
+              out_shift, mag):  # fmt: skip  # pragma: no cover - compiled
+    """Round the exact sum of one state row once, to nearest-even; return its IEEE bit pattern.
+
+    ``row`` holds ``L`` limbs and the five counters (it need not be
+    normalised and is not modified; ``mag`` is an int64 scratch of ``L``
+    entries). ``extra_terms`` is added to ``n_terms`` and ``n_not_negzero``
+    (terms the row's counters do not include yet). The target format has
+    ``precision`` significant bits, ``exp_bits`` exponent bits and smallest
+    subnormal ``2^subnormal_exp``; its pattern is returned shifted left by
+    ``out_shift`` (16 writes a bfloat16 as the float32 that holds it), as the
+    signed integer of the pattern's width.
+
+    Rules: any NaN, or ``+inf`` with ``-inf``, gives ``nan_bits``; one
+    infinity gives that infinity; an empty bucket or a zero sum ``+0.0``,
+    except ``-0.0`` when the bucket has terms and every one is ``-0.0``; a
+    non-zero sum that rounds to zero keeps its sign; a finite sum beyond the
+    range gives ``±inf``.
+    """
+    width = precision + exp_bits + out_shift
+    sign = -(int64(1) << (width - 2)) * 2  # adding it sets the sign bit of a width-bit integer
+    bias = (int64(1) << (exp_bits - 1)) - 1
+    e_inf = (int64(1) << exp_bits) - 1
+    inf_bits = (e_inf << (precision - 1)) << out_shift
+    n_terms = row[L] + extra_terms
+    n_not_negzero = row[L + 1] + extra_terms
+    n_nan = row[L + 2]
+    n_pos = row[L + 3]
+    n_neg = row[L + 4]
+    if n_nan > 0 or (n_pos > 0 and n_neg > 0):
+        return int64(nan_bits) << out_shift
+    if n_pos > 0:
+        return inf_bits
+    if n_neg > 0:
+        return inf_bits + sign
+    for j in range(L):
+        mag[j] = row[j]
+    normalise(mag, L)
+    negative = mag[L - 1] < 0
+    if negative:
+        for j in range(L):
+            mag[j] = -mag[j]
+        normalise(mag, L)
+    top = -1
+    for j in range(L - 1, -1, -1):
+        if mag[j] != 0:
+            top = j
+            break
+    if top < 0:
+        if n_terms > 0 and n_not_negzero == 0:
+            return sign  # -0.0
+        return int64(0)
+    bitlen = 32 * top + bit_length(mag[top])
+    q_min = subnormal_exp - unit_exp
+    if q_min < 0:
+        q_min = 0
+    q = bitlen - precision
+    if q < q_min:
+        q = q_min
+    m = int64(0)
+    for j in range(top + 1):
+        sh = 32 * j - q
+        if sh >= 0:
+            m += mag[j] << sh
+        elif sh > -64:
+            m += mag[j] >> (-sh)
+    if q > 0:
+        t = q - 1  # the half bit
+        jt = t >> 5
+        if jt > L - 1:
+            jt = L - 1
+        bt = t - 32 * jt
+        half = (mag[jt] >> bt) & 1
+        sticky = (mag[jt] & ((int64(1) << bt) - 1)) != 0
+        for j in range(jt):
+            if mag[j] != 0:
+                sticky = True
+        if half == 1 and (sticky or (m & 1) == 1):
+            m += 1
+    # encode ±m·2^(q + unit_exp): exact in the target, or beyond its range
+    hidden = int64(1) << (precision - 1)
+    if m == hidden << 1:
+        m >>= 1
+        q += 1
+    if m == 0:
+        bits = int64(0)
+    else:
+        s = precision - bit_length(m)  # >= 0: move the leading bit to the hidden position
+        room = q + unit_exp - subnormal_exp  # how far down the exponent may go (>= 0)
+        if s > room:
+            s = room
+        m <<= s
+        q -= s
+        if m >= hidden:
+            e_field = q + unit_exp + (precision - 1) + bias
+            if e_field >= e_inf:
+                bits = inf_bits
+            else:
+                bits = ((e_field << (precision - 1)) | (m - hidden)) << out_shift
+        else:
+            bits = m << out_shift  # subnormal: q + unit_exp == subnormal_exp
+    if negative:
+        bits += sign
+    return bits
+
+
+__all__ = [
+    "FINITE",
+    "NAN",
+    "NEGINF",
+    "NEGZERO",
+    "POSINF",
+    "POSZERO",
+    "bit_length",
+    "decode",
+    "normalise",
+    "round_row",
+    "split_narrow",
+    "split_wide",
+]

@@ -1,0 +1,93 @@
+"""The strategy registry: one entry a strategy, with its guarantee and an implementation a backend.
+
+An entry is a :class:`Strategy`: its name, what it guarantees, the output
+dtypes it can round to, and ``impls``, the function that computes it on each
+backend (``"host"``: NumPy, CPU tensors and CPU JAX arrays; ``"cuda"``: GPU
+arrays). Every implementation has one signature,
+``impl(plan, values, spec, out_name, **options)``, and receives values the
+one validator (:mod:`bitfold.validate`) has already accepted, so every
+strategy refuses the same bad input with the same errors.
+
+A new strategy is one entry here and one function in each backend module; a
+new backend is one module and one key in each entry's ``impls``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .backends import cuda, host
+from .errors import FoldTypeError, UnknownStrategyError
+from .formats import OUT_DTYPES
+
+Impl = Callable[..., Any]  # (plan, values, spec, out_name, **options) -> K sums
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A named way to compute the fold, what it guarantees, and its implementation per backend."""
+
+    name: str
+    guarantee: str
+    out_dtypes: tuple[str, ...]
+    impls: Mapping[str, Impl]
+
+    def check_out_dtype(self, out_name: str) -> str:
+        """``out_name`` if this strategy can round to it, else a clear refusal."""
+        if out_name not in self.out_dtypes:
+            raise FoldTypeError(
+                f"out_dtype {out_name} is available with the exact strategy only "
+                f"(got {self.name!r}); use one of {', '.join(self.out_dtypes)}"
+            )
+        return out_name
+
+    def impl(self, backend: str) -> Impl:
+        """The implementation for ``backend`` (every registered strategy has one per backend)."""
+        return self.impls[backend]
+
+
+_ROUNDED = ("float16", "float32", "float64")  # no bfloat16 arithmetic: only exact rounds to it
+
+_REGISTRY: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy(
+            "exact",
+            "correctly rounded: same bits for every order, thread count and backend",
+            OUT_DTYPES,
+            {host.NAME: host.fold_exact, cuda.NAME: cuda.fold_exact},
+        ),
+        Strategy(
+            "ordered",
+            "same bits on every run of the same backend (a fixed, documented order)",
+            _ROUNDED,
+            {host.NAME: host.fold_ordered, cuda.NAME: cuda.fold_ordered},
+        ),
+        Strategy(
+            "atomic",
+            "none: the order of the additions is the backend's choice",
+            _ROUNDED,
+            {host.NAME: host.fold_atomic, cuda.NAME: cuda.fold_atomic},
+        ),
+    )
+}
+
+
+def get_strategy(name: str) -> Strategy:
+    """The strategy called ``name``; an unknown name lists the valid ones."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise UnknownStrategyError(
+            f"unknown strategy {name!r}; choose one of: {', '.join(strategies())}"
+        ) from None
+
+
+def strategies() -> tuple[str, ...]:
+    """Names of the registered strategies, the default (``exact``) first."""
+    return tuple(sorted(_REGISTRY, key=lambda n: (n != "exact", n)))
+
+
+__all__ = ["Strategy", "get_strategy", "strategies"]
