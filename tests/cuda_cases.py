@@ -331,6 +331,15 @@ def test_refusals_name_the_problem():
         )
 
 
+def test_a_transposed_gradient_is_refused_on_the_device():
+    plan = bitfold.Fold(np.zeros((2, 3), np.int64), 1)
+    with pytest.raises(bitfold.ShapeError, match=r"shape \(3, 2\) but the index has shape"):
+        cuda_fold(plan, cuda.to_device(np.ones((3, 2), np.float32)))
+    with pytest.raises(bitfold.ShapeError, match=r"shape \(3, 2\) but the index has shape"):
+        plan.accumulator().add(cuda.to_device(np.ones((3, 2), np.float32)))
+    assert cuda_fold(plan, cuda.to_device(np.ones((2, 3), np.float32))).copy_to_host()[0] == 6.0
+
+
 def test_a_state_or_cached_plan_on_another_device_is_refused(monkeypatch):
     plan = bitfold.Fold(np.array([0, 1, 1]), 2)
     vals = cuda.to_device(np.ones(3, np.float32))

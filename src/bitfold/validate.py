@@ -75,9 +75,12 @@ def read_index(index: Any) -> np.ndarray:
     if arr.dtype == object or arr.dtype.kind not in "iu":
         name = dtype_name(index) if hasattr(index, "dtype") else str(arr.dtype)
         if not hasattr(index, "dtype") and arr.dtype.kind == "f":
+            flat = arr.reshape(-1)
+            odd = flat[~np.isfinite(flat) | (flat != np.round(flat))]
+            example = (odd if odd.size else flat)[0].item()
             raise FoldTypeError(
                 f"the index must hold integers (int8 .. int64, uint8 .. uint64); the sequence "
-                f"given holds non-integer numbers (read as {name}): e.g. {arr.reshape(-1)[0]!r}"
+                f"given holds non-integer numbers (read as {name}): e.g. {example!r}"
             )
         raise FoldTypeError(
             f"the index must be an array of integers (int8 .. int64, uint8 .. uint64); "
