@@ -29,6 +29,8 @@ device memory (contiguity, the device of a state) is checked here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -262,6 +264,14 @@ def device_plan(plan: Fold, device: int) -> DevicePlan:
     return entry
 
 
+@contextmanager
+def _on_device(plan: Fold, values: Any) -> Iterator[tuple[DeviceValues, DevicePlan, Any]]:
+    """The wrapped values, the plan's data on their device and the kernels, in its context."""
+    dv = device_values(values)
+    with _cuda().gpus[dv.device]:
+        yield dv, device_plan(plan, dv.device), _kernels()
+
+
 # -- the strategies ----------------------------------------------------------------------------
 def fold_exact(
     plan: Fold,
@@ -278,11 +288,7 @@ def fold_exact(
     ``exact_path`` (``"auto"``, ``"shared"``, ``"global"``) tune the kernels;
     they never change the result.
     """
-    dv = device_values(values)
-    cuda = _cuda()
-    kernels = _kernels()
-    with cuda.gpus[dv.device]:
-        entry = device_plan(plan, dv.device)
+    with _on_device(plan, values) as (dv, entry, kernels):
         shape = launch or entry.launch
         K = plan.K
         source = "float32" if dv.dtype == "bfloat16" else dv.dtype
@@ -307,11 +313,7 @@ def fold_ordered(
     plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None
 ) -> Any:
     """The ``ordered`` fold on the device: the same bits as the CPU ``ordered`` strategy."""
-    dv = device_values(values)
-    cuda = _cuda()
-    kernels = _kernels()
-    with cuda.gpus[dv.device]:
-        entry = device_plan(plan, dv.device)
+    with _on_device(plan, values) as (dv, entry, kernels):
         out, out_bits = _empty(dv, (plan.K,), kernels.out_bits_dtype(out_name))
         out_f = out_bits.view(np.dtype(out_name))
         kernels.launch_ordered(
@@ -322,11 +324,7 @@ def fold_ordered(
 
 def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None) -> Any:
     """Float atomics (float32, or float64 for float64 output); a float16 result is rounded once."""
-    dv = device_values(values)
-    cuda = _cuda()
-    kernels = _kernels()
-    with cuda.gpus[dv.device]:
-        entry = device_plan(plan, dv.device)
+    with _on_device(plan, values) as (dv, entry, kernels):
         shape = launch or entry.launch
         acc_name = "float64" if out_name == "float64" else "float32"
         acc_obj, acc = _empty(dv, (plan.K,), np.dtype(acc_name))
