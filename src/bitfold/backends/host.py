@@ -18,15 +18,7 @@ import numpy as np
 
 from ..arrays import family_of, from_numpy, to_numpy
 from ..errors import FoldError
-from ..formats import (
-    F32,
-    FLOATS,
-    N_NOT_NEGZERO,
-    N_TERMS,
-    LimbFormat,
-    decode_shift,
-    limb_format_for,
-)
+from ..formats import FLOATS, N_NOT_NEGZERO, N_TERMS, LimbFormat, limb_format_for
 from ..kernels import cpu
 from ..validate import Values
 
@@ -172,10 +164,8 @@ def _accumulate(state, index, flat, dtype, fmt, kernel, carry_every, counts) -> 
         every = min(carry_every or fmt.carry_every, fmt.carry_every)
         S = slots_for(n, K, 8 * (L + 4))
         limbs, specials = _slot_arrays(state, S, L)
-        f = FLOATS[dtype]
-        decoding = (f.exponent_bits, f.fraction_bits, decode_shift(dtype, fmt), fmt is not F32)
-        bits = flat.view(np.int64 if dtype == "float64" else f.bits_dtype)
-        cpu.exact_accumulate(index, bits, decoding, limbs, specials, every)
+        bits = flat.view(np.int64 if dtype == "float64" else FLOATS[dtype].bits_dtype)
+        cpu.exact_accumulate(index, bits, cpu.SOURCE_CODES[dtype], limbs, specials, every)
         if S > 1:
             cpu.merge_slots(limbs, specials, state, L)
         # the limb kernels count -0.0 terms negatively in n_not_negzero

@@ -22,7 +22,20 @@ import sys
 import numpy as np
 from numba import njit, prange
 
+from ..formats import FLOATS, LimbFormat, decode_shift, limb_format_for
 from .ieee import FINITE, NEGZERO, POSZERO, decode, normalise, round_row, split_narrow, split_wide
+
+
+def _decoding(name: str) -> tuple[int, int, int]:
+    f = FLOATS[name]
+    fmt: LimbFormat = limb_format_for(name)
+    return f.exponent_bits, f.fraction_bits, decode_shift(name, fmt)
+
+
+# (exp_bits, frac_bits, shift) of each value format, compile-time constants of the limb kernel
+_F32, _F16, _BF16, _F64 = (_decoding(n) for n in ("float32", "float16", "bfloat16", "float64"))
+#: value format -> the code the limb kernel takes (the bits array's dtype differs too)
+SOURCE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
 
 # Side-counter columns of the per-slot ``specials`` arrays.
 NOT_NEGZERO, NAN, POSINF, NEGINF = 0, 1, 2, 3
@@ -135,7 +148,7 @@ def normalise_rows(limbs):  # pragma: no cover - compiled
         normalise(limbs[r], L)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _add_range(index, bits, lo, hi, acc, sp, exp_bits, frac_bits, shift, wide):  # pragma: no cover
     """Add values ``lo .. hi-1`` (their bit patterns) into the limbs ``acc`` and counters ``sp``."""
     ix, bt = index[lo:hi], bits[lo:hi]
@@ -158,33 +171,39 @@ def _add_range(index, bits, lo, hi, acc, sp, exp_bits, frac_bits, shift, wide): 
 
 
 @njit(cache=True, nogil=True)
-def _limbs_slot(index, bits, lo, hi, acc, sp, decoding, carry_every):  # pragma: no cover
-    exp_bits, frac_bits, shift, wide = decoding
+def _limbs_slot(index, bits, lo, hi, acc, sp, source, carry_every):  # pragma: no cover
     start = lo
     while start < hi:
         stop = min(hi, start + carry_every)
-        _add_range(index, bits, start, stop, acc, sp, exp_bits, frac_bits, shift, wide)
+        # one call a format, so that its constants are folded into the inlined loop
+        if source == 0:
+            _add_range(index, bits, start, stop, acc, sp, _F32[0], _F32[1], _F32[2], False)
+        elif source == 1:
+            _add_range(index, bits, start, stop, acc, sp, _F16[0], _F16[1], _F16[2], False)
+        elif source == 2:
+            _add_range(index, bits, start, stop, acc, sp, _BF16[0], _BF16[1], _BF16[2], False)
+        else:
+            _add_range(index, bits, start, stop, acc, sp, _F64[0], _F64[1], _F64[2], True)
         normalise_rows(acc)
         start = stop
 
 
 @njit(cache=True, parallel=True)
-def _limbs_parallel(index, bits, limbs, specials, decoding, carry_every):  # pragma: no cover
+def _limbs_parallel(index, bits, limbs, specials, source, carry_every):  # pragma: no cover
     n = bits.shape[0]
     S = limbs.shape[0]
     for s in prange(S):
         _limbs_slot(
-            index, bits, n * s // S, n * (s + 1) // S, limbs[s], specials[s], decoding, carry_every
+            index, bits, n * s // S, n * (s + 1) // S, limbs[s], specials[s], source, carry_every
         )
 
 
-def exact_accumulate(index, bits, decoding, limbs, specials, carry_every) -> None:
+def exact_accumulate(index, bits, source, limbs, specials, carry_every) -> None:
     """Add every value into private per-slot limbs; slot s takes the s-th of S equal ranges.
 
     ``bits`` are the values' bit patterns (uint16, uint32, or int64 for
-    float64) and ``decoding = (exp_bits, frac_bits, shift, wide)`` says how to
-    read them (:func:`bitfold.kernels.ieee.decode`; ``wide`` for the f64
-    format's 53-bit mantissas). ``limbs`` is (S, K, L) int64 and ``specials``
+    float64) and ``source`` the :data:`SOURCE_CODES` entry of their format.
+    ``limbs`` is (S, K, L) int64 and ``specials``
     (S, K, 4) int64, both zeroed by the caller. The number of slots S is
     chosen by the caller from the problem size, never from the thread count;
     since integer addition is associative the result would not depend on it
@@ -192,10 +211,10 @@ def exact_accumulate(index, bits, decoding, limbs, specials, carry_every) -> Non
     a slot, so no limb can overflow whatever the bucket sizes.
     """
     if limbs.shape[0] == 1:
-        _limbs_slot(index, bits, 0, bits.shape[0], limbs[0], specials[0], decoding, carry_every)
+        _limbs_slot(index, bits, 0, bits.shape[0], limbs[0], specials[0], source, carry_every)
     else:
         start_thread_pool()
-        _limbs_parallel(index, bits, limbs, specials, decoding, carry_every)
+        _limbs_parallel(index, bits, limbs, specials, source, carry_every)
 
 
 @njit(cache=True, nogil=True)
