@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 import bitfold
-from bitfold.manifest import environment, record
+from bitfold.repro.manifest import environment, record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "manifest_overhead.json"
 CONFIGS = ("plain", "log_model", "params_only", "log_model_background")

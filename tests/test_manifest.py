@@ -1,4 +1,4 @@
-"""Run manifests (bitfold.manifest) and ``bitfold diff``."""
+"""Run manifests (bitfold.repro.manifest) and ``bitfold diff``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import bitfold
 from bitfold import cli
 from bitfold.errors import FoldError, FoldTypeError
-from bitfold.manifest import FORMAT, VERSION, compare, environment, read_manifest, record
+from bitfold.repro.manifest import FORMAT, VERSION, compare, environment, read_manifest, record
 
 
 def _arrays(seed: int = 0) -> dict[str, np.ndarray]:
@@ -149,7 +149,7 @@ def test_background_mode_writes_the_same_manifest(tmp_path):
 
 
 def test_background_worker_error_is_raised_and_recorded(tmp_path, monkeypatch):
-    import bitfold.manifest as manifest
+    import bitfold.repro.manifest as manifest
 
     real = manifest.digest
 
@@ -199,7 +199,7 @@ def test_environment_records_determinism_variables(monkeypatch):
 def test_fingerprint_changes_no_thread_setting():
     """Starting Numba's OpenMP pool would reset torch's thread count; the fingerprint must not."""
     code = (
-        "import torch; torch.set_num_threads(1); import bitfold.manifest as m; "
+        "import torch; torch.set_num_threads(1); import bitfold.repro.manifest as m; "
         "from numba.np.ufunc import parallel; e = m.environment(); "
         "assert not parallel._is_initialized; assert 'numba' not in e['threads']; "
         "assert m.thread_settings()['numba'] is None; assert not parallel._is_initialized; "
@@ -213,7 +213,7 @@ def test_fingerprint_changes_no_thread_setting():
 
 def test_fingerprint_never_imports_a_framework():
     code = (
-        "import sys, bitfold.manifest as m; e = m.environment(); "
+        "import sys, bitfold.repro.manifest as m; e = m.environment(); "
         "assert not {'torch', 'jax', 'cupy'} & set(sys.modules), sorted(sys.modules); "
         "assert 'torch' not in e['versions']; print('ok')"
     )

@@ -90,8 +90,8 @@ def test_cuda_without_a_gpu_is_refused(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("bitfold.manifest") is None,
-                    reason="bitfold.manifest is not in this build")
+@pytest.mark.skipif(importlib.util.find_spec("bitfold.repro.manifest") is None,
+                    reason="bitfold.repro.manifest is not in this build")
 def test_record_writes_one_manifest_per_run(tmp_path):
     rec = tmp_path / "runs"
     assert cli.main([*TINY, "--strategies", "exact", "--record", str(rec)]) == 0

@@ -8,8 +8,9 @@ Importing bitfold imports NumPy and Numba only; framework adapters live in
 ``bitfold.torch`` and ``bitfold.jax`` and load when imported.
 """
 
+from typing import Any
+
 from ._version import __version__
-from .digest import bits_equal, digest
 from .errors import (
     DeviceError,
     FoldError,
@@ -19,7 +20,6 @@ from .errors import (
     UnknownStrategyError,
 )
 from .exactsum import CANONICAL_NAN_BITS, ExactAccumulator
-from .manifest import record
 from .plan import Fold
 from .strategies import get_strategy, strategies
 
@@ -40,3 +40,26 @@ __all__ = [
     "record",
     "strategies",
 ]
+
+#: Public names defined by tool modules, loaded on first use (PEP 562) so that
+#: ``import bitfold`` loads no tool: name -> module that defines it.
+_LAZY = {
+    "bits_equal": "bitfold.repro.digest",
+    "digest": "bitfold.repro.digest",
+    "record": "bitfold.repro.manifest",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bitfold' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -42,9 +42,9 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from .arrays import dtype_name
+from ..arrays import dtype_name
+from ..errors import FoldError
 from .digest import combine, digest, digest_of_bytes
-from .errors import FoldError
 
 HELP = "print the canonical digest of checkpoints (.npy/.npz, safetensors, PyTorch)"
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import FoldError
-from .torch_env import deterministic_algorithms
+from ...errors import FoldError
+from ..torch_env import deterministic_algorithms
 
 
 class OutOfMemory(MemoryError):
@@ -107,7 +107,7 @@ class Contender:
 # -- bitfold ---------------------------------------------------------------------------------
 def _bitfold(strategy: str) -> Callable[[Inputs], Runner]:
     def make(inp: Inputs) -> Runner:
-        from .plan import Fold
+        from ...plan import Fold
 
         values = inp.torch()[1] if inp.device == "cuda" else inp.values
         state: dict[str, Any] = {}

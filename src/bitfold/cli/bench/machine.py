@@ -89,7 +89,7 @@ def describe(device: str) -> dict[str, Any]:
     contender may use (imported or not), thread counts, the GPU and the load
     average (other work competing for the cores).
     """
-    from .machine import describe as base
+    from ..machine import describe as base
 
     return {
         **base(),

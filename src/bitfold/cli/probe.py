@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import to_numpy
+from ..errors import DeviceError, FoldError
+from ..plan import Fold
+from ..repro.digest import bits_equal, digest
 from . import machine
-from .arrays import to_numpy
-from .digest import bits_equal, digest
-from .errors import DeviceError, FoldError
-from .plan import Fold
 from .progress import progress_bar
 from .timing import peak_bytes, time_call
 from .torch_env import passive_openmp_before_torch

@@ -30,7 +30,7 @@ timings only, never results. ``--json -`` writes the JSON alone to stdout
 (the table to stderr).
 
 ``--record DIR`` writes one JSON-lines manifest per run
-(:mod:`bitfold.manifest`: the digests of every gradient, then every
+(:mod:`bitfold.repro.manifest`: the digests of every gradient, then every
 parameter, at every step) for ``bitfold diff``.
 """
 
@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DeviceError, FoldError
+from ..errors import DeviceError, FoldError
 from .progress import progress_bar
 from .torch_env import passive_openmp_before_torch
 
@@ -105,7 +105,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 # -- models ---------------------------------------------------------------------------------------
 def _layers(torch: Any) -> tuple[Any, Any]:
     """``FoldedLinear`` and its baseline twin whose gather is plain ``v[idx]``."""
-    from .torch import FoldedLinear
+    from ..torch import FoldedLinear
 
     class AutogradFoldedLinear(FoldedLinear):
         """The baseline: ``v[idx]``, differentiated by PyTorch's own ``index_put_``."""
@@ -175,10 +175,10 @@ class _Recorder:
         self._record = None
         if self.directory is not None:
             try:
-                from . import manifest
+                from ..repro import manifest
             except ImportError as err:
                 raise FoldError(
-                    f"--record needs bitfold.manifest, which this installation lacks ({err})"
+                    f"--record needs bitfold.repro.manifest, which this installation lacks ({err})"
                 ) from None
             self._record = manifest.record
             try:
@@ -254,7 +254,7 @@ def _run_digits(torch: Any, args: argparse.Namespace, data: dict[str, np.ndarray
 
 def _run_seed(torch: Any, args: argparse.Namespace, strategy: str, device: Any, rec: Any,
               bar: Any) -> dict[str, Any]:
-    from .plan import Fold
+    from ..plan import Fold
 
     c = SEED_DEFAULTS
     D, hid, K, batch = c["D"], c["hid"], c["K"], c["batch"]
@@ -369,7 +369,7 @@ def main(args: argparse.Namespace) -> int:
         import torch
     except ImportError:
         raise FoldError("bitfold train needs PyTorch (pip install 'bitfold[torch]')") from None
-    from .strategies import get_strategy
+    from ..strategies import get_strategy
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if not strategies:
@@ -387,7 +387,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(torch: Any, args: argparse.Namespace, strategies: list[str]) -> int:
-    from . import __version__, digest
+    from .._version import __version__
+    from ..repro.digest import digest
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise DeviceError("--device cuda: PyTorch sees no CUDA device here; use --device cpu")

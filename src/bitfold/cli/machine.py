@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ._version import __version__
+from .._version import __version__
 
 
 def cpu_model() -> str:

@@ -51,10 +51,10 @@ from typing import Any
 
 import numpy as np
 
-from ._version import __version__
-from .arrays import library_of
+from .._version import __version__
+from ..arrays import library_of
+from ..errors import FoldError, FoldTypeError
 from .digest import digest
-from .errors import FoldError, FoldTypeError
 
 HELP = "compare two run manifests: the first step and tensor whose digests differ"
 

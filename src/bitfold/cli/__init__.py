@@ -13,16 +13,16 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from ._version import __version__
-from .errors import FoldError
+from .._version import __version__
+from ..errors import FoldError
 
 #: subcommand -> module that implements it
 COMMANDS = {
-    "probe": "bitfold.probe",
-    "bench": "bitfold.bench",
-    "train": "bitfold.train",
-    "diff": "bitfold.manifest",
-    "digest": "bitfold.checkpoint",
+    "probe": "bitfold.cli.probe",
+    "bench": "bitfold.cli.bench.command",
+    "train": "bitfold.cli.train",
+    "diff": "bitfold.repro.manifest",
+    "digest": "bitfold.repro.checkpoint",
 }
 
 
