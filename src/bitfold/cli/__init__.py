@@ -21,8 +21,8 @@ COMMANDS = {
     "probe": "bitfold.cli.probe",
     "bench": "bitfold.cli.bench.command",
     "train": "bitfold.cli.train",
-    "diff": "bitfold.repro.manifest",
-    "digest": "bitfold.repro.checkpoint",
+    "diff": "bitfold.cli.diff",
+    "digest": "bitfold.cli.digest",
 }
 
 

@@ -1,4 +1,4 @@
-"""Run manifests: record digests of named tensors per step, and ``bitfold diff`` two runs.
+"""Run manifests: record digests of named tensors per step, read them back, compare two runs.
 
 A manifest is a JSON-lines file (plain JSON, never pickle). Every line is
 one JSON object carrying ``"format": "bitfold-manifest"`` and
@@ -22,11 +22,9 @@ one JSON object carrying ``"format": "bitfold-manifest"`` and
 Each line is flushed when written, so a crashed run leaves a readable
 manifest up to its last step.
 
-``bitfold diff A B`` walks the two manifests step record by step record and
-reports the first tensor whose digests differ, in recorded order, so the
-earliest cause shows first; the environment differences are listed too.
-Exit status: 0 when every recorded step and digest match (environment
-differences alone do not count), 1 when they differ, 2 for bad input.
+:func:`compare` walks two manifests step record by step record and finds
+the first tensor whose digests differ, in recorded order, so the earliest
+cause shows first; ``bitfold diff`` (:mod:`bitfold.cli.diff`) prints it.
 
 Importing this module imports nothing heavier than bitfold itself;
 PyTorch, JAX and CuPy are only looked at when the caller has imported them.
@@ -34,7 +32,6 @@ PyTorch, JAX and CuPy are only looked at when the caller has imported them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -55,8 +52,6 @@ from .._version import __version__
 from ..arrays import library_of
 from ..errors import FoldError, FoldTypeError
 from .digest import digest
-
-HELP = "compare two run manifests: the first step and tensor whose digests differ"
 
 #: The value of ``"format"`` in every manifest record.
 FORMAT = "bitfold-manifest"
@@ -800,79 +795,6 @@ def compare(a: Manifest, b: Manifest) -> dict[str, Any]:
         f"identical: {report['matched_steps']} steps, {report['matched_tensors']} tensor digests"
     )
     return report
-
-
-# --------------------------------------------------------------------------- CLI
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``bitfold diff``."""
-    parser.add_argument("a", metavar="A.jsonl", help="first manifest")
-    parser.add_argument("b", metavar="B.jsonl", help="second manifest")
-    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    parser.epilog = "exit status: 0 identical, 1 different, 2 bad input"
-
-
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def _short(value: Any) -> str:
-    return json.dumps(value)
-
-
-def _print_report(r: dict[str, Any]) -> None:
-    out = sys.stdout
-    print(f"A: {r['a']}  ({r['steps_a']} step records)", file=out)
-    print(f"B: {r['b']}  ({r['steps_b']} step records)", file=out)
-    for side in ("a", "b"):
-        if not r[f"complete_{side}"]:
-            print(
-                f"note: {side.upper()} has no closing record: the run stopped early "
-                "or the file was cut at a line end",
-                file=out,
-            )
-        if r[f"error_{side}"]:
-            print(f"note: {side.upper()}'s run ended with {r[f'error_{side}']}", file=out)
-    if r["identical"]:
-        print(f"the runs are identical: {r['matched_steps']} steps, "
-              f"{r['matched_tensors']} tensor digests match", file=out)
-    elif r["status"] == "digests differ":
-        d = r["first_difference"]
-        print(f"first difference: step {d['step']}, tensor {d['tensor']!r} "
-              f"({d['position']} of {d['tensors_in_step']} in that step; "
-              f"lines {d['line_a']} / {d['line_b']})", file=out)
-        print(f"  A: {d['a']}", file=out)
-        print(f"  B: {d['b']}", file=out)
-        print(f"matched before it: {_n(r['matched_steps'], 'whole step')}, "
-              f"{_n(r['matched_tensors'], 'tensor digest')}", file=out)
-        keys = [k for k in d["meta_a"] if d["meta_b"].get(k) != d["meta_a"][k]]
-        if keys:
-            shown = "; ".join(
-                f"{k}: A={_short(d['meta_a'][k])} B={_short(d['meta_b'].get(k))}" for k in keys
-            )
-            print(f"  step metadata: {shown}", file=out)
-    else:
-        print(r["message"], file=out)
-        print(f"matched before it: {_n(r['matched_steps'], 'whole step')}, "
-              f"{_n(r['matched_tensors'], 'tensor digest')}", file=out)
-    for title, diffs in (("run metadata", r["meta_differences"]),
-                         ("environment", r["env_differences"])):
-        if diffs:
-            print(f"{title} differences ({len(diffs)}):", file=out)
-            for d in diffs:
-                print(f"  {d['key']}: A={_short(d['a'])} B={_short(d['b'])}", file=out)
-        else:
-            print(f"{title} differences: none", file=out)
-
-
-def main(args: argparse.Namespace) -> int:
-    """``bitfold diff A B [--json]``: 0 identical, 1 different (a bad file raises FoldError)."""
-    report = compare(read_manifest(args.a), read_manifest(args.b))
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print_report(report)
-    return 0 if report["identical"] else 1
 
 
 __all__ = [
