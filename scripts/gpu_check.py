@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -160,7 +159,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "config": {"N": N, "K": K, "values": "standard normal float32", "index": "uniform",
                    "reps": args.reps, "trials": args.trials, "smoke": args.smoke},
-        "environment": _environment(cuda),
         "results": {},
         "checks": {},
     }  # fmt: skip
@@ -378,6 +376,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     _try(res, "launch_overhead_N4096", overhead)  # N = 4096 (the GPU work is negligible)
 
     report["assessment"] = _assess(res)
+    report["environment"] = _environment(cuda)
     return report
 
 
@@ -409,20 +408,13 @@ def _assess(res: dict[str, Any]) -> dict[str, Any]:
 
 
 def _environment(cuda: Any) -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "simulator": os.environ.get("NUMBA_ENABLE_CUDASIM") == "1",
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    try:
-        import numba
-        import numba_cuda
+    """bitfold's environment fingerprint (taken once torch and CuPy are loaded, so it describes
+    them), plus the simulator flag, the date and the device as numba-cuda sees it."""
+    from bitfold.repro.fingerprint import fingerprint
 
-        env["numba"] = numba.__version__
-        env["numba_cuda"] = getattr(numba_cuda, "__version__", "?")
-    except ImportError:
-        pass
+    env = fingerprint()
+    env["simulator"] = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+    env["date_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
         dev = cuda.get_current_device()
         env["device"] = {
@@ -433,9 +425,6 @@ def _environment(cuda: Any) -> dict[str, Any]:
         env["driver_cuda_version"] = list(cuda.cudadrv.driver.driver.get_version())
     except Exception as err:
         env["device_error"] = f"{type(err).__name__}: {err}"
-    for mod in ("torch", "cupy"):
-        if mod in sys.modules:
-            env[mod] = sys.modules[mod].__version__
     return env
 
 

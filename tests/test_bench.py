@@ -50,7 +50,7 @@ def test_results_json_schema(tiny_run: tuple[str, dict, str]) -> None:
     for key in ("date", "command", "settings", "machine", "sweeps", "cases", "results", "goals"):
         assert key in res, key
     m = res["machine"]
-    assert m["cpu"] and m["cores_usable"] >= 1 and m["libraries"]["numpy"] == np.__version__
+    assert m["cpu"] and m["cpu_affinity"] >= 1 and m["libraries"]["numpy"] == np.__version__
     assert res["command"].startswith("bitfold bench --quick")
     assert res["settings"]["baseline"] == "numpy-add-at"
     names = ["numpy-add-at", "bitfold-exact", "bitfold-ordered", "bitfold-atomic",

@@ -27,7 +27,7 @@ from ..arrays import to_numpy
 from ..errors import DeviceError, FoldError
 from ..plan import Fold
 from ..repro.digest import bits_equal, digest
-from . import machine
+from ..repro.fingerprint import fingerprint, summary
 from .progress import progress_bar
 from .timing import peak_bytes, time_call
 from .torch_env import passive_openmp_before_torch
@@ -345,7 +345,7 @@ class Probe:
         report: dict[str, Any] = {
             "tool": "bitfold probe",
             "config": asdict(self.cfg) | {"device": self.device},
-            "machine": machine.describe(),
+            "machine": fingerprint(),
             "backend": self.describe_backend(),
             "skipped_baselines": self.skipped_baselines(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
@@ -449,11 +449,11 @@ def print_report(rep: dict[str, Any], out: Any = None) -> None:
     p(bar)
     p("CAN THE FOLD BE MADE BIT-REPRODUCIBLE, AND WHAT DOES IT COST?   (bitfold probe)")
     p(bar)
-    mach = rep["machine"]
+    mach = summary(rep["machine"])
     p(
         f" backend: {rep['backend']}; {mach['cpu']}, {mach['cores']} cores, "
         f"numba threads {mach['numba_threads']}"
-        + (f", torch threads {mach['torch_threads']}" if "torch_threads" in mach else "")
+        + (f", torch threads {mach['torch_threads']}" if mach["torch_threads"] else "")
     )
     p(" " + "  ".join(f"{k}={cfg[k]}" for k in ("D", "hid", "K", "reps", "steps", "batch", "lr")))
     p(bar)

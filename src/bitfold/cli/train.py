@@ -330,8 +330,9 @@ def _print_report(result: dict[str, Any], file: Any = None) -> None:
 
     emit(f"bitfold train: model {cfg['model']}, {cfg['description']}")
     env = result["environment"]
-    emit(f"  torch {env['torch']}, {env['threads']} thread(s), device {cfg['device']}, "
-         f"seed {cfg['seed']}, OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}")
+    emit(f"  torch {env['versions']['torch']}, {env['threads']['torch']} thread(s), "
+         f"device {cfg['device']}, seed {cfg['seed']}, "
+         f"OMP_WAIT_POLICY={result['omp_wait_policy']}")
     emit()
     emit(f"  {'strategy':<9} {'run':>3} {'final loss':>12} {'test acc':>9} {'s/epoch':>8}  digest")
     for r in result["runs"]:
@@ -389,6 +390,7 @@ def main(args: argparse.Namespace) -> int:
 def _main(torch: Any, args: argparse.Namespace, strategies: list[str]) -> int:
     from .._version import __version__
     from ..repro.digest import digest
+    from ..repro.fingerprint import fingerprint
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise DeviceError("--device cuda: PyTorch sees no CUDA device here; use --device cpu")
@@ -451,9 +453,8 @@ def _main(torch: Any, args: argparse.Namespace, strategies: list[str]) -> int:
 
     result = {
         "bitfold": __version__,
-        "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(),
-                        "python": sys.version.split()[0], "numpy": np.__version__,
-                        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
+        "environment": fingerprint(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "config": config,
         "runs": runs,
         "strategies": summaries,

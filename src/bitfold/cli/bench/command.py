@@ -34,6 +34,19 @@ HELP = "measure the cost of determinism: bitfold against every peer, with JSON, 
 
 SCHEMA = "bitfold-bench/1"
 PHASES = ("memory", "threads", "startup", "plots")
+#: Import name -> distributions that may provide it (first installed one wins): the libraries
+#: a contender or an output of the benchmark may use, listed in ``machine.libraries``.
+LIBRARIES = {
+    "numpy": ("numpy",),
+    "numba": ("numba",),
+    "torch": ("torch",),
+    "torch_scatter": ("torch-scatter", "torch_scatter"),
+    "jax": ("jax",),
+    "jaxlib": ("jaxlib",),
+    "cupy": ("cupy", "cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x"),
+    "matplotlib": ("matplotlib",),
+    "tqdm": ("tqdm",),
+}
 #: The seed configuration is the headline number: it gets this many times the repeats and time.
 SEED_EXTRA = 3
 
@@ -169,9 +182,9 @@ def _default_out(device: str, cores: int) -> str:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Validate every option (raising FoldError) and return the run's settings."""
+    from ...repro.fingerprint import physical_memory, usable_cores
     from .cases import SWEEPS, check_sweeps
     from .contenders import baseline_for, resolve
-    from .machine import physical_memory, usable_cores
 
     if args.repeats is not None and args.repeats < 1:
         raise FoldError(f"--repeats must be at least 1; got {args.repeats}")
@@ -193,7 +206,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         )
     ram = physical_memory() or 8 << 30
     limit = int(args.memory_limit * 2**30) if args.memory_limit else min(2 << 30, ram // 4)
-    out = check_out_dir(args.out or _default_out(args.device, usable_cores()))
+    out = check_out_dir(args.out or _default_out(args.device, usable_cores() or 1))
     return {
         "quick": bool(args.quick),
         "device": args.device,
@@ -284,7 +297,7 @@ def _worker_phase(
     mode: str, cfg: dict[str, Any], cases: list[Any], rows: list[dict], progress: Any
 ) -> None:
     """Peak memory (``memory``) or digests under another thread count (``threads``) per row."""
-    from .machine import thread_counts
+    from ...repro.fingerprint import numba_threads
     from .worker import run_jobs
 
     specs = {c.id: c.spec for c in cases}
@@ -293,7 +306,7 @@ def _worker_phase(
     jobs = [{"case": specs[r["case"]], "contender": r["contender"]} for r in todo]
     env, threads = None, None
     if mode == "threads":
-        main = thread_counts()["numba"]
+        main = numba_threads()
         threads = 1 if main > 1 else 2
         env = {k: str(threads) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS",
                                          "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}  # fmt: skip
@@ -321,7 +334,7 @@ def _worker_phase(
                         "device_peak_bytes"):  # fmt: skip
                 r[key] = got.get(key)
         else:
-            r["threads_compared"] = [thread_counts()["numba"], threads]
+            r["threads_compared"] = [numba_threads(), threads]
             r["threads_digest"] = got.get("digest")
             r["identical_threads"] = got["digest"] == r["digest"] if got["status"] == "ok" else None
             if got["status"] != "ok":
@@ -343,6 +356,22 @@ def write_outputs(res: dict[str, Any], out: str, *, plots: bool) -> list[str]:
     return ["summary.md", *written]
 
 
+def machine() -> dict[str, Any]:
+    """The ``machine`` block of ``results.json``: the environment fingerprint
+    (:func:`bitfold.repro.fingerprint.fingerprint`) plus what a benchmark reader needs: the
+    installed version of every library a contender may use (imported or not), Numba's cache
+    folder (start-up times depend on it) and the load average (other work competing for the
+    cores)."""
+    from ...repro.fingerprint import fingerprint, installed_versions, load_average
+
+    return {
+        **fingerprint(),
+        "libraries": installed_versions(LIBRARIES),
+        "numba_cache_dir": os.environ.get("NUMBA_CACHE_DIR"),
+        "load_average": load_average(),
+    }
+
+
 def _case_record(c: Any) -> dict[str, Any]:
     return {"id": c.id, **c.spec, "sweeps": list(c.sweeps), "min_bytes": c.min_bytes,
             "input_bytes": c.n * (8 + c.value_itemsize)}  # fmt: skip
@@ -350,9 +379,9 @@ def _case_record(c: Any) -> dict[str, Any]:
 
 def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     """Measure everything ``cfg`` asks for and return the results dict."""
+    from ...repro.fingerprint import load_average
     from ..progress import progress_bar
     from .cases import build_cases, describe_sweep
-    from .machine import describe, load_average
     from .report import goals
     from .startup import measure_startup
 
@@ -383,7 +412,7 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": command,
         "settings": {k: v for k, v in cfg.items() if k != "out"},
-        "machine": {**describe(cfg["device"]), "load_average_at_start": load_at_start},
+        "machine": {**machine(), "load_average_at_start": load_at_start},
         "sweeps": {name: describe_sweep(name, cases) for name in cfg["sweeps"]},
         "cases": [_case_record(c) for c in cases],
         "results": rows,
