@@ -327,7 +327,7 @@ def _mlp(torch):
     return torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
 
 
-def test_log_model_records_gradients_in_backward_order_then_parameters(tmp_path, torch):
+def test_log_model_records_gradients_in_forward_order_then_parameters(tmp_path, torch):
     model = _mlp(torch)
     model(torch.ones(3, 5)).sum().backward()
     with record(tmp_path / "r.jsonl") as rec:
@@ -335,9 +335,58 @@ def test_log_model_records_gradients_in_backward_order_then_parameters(tmp_path,
     got = _lines(tmp_path / "r.jsonl")[1]["tensors"]
     names = ["0.weight", "0.bias", "2.weight", "2.bias"]
     params = dict(model.named_parameters())
-    expected = [[f"grad/{n}", bitfold.digest(params[n].grad)] for n in reversed(names)]
+    expected = [[f"grad/{n}", bitfold.digest(params[n].grad)] for n in names]
     expected += [[f"param/{n}", bitfold.digest(params[n])] for n in names]
     assert got == expected
+
+
+def test_train_logging_and_log_model_write_the_same_tensors_in_the_same_order(tmp_path, torch):
+    """One tensor order whatever tool writes the manifest, so diff names the same tensor."""
+    from bitfold.cli.train import _log_step
+
+    model = _mlp(torch)
+    loss = model(torch.ones(3, 5)).sum()
+    loss.backward()
+    with record(tmp_path / "train.jsonl") as rec:
+        _log_step(rec, 0, model, loss)
+    with record(tmp_path / "user.jsonl") as rec:
+        rec.log_model(0, model, meta={"loss": float(loss.detach())})
+    by_train = read_manifest(tmp_path / "train.jsonl").steps[0]
+    by_user = read_manifest(tmp_path / "user.jsonl").steps[0]
+    assert by_train.tensors == by_user.tensors
+    assert [n for n, _ in by_train.tensors] == [
+        "grad/0.weight", "grad/0.bias", "grad/2.weight", "grad/2.bias",
+        "param/0.weight", "param/0.bias", "param/2.weight", "param/2.bias",
+    ]
+
+
+def test_train_record_lists_the_tensors_of_log_model_for_the_same_model(tmp_path, torch):
+    """``bitfold train --record`` and ``rec.log_model`` on the model it trains: same names, same
+    order."""
+    pytest.importorskip("sklearn", reason="bitfold train needs scikit-learn")
+    from bitfold.torch import FoldedLinear
+
+    assert cli.main(["train", "--epochs", "1", "--hidden", "8", "--buckets", "16",
+                     "--batch", "512", "--strategies", "exact", "--repeats", "1",
+                     "--record", str(tmp_path)]) == 0
+    written = read_manifest(tmp_path / "digits-exact-run1.jsonl").steps[0].tensors
+    model = torch.nn.Sequential(FoldedLinear(64, 8, 16, seed=0), torch.nn.ReLU(),
+                                FoldedLinear(8, 10, 16, seed=1))
+    model(torch.ones(2, 64)).sum().backward()
+    with record(tmp_path / "user.jsonl") as rec:
+        rec.log_model(0, model)
+    assert [n for n, _ in written] == [
+        n for n, _ in read_manifest(tmp_path / "user.jsonl").steps[0].tensors
+    ]
+
+
+@pytest.mark.parametrize("thing", [{"w": np.zeros(2)}, np.zeros(3), None])
+def test_log_model_refuses_what_is_not_a_module(tmp_path, thing):
+    with record(tmp_path / "r.jsonl") as rec:
+        with pytest.raises(FoldTypeError, match=r"model must be a torch\.nn\.Module") as err:
+            rec.log_model(0, thing)
+    assert type(thing).__qualname__ in str(err.value)
+    assert "rec.log(step, tensors)" in str(err.value)
 
 
 def test_watch_records_module_outputs_before_the_logged_tensors(tmp_path, torch):

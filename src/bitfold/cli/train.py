@@ -197,16 +197,10 @@ class _Recorder:
 
 
 def _log_step(rec: Any, step: int, model: Any, loss: Any) -> None:
-    if rec is None:
-        return
-    named = list(model.named_parameters())
-    tensors: dict[str, Any] = {}
-    for name, p in named:  # gradients first: the earliest cause of a difference
-        if p.grad is not None:
-            tensors[f"grad/{name}"] = p.grad
-    for name, p in named:
-        tensors[f"param/{name}"] = p.detach()
-    rec.log(step, tensors, meta={"loss": float(loss.detach())})
+    """Record the model's gradients and parameters in the manifest's one order
+    (:func:`bitfold.repro.manifest.model_tensors`), with the loss."""
+    if rec is not None:
+        rec.log_model(step, model, meta={"loss": float(loss.detach())})
 
 
 def _run_digits(torch: Any, args: argparse.Namespace, data: dict[str, np.ndarray],

@@ -97,15 +97,29 @@ def _record(kind: str, **fields: Any) -> str:
 def model_tensors(model: Any, params: bool = True, grads: bool = True) -> dict[str, Any]:
     """The named tensors :meth:`Recorder.log_model` records for a PyTorch module.
 
-    Gradients come first, as ``"grad/<name>"`` in *reverse* parameter order
-    (the order backpropagation produces them, so the earliest differing
-    gradient is the first reported); parameters without a gradient are
-    skipped. Then the parameters, as ``"param/<name>"`` in model order.
+    The one tensor order of every manifest that records a model, whichever
+    tool writes it (``bitfold train --record`` uses it too): gradients first,
+    as ``"grad/<name>"`` in parameter-registration order
+    (``model.named_parameters()``, the forward order of a sequential model),
+    skipping parameters without a gradient; then the parameters, as
+    ``"param/<name>"`` in the same order. Gradients come first because a
+    difference in a gradient is the cause of the difference in the
+    parameters it updates, so ``bitfold diff`` names the cause.
+
+    ``model`` must be a ``torch.nn.Module`` (anything with
+    ``named_parameters()``); anything else raises :class:`FoldTypeError`.
     """
-    named = list(model.named_parameters())
+    named_parameters = getattr(model, "named_parameters", None)
+    if not callable(named_parameters):
+        raise FoldTypeError(
+            f"log_model: model must be a torch.nn.Module (an object with named_parameters()); "
+            f"got a {type(model).__module__}.{type(model).__qualname__}. To record a mapping "
+            "name -> tensor (a state dict, NumPy or JAX arrays) use rec.log(step, tensors)"
+        )
+    named = list(named_parameters())
     out: dict[str, Any] = {}
     if grads:
-        for name, p in reversed(named):
+        for name, p in named:
             if p.grad is not None:
                 out[f"grad/{name}"] = p.grad
     if params:
