@@ -16,7 +16,6 @@ import argparse
 import importlib.util
 import json
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,31 +26,44 @@ from ..arrays import to_numpy
 from ..errors import DeviceError, FoldError
 from ..plan import Fold
 from ..repro.digest import bits_equal, digest
-from ..repro.fingerprint import fingerprint, summary
+from ..repro.fingerprint import fingerprint
+from .bench.contenders import CONTENDERS, Contender, Inputs, baseline_for, resolve
+from .probe_devices import CpuDevice, CudaDevice
+from .probe_report import BIT_STRATEGIES, print_report, readout
 from .progress import progress_bar
+from .seed_model import SEED_STEPS, SeedAdam, SeedModel, autograd_gradient, folded_gradient, train
 from .timing import peak_bytes, time_call
 from .torch_env import passive_openmp_before_torch
 
 HELP = "answer the seed's four questions about the fold on this machine"
 
-BIT_STRATEGIES = ("ordered", "exact")
 TRAIN_STRATEGIES = ("atomic", "ordered", "exact")
+#: The usual folds questions 1 and 3 measure, per device: names in the benchmark's contender
+#: table. The device's atomic baseline (``baseline_for``) is added when missing and runs first.
+BASELINES = {
+    "cpu": ("numpy-add-at", "torch-autograd", "torch-index-add", "torch-scatter-add"),
+    "cuda": ("cupy-scatter-add", "torch-index-add", "torch-index-add-det", "torch-autograd"),
+}
 
 
 @dataclass
 class ProbeConfig:
     """The seed's configuration; every field is a command-line flag."""
 
-    D: int = 768
-    hid: int = 4096
-    K: int = 433
+    D: int = SeedModel.D
+    hid: int = SeedModel.hid
+    K: int = SeedModel.K
     reps: int = 5
-    steps: int = 200
-    batch: int = 128
-    lr: float = 1e-3
-    seed: int = 0
+    steps: int = SEED_STEPS
+    batch: int = SeedModel.batch
+    lr: float = SeedModel.lr
+    seed: int = SeedModel.seed
     device: str = "auto"
     torch: bool = True
+
+    def model(self) -> SeedModel:
+        """The seed model these settings describe."""
+        return SeedModel(self.D, self.hid, self.K, self.batch, self.lr, self.seed)
 
     def check(self) -> None:
         """Refuse sizes that make no sense before any work starts."""
@@ -115,6 +127,13 @@ def resolve_device(requested: str) -> str:
     return "cuda" if usable else "cpu"
 
 
+def make_device(name: str, with_torch: bool) -> CpuDevice | CudaDevice:
+    """The backend object of ``name`` (``cpu`` or ``cuda``, from :func:`resolve_device`)."""
+    if name == "cuda":
+        return CudaDevice(_torch_or_none(True))
+    return CpuDevice(_torch_or_none(with_torch))
+
+
 def repeat_outcome(make: Callable[[], Any], reps: int) -> dict[str, Any]:
     """Run ``make`` once plus ``reps`` times; count repeats whose bits differ from the first."""
     first = np.array(to_numpy(make()), copy=True)
@@ -136,28 +155,40 @@ def repeat_outcome(make: Callable[[], Any], reps: int) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- the questions
 class Probe:
-    """Holds the data shared by the four questions and answers them in turn."""
+    """Holds the data shared by the four questions and answers them in turn on ``device``."""
 
-    def __init__(self, cfg: ProbeConfig, show_progress: bool = True) -> None:
+    def __init__(self, cfg: ProbeConfig, device: Any, show_progress: bool = True) -> None:
         cfg.check()
         self.cfg = cfg
-        self.device = "cpu"
+        self.dev = device
         self.show_progress = show_progress
-        self.torch = _torch_or_none(cfg.torch)
+        self.model = cfg.model()
         rng = np.random.default_rng(cfg.seed)
-        n = cfg.D * cfg.hid
-        self.idx = rng.integers(0, cfg.K, n)
-        self.g = rng.normal(size=n).astype(np.float32)
+        self.idx = self.model.index(rng)  # the seed's map; the test gradient is drawn next
+        self.g = rng.normal(size=self.idx.size).astype(np.float32)
         self.matmul_x = rng.normal(size=(cfg.batch, cfg.D)).astype(np.float32)
         self.matmul_w = rng.normal(size=(cfg.D, cfg.hid)).astype(np.float32)
         self.plan: Fold | None = None
-        self.values: Any = self.g  # what the bitfold strategies fold (a device array on GPU)
-        self.sync: Callable[[], None] | None = None
-        self.atomic_baseline = "np.add.at"
+        self.values: Any = device.array(self.g)  # what the bitfold strategies fold
+        self.inputs = Inputs(self.idx, self.g, cfg.K, device.name)  # what the baselines fold
+        self.atomic_baseline = CONTENDERS[baseline_for(device.name)].title
+
+    def _chosen_baselines(self) -> list[Contender]:
+        """The contenders questions 1 and 3 run here, the device's atomic baseline first."""
+        base = baseline_for(self.dev.name)
+        chosen = []
+        for name in resolve(list(BASELINES[self.dev.name]), self.dev.name):
+            c = CONTENDERS[name]
+            if c.unavailable(self.dev.name) is not None:
+                continue
+            if c.library == "torch" and not self.cfg.torch and name != base:
+                continue
+            chosen.append(c)
+        return chosen
 
     def skipped_baselines(self) -> list[str]:
         """Baselines this run could not measure, with the reason."""
-        if self.torch is not None:
+        if self.cfg.torch and self.dev.torch is not None:
             return []
         why = "--no-torch" if not self.cfg.torch else "torch is not installed"
         return [
@@ -166,65 +197,30 @@ class Probe:
             "(pip install 'bitfold[torch]')"
         ]
 
-    def describe_backend(self) -> str:
-        """One line naming where the folds ran."""
-        return "numpy + numba (CPU)" + (" and torch (CPU)" if self.torch else "")
-
-    def baseline_note(self, name: str) -> str:
-        """Why a baseline is or is not expected to be deterministic here."""
-        if name == "np.add.at":
-            return "sequential on the CPU, so deterministic by construction"
-        threads = self.torch.get_num_threads() if self.torch is not None else None
-        return f"CPU, {threads} threads"
-
-    def fold_memory(self, fn: Callable[[], Any]) -> int:
-        """Peak bytes a fold allocates above its inputs."""
-        return peak_bytes(fn)[1]
-
-    def forward_matmul(self) -> Callable[[], Any]:
-        """One forward matmul of the seed's model, for scale."""
-        x, w = self.matmul_x, self.matmul_w
-        return lambda: x @ w
-
-    # -- baselines -----------------------------------------------------------------
     def baselines(self) -> dict[str, Callable[[], Any]]:
-        """The usual folds available here, as zero-argument callables returning NumPy arrays."""
-        K, idx, g = self.cfg.K, self.idx, self.g
-
-        def np_add_at() -> np.ndarray:
-            out = np.zeros(K, np.float32)
-            np.add.at(out, idx, g)
-            return out
-
-        found: dict[str, Callable[[], Any]] = {"np.add.at": np_add_at}
-        torch = self.torch
-        if torch is not None:
-            ti = torch.from_numpy(idx)
-            tg = torch.from_numpy(g)
-
-            def autograd_fold() -> np.ndarray:
-                v = torch.zeros(K, requires_grad=True)
-                (grad,) = torch.autograd.grad(v[ti], v, grad_outputs=tg)
-                return grad.numpy()
-
-            found["torch autograd v[idx]"] = autograd_fold
-            found["torch index_add_"] = lambda: torch.zeros(K).index_add_(0, ti, tg).numpy()
-            found["torch scatter_add_"] = lambda: torch.zeros(K).scatter_add_(0, ti, tg).numpy()
+        """The usual folds measured here (label -> one fold that waits for the device)."""
+        found: dict[str, Callable[[], Any]] = {}
+        for c in self._chosen_baselines():
+            runner = c.make(self.inputs)
+            runner.setup()
+            found[c.title] = runner.call
         return found
 
     def question1(self) -> dict[str, Any]:
         """Non-determinism of each usual fold, over ``reps`` repeats."""
         out: dict[str, Any] = {}
+        notes = {c.title: self.dev.baseline_note(c) for c in self._chosen_baselines()}
         for name, fn in self.baselines().items():
             res = repeat_outcome(fn, self.cfg.reps)
             res.pop("result")
-            res["note"] = self.baseline_note(name)
+            res["note"] = notes[name]
             out[name] = res
         return out
 
     # -- bitfold -----------------------------------------------------------------------
     def question2(self) -> dict[str, Any]:
         """Plan preparation, repeat identity, memory and distance from the atomic result."""
+        sync = self.dev.sync
         cold = time_call(lambda: Fold(self.idx, self.cfg.K), repeats=1)
         plan, _ = peak_bytes(lambda: Fold(self.idx, self.cfg.K))
         self.plan = plan
@@ -236,10 +232,10 @@ class Probe:
         }
         for name in BIT_STRATEGIES:
             # the first call compiles (or loads Numba's on-disk cache): timed apart from the rest
-            first = time_call(lambda name=name: plan(self.values, name), repeats=1, sync=self.sync)
+            first = time_call(lambda name=name: plan(self.values, name), repeats=1, sync=sync)
             res = repeat_outcome(lambda name=name: plan(self.values, name), self.cfg.reps)
             result = res.pop("result")
-            fold_peak = self.fold_memory(lambda name=name: plan(self.values, name))
+            fold_peak = self.dev.fold_memory(lambda name=name: plan(self.values, name))
             out[name] = {
                 "first_call_s": first.first_s,
                 "bit_identical": res["differed"] == 0,
@@ -254,7 +250,7 @@ class Probe:
     def question3(self) -> dict[str, Any]:
         """Median cost per call of every strategy and baseline, and a matmul for scale."""
         assert self.plan is not None
-        plan, g = self.plan, self.values
+        plan, g, sync = self.plan, self.values, self.dev.sync
         contenders: dict[str, Callable[[], Any]] = {
             f"bitfold {name}": (lambda name=name: plan(g, name))
             for name in ("atomic", *BIT_STRATEGIES)
@@ -262,12 +258,13 @@ class Probe:
         contenders.update(self.baselines())
         rows: dict[str, Any] = {}
         for name, fn in contenders.items():
-            t = time_call(fn, repeats=max(5, self.cfg.reps), sync=self.sync)
+            t = time_call(fn, repeats=max(5, self.cfg.reps), sync=sync)
             rows[name] = {"median_ms": t.median_s * 1e3, "first_call_ms": t.first_s * 1e3}
         base = rows[self.atomic_baseline]["median_ms"]
         for row in rows.values():
             row["ratio_to_atomic"] = row["median_ms"] / base if base else float("nan")
-        matmul = time_call(self.forward_matmul(), repeats=max(5, self.cfg.reps), sync=self.sync)
+        x, w = self.dev.array(self.matmul_x), self.dev.array(self.matmul_w)
+        matmul = time_call(lambda: x @ w, repeats=max(5, self.cfg.reps), sync=sync)
         return {
             "atomic_baseline": self.atomic_baseline,
             "per_call": rows,
@@ -275,50 +272,30 @@ class Probe:
         }
 
     # -- training --------------------------------------------------------------------
-    def _train_numpy(self, strategy: str, tick: Callable[[], None]) -> np.ndarray:
-        cfg, plan = self.cfg, self.plan
-        assert plan is not None
-        r = np.random.default_rng(cfg.seed)
-        v = r.normal(0, 0.05, cfg.K).astype(np.float32)
-        m = np.zeros_like(v)
-        vv = np.zeros_like(v)
-        X = r.normal(size=(cfg.batch, cfg.D)).astype(np.float32)
-        for t in range(1, cfg.steps + 1):
-            W = plan.expand(v).reshape(cfg.D, cfg.hid)
-            h = np.maximum(X @ W, 0)
-            d = (h - 1.0) / cfg.batch
-            gW = X.T @ (d * (h > 0))
-            gr = plan(gW, strategy)
-            v, m, vv = _adam(v, m, vv, gr, t, cfg.lr, np.sqrt)
-            tick()
-        return v
-
-    def _train_torch(self, tick: Callable[[], None]) -> np.ndarray:
-        torch, cfg = self.torch, self.cfg
-        r = np.random.default_rng(cfg.seed)
-        v = torch.from_numpy(r.normal(0, 0.05, cfg.K).astype(np.float32)).requires_grad_()
-        X = torch.from_numpy(r.normal(size=(cfg.batch, cfg.D)).astype(np.float32))
-        idx = torch.from_numpy(self.idx)
-        m = torch.zeros_like(v)
-        vv = torch.zeros_like(v)
-        for t in range(1, cfg.steps + 1):
-            W = v[idx].reshape(cfg.D, cfg.hid)
-            h = torch.relu(X @ W)
-            loss = ((h - 1.0) ** 2).sum() / (2 * cfg.batch)
-            (gr,) = torch.autograd.grad(loss, v)
-            with torch.no_grad():
-                new_v, m, vv = _adam(v.detach(), m, vv, gr, t, cfg.lr, torch.sqrt)
-            v = new_v.requires_grad_()
-            tick()
-        return v.detach().numpy()
-
     def training_runs(self) -> list[tuple[str, Callable[[Callable[[], None]], Any]]]:
-        """(name, train(tick) -> final v) for every fold the training question compares."""
+        """(name, train(tick) -> final v) for every fold the training question compares.
+
+        All of them are :func:`bitfold.cli.seed_model.train` of the seed model:
+        with each bitfold strategy folding the gradient, and with PyTorch's
+        autograd of ``v[idx]``.
+        """
+        model, steps, dev = self.model, self.cfg.steps, self.dev
+        v0, X = model.start()
+
+        def bitfold_run(strategy: str, tick: Callable[[], None]) -> Any:
+            assert self.plan is not None
+            grad = folded_gradient(model, self.plan, strategy, dev.array(self.idx))
+            return train(dev.array(v0), dev.array(X), steps, grad, SeedAdam(model.lr), tick)
+
+        def autograd_run(tick: Callable[[], None]) -> Any:
+            grad = autograd_gradient(model, dev.tensor(self.idx))
+            return train(dev.tensor(v0), dev.tensor(X), steps, grad, SeedAdam(model.lr), tick)
+
         runs: list[tuple[str, Callable[[Callable[[], None]], Any]]] = [
-            (s, lambda tick, s=s: self._train_numpy(s, tick)) for s in TRAIN_STRATEGIES
+            (s, lambda tick, s=s: bitfold_run(s, tick)) for s in TRAIN_STRATEGIES
         ]
-        if self.torch is not None:
-            runs.append(("torch autograd", self._train_torch))
+        if self.cfg.torch and dev.torch is not None:
+            runs.append(("torch autograd", autograd_run))
         return runs
 
     def question4(self) -> dict[str, Any]:
@@ -327,9 +304,9 @@ class Probe:
         total = 2 * len(runs) * self.cfg.steps
         out: dict[str, Any] = {}
         with progress_bar(total, "training", enabled=self.show_progress) as bar:
-            for name, train in runs:
-                r1 = to_numpy(train(bar.tick))
-                r2 = to_numpy(train(bar.tick))
+            for name, run in runs:
+                r1 = to_numpy(run(bar.tick))
+                r2 = to_numpy(run(bar.tick))
                 same = bits_equal(r1, r2)
                 out[name] = {
                     "bit_identical": same,
@@ -340,13 +317,13 @@ class Probe:
 
     def run(self) -> dict[str, Any]:
         """All four questions and the readout, as one JSON-ready dictionary."""
-        if self.torch is not None:
-            self.torch.set_grad_enabled(True)
+        if self.dev.torch is not None:
+            self.dev.torch.set_grad_enabled(True)
         report: dict[str, Any] = {
             "tool": "bitfold probe",
-            "config": asdict(self.cfg) | {"device": self.device},
+            "config": asdict(self.cfg) | {"device": self.dev.name},
             "machine": fingerprint(),
-            "backend": self.describe_backend(),
+            "backend": self.dev.describe(),
             "skipped_baselines": self.skipped_baselines(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         }
@@ -356,163 +333,6 @@ class Probe:
         report["q4_training"] = self.question4()
         report["readout"] = readout(report)
         return report
-
-
-def _adam(v: Any, m: Any, vv: Any, gr: Any, t: int, lr: float, sqrt: Callable) -> tuple:
-    """The seed's Adam step (beta1 0.9, beta2 0.999, eps 1e-8), same formula for NumPy and torch."""
-    m = 0.9 * m + 0.1 * gr
-    vv = 0.999 * vv + 0.001 * gr * gr
-    v = v - lr * (m / (1 - 0.9**t)) / (sqrt(vv / (1 - 0.999**t)) + 1e-8)
-    return v, m, vv
-
-
-# --------------------------------------------------------------------------- words
-def readout(rep: dict[str, Any]) -> list[str]:
-    """What the numbers say, in sentences; covers the seed's cases honestly."""
-    q1, q2, q3, q4 = (
-        rep[k] for k in ("q1_nondeterminism", "q2_fixed_order", "q3_cost", "q4_training")
-    )
-    lines: list[str] = []
-    noisy = {k: v for k, v in q1.items() if v["differed"]}
-    fixed_ok = all(q2[s]["bit_identical"] for s in BIT_STRATEGIES) and all(
-        q4[s]["bit_identical"] for s in BIT_STRATEGIES if s in q4
-    )
-    cost = q3["per_call"]
-    base = q3["atomic_baseline"]
-    exact_ratio = cost["bitfold exact"]["ratio_to_atomic"]
-    extra_ms = cost["bitfold exact"]["median_ms"] - cost[base]["median_ms"]
-    share = extra_ms / q3["forward_matmul_ms"] if q3["forward_matmul_ms"] else float("nan")
-    if not fixed_ok:
-        lines.append(
-            "THE FIXED-ORDER FOLDS DID NOT REPRODUCE EXACTLY, which should not happen: read the "
-            "numbers above before trusting either path, and please report it as a bitfold bug."
-        )
-    elif noisy:
-        worst = max(noisy.values(), key=lambda v: v["max_difference"])
-        names = ", ".join(noisy)
-        lines.append(
-            f"THE USUAL FOLD IS NON-DETERMINISTIC HERE: {names} gave results that differed "
-            f"in up to {worst['differed']} of {worst['repeats']} repeats (largest difference "
-            f"{worst['max_difference']:.3e}) — the same additions in a different order."
-        )
-        diverged = [k for k, v in q4.items() if not v["bit_identical"]]
-        if diverged:
-            lines.append(
-                f"Training with {', '.join(diverged)} gave two different models from the same seed."
-            )
-    elif rep.get("skipped_baselines"):
-        lines.append(
-            "THE FOLDS MEASURED HERE WERE DETERMINISTIC, but PyTorch's were not measured "
-            "(see question 1): install torch and rerun before concluding anything."
-        )
-    else:
-        lines.append(
-            "THE USUAL FOLDS WERE DETERMINISTIC IN EVERY REPEAT HERE, so there is nothing for "
-            "bitfold to fix on this machine; if two runs still differ, something else varies: "
-            "record both runs and compare them to find what."
-        )
-    if fixed_ok:
-        lines.append(
-            f"bitfold's exact fold (correctly rounded) and ordered fold were bit-identical in "
-            f"every "
-            f"repeat and in both training runs. exact costs {exact_ratio:.2f}x {base} per call "
-            f"({extra_ms:+.3f} ms, {share:+.1%} of one forward matmul)."
-        )
-    if rep["config"]["device"] == "cpu":
-        lines.append(
-            "This run used the CPU only, so it says nothing about GPU atomics, whose order "
-            "changes from launch to launch; rerun with --device cuda on a machine with a GPU. "
-            "The exact fold's result does not depend on the device: its digests here are the "
-            "ones any backend must give for the same values."
-        )
-    else:
-        lines.append(
-            "This run folded on the GPU. The exact fold's bits do not depend on the device: "
-            "the same values folded on the CPU give the same digest (bitfold's tests check it)."
-        )
-    return lines
-
-
-def _fmt_ms(x: float) -> str:
-    return f"{x:9.3f} ms"
-
-
-def print_report(rep: dict[str, Any], out: Any = None) -> None:
-    """The human report: four answers, then the readout."""
-    out = out or sys.stdout
-
-    def p(s: str = "") -> None:
-        print(s, file=out)
-
-    cfg = rep["config"]
-    bar = "=" * 78
-    p(bar)
-    p("CAN THE FOLD BE MADE BIT-REPRODUCIBLE, AND WHAT DOES IT COST?   (bitfold probe)")
-    p(bar)
-    mach = summary(rep["machine"])
-    p(
-        f" backend: {rep['backend']}; {mach['cpu']}, {mach['cores']} cores, "
-        f"numba threads {mach['numba_threads']}"
-        + (f", torch threads {mach['torch_threads']}" if mach["torch_threads"] else "")
-    )
-    p(" " + "  ".join(f"{k}={cfg[k]}" for k in ("D", "hid", "K", "reps", "steps", "batch", "lr")))
-    p(bar)
-    p("\n 1. IS THE USUAL SCATTER NON-DETERMINISTIC HERE?\n")
-    for name, r in rep["q1_nondeterminism"].items():
-        verdict = (
-            (
-                f"{r['differed']} of {r['repeats']} repeats differed from the first call "
-                f"({r['distinct_results']} distinct results in {r['repeats'] + 1} calls, "
-                "largest difference "
-                f"{r['max_difference']:.3e})"
-            )
-            if r["differed"]
-            else (f"all {r['repeats']} repeats identical")
-        )
-        p(f" {name:>24s}: {verdict}")
-        if r.get("note"):
-            p(f" {'':>24s}  ({r['note']})")
-    for line in rep.get("skipped_baselines", []):
-        p(f" {'not measured':>24s}: {line}")
-    q2 = rep["q2_fixed_order"]
-    p("\n 2. ARE BITFOLD'S FIXED FOLDS BIT-IDENTICAL?\n")
-    p(
-        f" plan built once in {q2['plan_build_s'] * 1e3:.1f} ms "
-        f"(first build {q2['plan_build_s_first'] * 1e3:.0f} ms, with compilation); "
-        f"it holds {q2['plan_bytes'] / 1e6:.1f} MB"
-    )
-    for s in BIT_STRATEGIES:
-        r = q2[s]
-        p(
-            f" {s:>8s}: first call {r['first_call_s'] * 1e3:.0f} ms (compiling or loading the "
-            "kernel cache, once per process)"
-        )
-        p(
-            f" {'':>8s}  bit-identical across {r['repeats']} repeats: {r['bit_identical']}; "
-            f"extra memory {r['extra_bytes'] / 1e6:.1f} MB; "
-            f"largest difference from the atomic fold {r['max_difference_from_atomic']:.3e}"
-        )
-    q3 = rep["q3_cost"]
-    p(f"\n 3. WHAT DOES IT COST?   (median per call; ratio to {q3['atomic_baseline']})\n")
-    for name, r in q3["per_call"].items():
-        p(
-            f" {name:>24s} {_fmt_ms(r['median_ms'])}  {r['ratio_to_atomic']:6.2f}x"
-            f"   (first call {r['first_call_ms']:.1f} ms)"
-        )
-    p(f" {'one forward matmul':>24s} {_fmt_ms(q3['forward_matmul_ms'])}  (for scale)")
-    p("\n 4. DOES A TRAINING RUN BECOME REPRODUCIBLE?\n")
-    for name, r in rep["q4_training"].items():
-        extra = "" if r["bit_identical"] else f" (max difference {r['max_difference']:.3e})"
-        p(
-            f" {name:>16s}: two runs of {cfg['steps']} steps bit-identical: "
-            f"{r['bit_identical']}{extra}"
-        )
-        p(f" {'':>16s}  digests {r['digests'][0][:23]}…  {r['digests'][1][:23]}…")
-    p("\n" + bar)
-    p(" READOUT")
-    p(bar)
-    for line in rep["readout"]:
-        p(" " + line)
 
 
 class _Encoder(json.JSONEncoder):
@@ -566,12 +386,8 @@ def main(args: argparse.Namespace) -> int:
                 pass
         except OSError as err:
             raise FoldError(f"cannot write --json {args.json!r}: {err.strerror}") from None
-    if resolve_device(cfg.device) == "cuda":
-        from .probe_cuda import CudaProbe
-
-        rep = CudaProbe(cfg).run()
-    else:
-        rep = Probe(cfg).run()
+    cfg.check()
+    rep = Probe(cfg, make_device(resolve_device(cfg.device), cfg.torch)).run()
     print_report(rep)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -50,6 +50,7 @@ import numpy as np
 
 from ..errors import DeviceError, FoldError
 from .progress import progress_bar
+from .seed_model import SEED_STEPS, SeedModel, train
 from .torch_env import passive_openmp_before_torch
 
 HELP = "train a folded MLP twice per strategy and check that the runs are bit-identical"
@@ -59,7 +60,9 @@ BASELINE = "autograd"
 DEFAULT_STRATEGIES = ("exact", "ordered", "atomic", BASELINE)
 
 DIGITS_DEFAULTS = {"epochs": 40, "hidden": 512, "buckets": 1024, "batch": 32, "lr": 1e-2}
-SEED_DEFAULTS = {"D": 768, "hid": 4096, "K": 433, "batch": 128, "lr": 1e-3, "steps": 200}
+_SEED = SeedModel()
+SEED_DEFAULTS = {"D": _SEED.D, "hid": _SEED.hid, "K": _SEED.K, "batch": _SEED.batch,
+                 "lr": _SEED.lr, "steps": SEED_STEPS}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -248,36 +251,48 @@ def _run_digits(torch: Any, args: argparse.Namespace, data: dict[str, np.ndarray
 
 def _run_seed(torch: Any, args: argparse.Namespace, strategy: str, device: Any, rec: Any,
               bar: Any) -> dict[str, Any]:
+    """The seed model (:mod:`bitfold.cli.seed_model`) as one ``FoldedLinear`` (or its autograd
+    twin) trained with ``torch.optim.Adam``, through the seed model's one training loop."""
     from ..plan import Fold
 
-    c = SEED_DEFAULTS
-    D, hid, K, batch = c["D"], c["hid"], c["K"], c["batch"]
+    spec = SeedModel(lr=args.lr, seed=args.seed)
     FoldedLinear, Baseline = _layers(torch)
     cls = Baseline if strategy == BASELINE else FoldedLinear
-    rng = np.random.default_rng(args.seed)
-    idx = rng.integers(0, K, D * hid).reshape(D, hid)  # the seed's map, W = v[idx] (D x hid)
-    plan = Fold(np.ascontiguousarray(idx.T), K)  # FoldedLinear holds W.T: (hid, D)
-    layer = cls(D, hid, K, bias=False, plan=plan, **_layer_kwargs(strategy))
-    r = np.random.default_rng(args.seed)
+    idx = spec.index().reshape(spec.D, spec.hid)  # the seed's map, W = v[idx] (D x hid)
+    plan = Fold(np.ascontiguousarray(idx.T), spec.K)  # FoldedLinear holds W.T: (hid, D)
+    layer = cls(spec.D, spec.hid, spec.K, bias=False, plan=plan, **_layer_kwargs(strategy))
+    v0, X0 = spec.start()
     with torch.no_grad():
-        layer.shared_weight.copy_(torch.from_numpy(r.normal(0, 0.05, K).astype(np.float32)))
-    X = torch.from_numpy(r.normal(size=(batch, D)).astype(np.float32)).to(device)
+        layer.shared_weight.copy_(torch.from_numpy(v0))
     model = layer.to(device)
+    X = torch.from_numpy(X0).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, eps=1e-8)
-    seconds, loss_value = [], math.nan
-    for step in range(args.steps):
-        t0 = time.perf_counter()
-        h = torch.relu(model(X))
-        loss = ((h - 1.0) ** 2).sum() / (2 * batch)
+    losses: list[Any] = []
+    seconds: list[float] = []
+    clock = [time.perf_counter()]
+
+    def gradient(v: Any, X: Any) -> Any:  # the layer's backward folds W's gradient into v
+        loss = spec.loss(torch.relu(model(X)))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        _log_step(rec, step, model, loss)
+        _log_step(rec, len(losses), model, loss)
+        losses.append(loss.detach())
+        return v.grad
+
+    def update(v: Any, grad: Any, t: int) -> Any:  # Adam on v.grad, in place
         opt.step()
-        loss_value = float(loss.detach())
-        seconds.append(time.perf_counter() - t0)
+        return v
+
+    def tick() -> None:
+        now = time.perf_counter()
+        seconds.append(now - clock[0])
+        clock[0] = now
         bar.tick()
-    return {"model": model, "predictions": None, "final_loss": loss_value, "test_accuracy": None,
-            "seconds_per_epoch": float(np.mean(seconds)), "steps": args.steps}
+
+    train(model.shared_weight, X, args.steps, gradient, update, tick)
+    return {"model": model, "predictions": None, "final_loss": float(losses[-1]),
+            "test_accuracy": None, "seconds_per_epoch": float(np.mean(seconds)),
+            "steps": args.steps}
 
 
 # -- comparison and report ------------------------------------------------------------------------
