@@ -223,6 +223,9 @@ def _torch(op: str, deterministic: bool) -> Callable[[Inputs], Runner]:
             def fold() -> Any:
                 return torch.autograd.grad(w, v, values, retain_graph=True)[0]
 
+        if torch.are_deterministic_algorithms_enabled() == deterministic:
+            return Runner(fold)  # already in that mode (every block restores it): no switching
+
         def call() -> Any:
             with deterministic_algorithms(torch, deterministic):
                 return fold()
