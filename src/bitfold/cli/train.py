@@ -15,9 +15,11 @@ trained ``--repeats`` times (default twice) from the same seed:
   least 32,768 positions in a map it adds with atomics in the order the
   threads finish.
 
-``--model seed`` trains the seed's synthetic model instead (D=768,
-hid=4096, K=433, a fixed random batch of 128, loss ``sum((relu(XW)-1)^2) /
-(2 batch)``, Adam lr 1e-3; one "epoch" is one step, ``--steps`` of them).
+``--model seed`` trains the seed's synthetic model instead
+(:mod:`bitfold.cli.seed_model`: D=768, hid=4096, K=433, a fixed random batch
+of 128, loss ``sum((relu(XW)-1)^2) / (2 batch)``, Adam lr 1e-3; one "epoch"
+is one step, ``--steps`` of them), as one ``FoldedLinear`` trained with
+``torch.optim.Adam`` through the seed model's training loop.
 
 Reported per run: final loss (mean training loss of the last epoch), test
 accuracy, seconds per epoch, and the digest of the final state dict
