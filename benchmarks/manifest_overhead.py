@@ -35,7 +35,8 @@ from typing import Any
 import torch
 
 import bitfold
-from bitfold.manifest import environment, record
+from bitfold.repro.fingerprint import fingerprint
+from bitfold.repro.manifest import record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "manifest_overhead.json"
 CONFIGS = ("plain", "log_model", "params_only", "log_model_background")
@@ -161,7 +162,7 @@ def main() -> None:
         "digest_ms_per_model_size_float32": round(digest_s * 1e3, 3),
         "digest_MB_per_s": round(n_params * 4 / digest_s / 1e6, 1),
         "runs": runs,
-        "machine": environment(),
+        "machine": fingerprint(),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")

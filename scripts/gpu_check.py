@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -41,6 +40,13 @@ from typing import Any
 import numpy as np
 
 NOMINAL_BW = 4.3e12  # bytes/s, H200 HBM3e (read + write), the issue's reference
+#: The atomic baselines measured here (names in bitfold's contender table,
+#: bitfold.cli.bench.contenders) -> their keys in the results.
+BASELINES = {
+    "cupy-scatter-add": "cupyx_scatter_add",
+    "torch-index-add": "torch_index_add",
+    "torch-index-add-det": "torch_index_add_deterministic",
+}
 
 
 def _now() -> float:
@@ -138,7 +144,9 @@ def _graph_us(torch: Any, fn: Callable[[], Any], replays: int) -> tuple[float, A
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import bitfold
-    from bitfold import gpu
+    from bitfold import dispatch
+    from bitfold.arrays import to_numpy
+    from bitfold.cli.bench.contenders import CONTENDERS, Inputs
     from bitfold.kernels import cuda as kernels
 
     bench = Bench(args.reps, args.trials)
@@ -148,7 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def fold(p: Any, values: Any, strategy: str = "exact", **kw: Any) -> Any:
         kw.setdefault("launch", smoke_launch)
-        return gpu.cuda_fold(p, values, strategy, **kw)
+        return dispatch.fold(p, values, strategy, **kw)
 
     N = args.N
     K = args.K
@@ -160,7 +168,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "config": {"N": N, "K": K, "values": "standard normal float32", "index": "uniform",
                    "reps": args.reps, "trials": args.trials, "smoke": args.smoke},
-        "environment": _environment(cuda),
         "results": {},
         "checks": {},
     }  # fmt: skip
@@ -241,35 +248,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 report["notes"] = ["torch has no CUDA here: torch contenders skipped"]
         except ImportError:
             report["notes"] = ["torch is not installed: torch contenders skipped"]
-    if torch is not None:
-        g_t = torch.from_numpy(g_h).cuda()
-        idx_t = torch.from_numpy(idx_h).cuda()  # int64, as torch's index_add_ wants
-        idx_bytes64 = 8 * N
+    # the atomic baselines: bitfold's contender table, on the seed's int64 index
+    inputs = Inputs(idx_h, g_h, K, "cuda")
 
-        def index_add(deterministic: bool) -> Callable[[], dict[str, Any]]:
-            def call() -> Any:
-                return torch.zeros(K, device="cuda").index_add_(0, idx_t, g_t)
-
-            def go() -> dict[str, Any]:
-                prev = torch.are_deterministic_algorithms_enabled()
-                torch.use_deterministic_algorithms(deterministic)
+    def baseline(name: str) -> Callable[[], dict[str, Any]]:
+        def go() -> dict[str, Any]:
+            contender = CONTENDERS[name]
+            runner = contender.make(inputs)
+            runner.setup()
+            entry = bench.time(runner.fold)
+            if contender.library == "torch":
                 try:
-                    entry = bench.time(call)
-                    try:
-                        entry["graph_us"], _ = _graph_us(torch, call, args.reps)
-                    except Exception as err:
-                        entry["graph_error"] = f"{type(err).__name__}: {err}"
-                    runs = [call().cpu().numpy() for _ in range(args.repeat)]
-                    entry["distinct_results_in_repeats"] = len({_bits(r) for r in runs})
-                finally:
-                    torch.use_deterministic_algorithms(prev)
-                _bw(entry, val_bytes + idx_bytes64 + out_bytes, copy_bw)
-                return entry
+                    entry["graph_us"], _ = _graph_us(torch, runner.fold, args.reps)
+                except Exception as err:
+                    entry["graph_error"] = f"{type(err).__name__}: {err}"
+            runs = [to_numpy(runner.call()) for _ in range(args.repeat)]
+            entry["distinct_results_in_repeats"] = len({_bits(r) for r in runs})
+            entry["contender"] = f"{name}: {contender.description}"
+            _bw(entry, val_bytes + 8 * N + out_bytes, copy_bw)
+            return entry
 
-            return go
+        return go
 
-        _try(res, "torch_index_add", index_add(False))
-        _try(res, "torch_index_add_deterministic", index_add(True))
+    if torch is not None:
+        g_t = inputs.torch()[1]
+        for name in ("torch-index-add", "torch-index-add-det"):
+            _try(res, BASELINES[name], baseline(name))
 
         def bitfold_torch(strategy: str) -> Callable[[], dict[str, Any]]:
             def call() -> Any:
@@ -306,28 +310,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.smoke:
         try:
             import cupy as _cupy
-            import cupyx
 
             cupy = _cupy
         except ImportError:
             report.setdefault("notes", []).append("CuPy is not installed: cupyx skipped")
     if cupy is not None:
         g_c = cupy.asarray(g_h)
-        idx_c = cupy.asarray(idx_h)  # int64, as in the seed
-
-        def scatter_add() -> dict[str, Any]:
-            def call() -> Any:
-                out = cupy.zeros(K, cupy.float32)
-                cupyx.scatter_add(out, idx_c, g_c)
-                return out
-
-            entry = bench.time(call)
-            runs = [cupy.asnumpy(call()) for _ in range(args.repeat)]
-            entry["distinct_results_in_repeats"] = len({_bits(r) for r in runs})
-            _bw(entry, val_bytes + 8 * N + out_bytes, copy_bw)
-            return entry
-
-        _try(res, "cupyx_scatter_add", scatter_add)
+        _try(res, BASELINES["cupy-scatter-add"], baseline("cupy-scatter-add"))
         for strategy in ("exact", "atomic"):
 
             def go(s: str = strategy) -> dict[str, Any]:
@@ -354,30 +343,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 t = bench.time(lambda a=arr, s=strategy: fold(small, a, s), reps=overhead_reps)
                 row = {"host_us": t["host_us"], "gpu_us": t["gpu_us"]}
                 out[f"bitfold_{strategy}[{kind}]"] = row
-        if torch is not None:
-            idx_small = torch.arange(n_small, device="cuda") % K
-            t = bench.time(
-                lambda: torch.zeros(K, device="cuda").index_add_(0, idx_small, kinds["torch"]),
-                reps=overhead_reps,
-            )
-            out["torch_index_add"] = {"host_us": t["host_us"], "gpu_us": t["gpu_us"]}
-        if cupy is not None:
-            import cupyx
-
-            idx_small_c = cupy.arange(n_small) % K
-
-            def sa() -> Any:
-                o = cupy.zeros(K, cupy.float32)
-                cupyx.scatter_add(o, idx_small_c, kinds["cupy"])
-                return o
-
-            t = bench.time(sa, reps=overhead_reps)
-            out["cupyx_scatter_add"] = {"host_us": t["host_us"], "gpu_us": t["gpu_us"]}
+        small_inputs = Inputs(np.arange(n_small) % K, vals, K, "cuda")
+        for name, wanted in (("torch-index-add", torch), ("cupy-scatter-add", cupy)):
+            if wanted is not None:
+                runner = CONTENDERS[name].make(small_inputs)
+                t = bench.time(runner.fold, reps=overhead_reps)
+                out[BASELINES[name]] = {"host_us": t["host_us"], "gpu_us": t["gpu_us"]}
         return out
 
     _try(res, "launch_overhead_N4096", overhead)  # N = 4096 (the GPU work is negligible)
 
     report["assessment"] = _assess(res)
+    report["environment"] = _environment(cuda)
     return report
 
 
@@ -409,20 +386,13 @@ def _assess(res: dict[str, Any]) -> dict[str, Any]:
 
 
 def _environment(cuda: Any) -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "simulator": os.environ.get("NUMBA_ENABLE_CUDASIM") == "1",
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    try:
-        import numba
-        import numba_cuda
+    """bitfold's environment fingerprint (taken once torch and CuPy are loaded, so it describes
+    them), plus the simulator flag, the date and the device as numba-cuda sees it."""
+    from bitfold.repro.fingerprint import fingerprint
 
-        env["numba"] = numba.__version__
-        env["numba_cuda"] = getattr(numba_cuda, "__version__", "?")
-    except ImportError:
-        pass
+    env = fingerprint()
+    env["simulator"] = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+    env["date_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
         dev = cuda.get_current_device()
         env["device"] = {
@@ -433,9 +403,6 @@ def _environment(cuda: Any) -> dict[str, Any]:
         env["driver_cuda_version"] = list(cuda.cudadrv.driver.driver.get_version())
     except Exception as err:
         env["device_error"] = f"{type(err).__name__}: {err}"
-    for mod in ("torch", "cupy"):
-        if mod in sys.modules:
-            env[mod] = sys.modules[mod].__version__
     return env
 
 

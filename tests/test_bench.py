@@ -13,9 +13,12 @@ import sys
 import numpy as np
 import pytest
 
-from bitfold import bench, bench_startup, bench_worker, cli
-from bitfold.bench_cases import SEED_K, SEED_N, SWEEPS, build_cases, make_inputs
-from bitfold.bench_contenders import CONTENDERS, Contender, OutOfMemory, PaddedScatter, Runner
+from bitfold import cli
+from bitfold.cli.bench import command as bench
+from bitfold.cli.bench import startup as bench_startup
+from bitfold.cli.bench import worker as bench_worker
+from bitfold.cli.bench.cases import SEED_K, SEED_N, SWEEPS, build_cases, make_inputs
+from bitfold.cli.bench.contenders import CONTENDERS, Contender, OutOfMemory, PaddedScatter, Runner
 
 STATUSES = {"ok", "failed", "oom", "skipped"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -47,7 +50,7 @@ def test_results_json_schema(tiny_run: tuple[str, dict, str]) -> None:
     for key in ("date", "command", "settings", "machine", "sweeps", "cases", "results", "goals"):
         assert key in res, key
     m = res["machine"]
-    assert m["cpu"] and m["cores_usable"] >= 1 and m["libraries"]["numpy"] == np.__version__
+    assert m["cpu"] and m["cpu_affinity"] >= 1 and m["libraries"]["numpy"] == np.__version__
     assert res["command"].startswith("bitfold bench --quick")
     assert res["settings"]["baseline"] == "numpy-add-at"
     names = ["numpy-add-at", "bitfold-exact", "bitfold-ordered", "bitfold-atomic",
@@ -413,7 +416,7 @@ def test_memory_gauge_sees_numpy_and_torch_allocations(lib: str, monkeypatch) ->
         pytest.importorskip("torch", reason="torch is not installed")
     if not bench_worker._reset_hwm():
         pytest.skip("this system cannot reset the resident set's high-water mark")
-    from bitfold.bench_contenders import Inputs
+    from bitfold.cli.bench.contenders import Inputs
 
     name = f"alloc-{lib}"
     monkeypatch.setitem(
@@ -432,7 +435,7 @@ def test_memory_gauge_sees_numpy_and_torch_allocations(lib: str, monkeypatch) ->
 def test_what_each_contender_needs_on_cuda(monkeypatch) -> None:
     import importlib.util
 
-    from bitfold.bench_contenders import baseline_for
+    from bitfold.cli.bench.contenders import baseline_for
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

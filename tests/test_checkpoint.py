@@ -1,4 +1,4 @@
-"""Checkpoint digests (bitfold.checkpoint) and ``bitfold digest``."""
+"""Checkpoint digests (bitfold.repro.checkpoint) and ``bitfold digest``."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 
 import bitfold
 from bitfold import cli
-from bitfold.checkpoint import checkpoint_digest, combine, read_checkpoint
 from bitfold.errors import FoldError
+from bitfold.repro.checkpoint import checkpoint_digest, combine, read_checkpoint
 
 # NumPy dtype -> safetensors dtype code
 ST_CODES = {

@@ -82,6 +82,13 @@ def test_no_import_cycle_anywhere(monkeypatch):
     assert _strongly_connected(graph) == []
 
 
+def test_no_module_imports_the_package_root(monkeypatch):
+    """``from .. import X`` resolving to ``bitfold/__init__.py`` would loop through the root."""
+    monkeypatch.syspath_prepend(str(ROOT / "src"))
+    graph = grimp.build_graph("bitfold", exclude_type_checking_imports=True, cache_dir=None)
+    assert sorted(graph.find_modules_that_directly_import("bitfold")) == []
+
+
 def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
     """The check above can fail: a package whose two modules import each other lazily."""
     pkg = tmp_path / "cyclic_pkg"

@@ -1,10 +1,8 @@
-"""Run manifests (bitfold.manifest) and ``bitfold diff``."""
+"""Run manifests (bitfold.repro.manifest) and ``bitfold diff``."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,7 +10,7 @@ import pytest
 import bitfold
 from bitfold import cli
 from bitfold.errors import FoldError, FoldTypeError
-from bitfold.manifest import FORMAT, VERSION, compare, environment, read_manifest, record
+from bitfold.repro.manifest import FORMAT, VERSION, compare, read_manifest, record
 
 
 def _arrays(seed: int = 0) -> dict[str, np.ndarray]:
@@ -149,7 +147,7 @@ def test_background_mode_writes_the_same_manifest(tmp_path):
 
 
 def test_background_worker_error_is_raised_and_recorded(tmp_path, monkeypatch):
-    import bitfold.manifest as manifest
+    import bitfold.repro.manifest as manifest
 
     real = manifest.digest
 
@@ -178,57 +176,6 @@ def test_background_worker_error_is_raised_and_recorded(tmp_path, monkeypatch):
         r.log(0, {"bad": np.zeros(3)})
         raise KeyError("mine")
     assert _lines(tmp_path / "s.jsonl")[-1]["error"] == "KeyError: 'mine'"
-
-
-# --------------------------------------------------------------------------- fingerprint
-def test_environment_records_determinism_variables(monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    env = environment()
-    assert env["env"]["OMP_NUM_THREADS"] == "3"
-    assert env["env"]["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-    assert env["env"]["PYTHONHASHSEED"] is None
-    assert env["versions"]["bitfold"] == bitfold.__version__
-    assert env["versions"]["numpy"] == np.__version__
-    assert env["cpu_count"] == __import__("os").cpu_count()
-    assert env["threads"]["numba_max"] == __import__("numba").config.NUMBA_NUM_THREADS
-    json.dumps(env, allow_nan=False)  # plain JSON
-
-
-def test_fingerprint_changes_no_thread_setting():
-    """Starting Numba's OpenMP pool would reset torch's thread count; the fingerprint must not."""
-    code = (
-        "import torch; torch.set_num_threads(1); import bitfold.manifest as m; "
-        "from numba.np.ufunc import parallel; e = m.environment(); "
-        "assert not parallel._is_initialized; assert 'numba' not in e['threads']; "
-        "assert m.thread_settings()['numba'] is None; assert not parallel._is_initialized; "
-        "print(torch.get_num_threads(), e['threads']['torch'])"
-    )
-    pytest.importorskip("torch", reason="torch is not installed")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["1", "1"]
-
-
-def test_fingerprint_never_imports_a_framework():
-    code = (
-        "import sys, bitfold.manifest as m; e = m.environment(); "
-        "assert not {'torch', 'jax', 'cupy'} & set(sys.modules), sorted(sys.modules); "
-        "assert 'torch' not in e['versions']; print('ok')"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
-
-
-def test_fingerprint_describes_torch_when_loaded():
-    torch = pytest.importorskip("torch", reason="torch is not installed")
-    env = environment()
-    assert env["versions"]["torch"] == torch.__version__
-    assert env["threads"]["torch"] == torch.get_num_threads()
-    assert env["torch"]["deterministic_algorithms"] == torch.are_deterministic_algorithms_enabled()
-    assert ("gpu" in env) == torch.cuda.is_available()
 
 
 # --------------------------------------------------------------------------- diff
@@ -380,7 +327,7 @@ def _mlp(torch):
     return torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
 
 
-def test_log_model_records_gradients_in_backward_order_then_parameters(tmp_path, torch):
+def test_log_model_records_gradients_in_forward_order_then_parameters(tmp_path, torch):
     model = _mlp(torch)
     model(torch.ones(3, 5)).sum().backward()
     with record(tmp_path / "r.jsonl") as rec:
@@ -388,9 +335,58 @@ def test_log_model_records_gradients_in_backward_order_then_parameters(tmp_path,
     got = _lines(tmp_path / "r.jsonl")[1]["tensors"]
     names = ["0.weight", "0.bias", "2.weight", "2.bias"]
     params = dict(model.named_parameters())
-    expected = [[f"grad/{n}", bitfold.digest(params[n].grad)] for n in reversed(names)]
+    expected = [[f"grad/{n}", bitfold.digest(params[n].grad)] for n in names]
     expected += [[f"param/{n}", bitfold.digest(params[n])] for n in names]
     assert got == expected
+
+
+def test_train_logging_and_log_model_write_the_same_tensors_in_the_same_order(tmp_path, torch):
+    """One tensor order whatever tool writes the manifest, so diff names the same tensor."""
+    from bitfold.cli.train import _log_step
+
+    model = _mlp(torch)
+    loss = model(torch.ones(3, 5)).sum()
+    loss.backward()
+    with record(tmp_path / "train.jsonl") as rec:
+        _log_step(rec, 0, model, loss)
+    with record(tmp_path / "user.jsonl") as rec:
+        rec.log_model(0, model, meta={"loss": float(loss.detach())})
+    by_train = read_manifest(tmp_path / "train.jsonl").steps[0]
+    by_user = read_manifest(tmp_path / "user.jsonl").steps[0]
+    assert by_train.tensors == by_user.tensors
+    assert [n for n, _ in by_train.tensors] == [
+        "grad/0.weight", "grad/0.bias", "grad/2.weight", "grad/2.bias",
+        "param/0.weight", "param/0.bias", "param/2.weight", "param/2.bias",
+    ]
+
+
+def test_train_record_lists_the_tensors_of_log_model_for_the_same_model(tmp_path, torch):
+    """``bitfold train --record`` and ``rec.log_model`` on the model it trains: same names, same
+    order."""
+    pytest.importorskip("sklearn", reason="bitfold train needs scikit-learn")
+    from bitfold.torch import FoldedLinear
+
+    assert cli.main(["train", "--epochs", "1", "--hidden", "8", "--buckets", "16",
+                     "--batch", "512", "--strategies", "exact", "--repeats", "1",
+                     "--record", str(tmp_path)]) == 0
+    written = read_manifest(tmp_path / "digits-exact-run1.jsonl").steps[0].tensors
+    model = torch.nn.Sequential(FoldedLinear(64, 8, 16, seed=0), torch.nn.ReLU(),
+                                FoldedLinear(8, 10, 16, seed=1))
+    model(torch.ones(2, 64)).sum().backward()
+    with record(tmp_path / "user.jsonl") as rec:
+        rec.log_model(0, model)
+    assert [n for n, _ in written] == [
+        n for n, _ in read_manifest(tmp_path / "user.jsonl").steps[0].tensors
+    ]
+
+
+@pytest.mark.parametrize("thing", [{"w": np.zeros(2)}, np.zeros(3), None])
+def test_log_model_refuses_what_is_not_a_module(tmp_path, thing):
+    with record(tmp_path / "r.jsonl") as rec:
+        with pytest.raises(FoldTypeError, match=r"model must be a torch\.nn\.Module") as err:
+            rec.log_model(0, thing)
+    assert type(thing).__qualname__ in str(err.value)
+    assert "rec.log(step, tensors)" in str(err.value)
 
 
 def test_watch_records_module_outputs_before_the_logged_tensors(tmp_path, torch):

@@ -42,7 +42,7 @@ def test_tiny_training_json(tmp_path, capsys):
     ordered = next(r for r in runs if r["strategy"] == "ordered")
     assert exact["digest"] != ordered["digest"]  # different roundings, different bits
     assert "baseline_accuracy_difference" in result
-    assert result["config"]["epochs"] == 1 and result["environment"]["threads"] >= 1
+    assert result["config"]["epochs"] == 1 and result["environment"]["threads"]["torch"] >= 1
     printed = capsys.readouterr().out
     assert "bit-identical" in printed and "exact" in printed
 
@@ -52,7 +52,7 @@ def test_threads_option_and_strategy_subset(tmp_path):
     args = [*TINY, "--strategies", "exact", "--repeats", "3", "--threads", "1", "--json", str(out)]
     assert cli.main(args) == 0
     result = json.loads(out.read_text())
-    assert result["environment"]["threads"] == 1
+    assert result["environment"]["threads"]["torch"] == 1
     assert len(result["runs"]) == 3 and result["strategies"]["exact"]["bit_identical"] is True
     assert result["baseline_accuracy_difference"] is None
 
@@ -90,8 +90,8 @@ def test_cuda_without_a_gpu_is_refused(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("bitfold.manifest") is None,
-                    reason="bitfold.manifest is not in this build")
+@pytest.mark.skipif(importlib.util.find_spec("bitfold.repro.manifest") is None,
+                    reason="bitfold.repro.manifest is not in this build")
 def test_record_writes_one_manifest_per_run(tmp_path):
     rec = tmp_path / "runs"
     assert cli.main([*TINY, "--strategies", "exact", "--record", str(rec)]) == 0

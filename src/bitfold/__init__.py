@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from ._version import __version__
-from .digest import bits_equal, digest  # TODO(merge): lazy, from bitfold.repro.digest
 from .errors import (
     DeviceError,
     FoldError,
@@ -30,9 +29,9 @@ from .strategies import get_strategy, strategies
 
 #: public name -> module that defines it, imported on first use (PEP 562)
 _LAZY = {
-    "digest": "bitfold.digest",  # TODO(merge): bitfold.repro.digest
-    "bits_equal": "bitfold.digest",
-    "record": "bitfold.manifest",
+    "digest": "bitfold.repro.digest",
+    "bits_equal": "bitfold.repro.digest",
+    "record": "bitfold.repro.manifest",
 }
 
 

@@ -3,7 +3,7 @@
 ``expand(v, plan)`` is ``v[plan.index].reshape(plan.shape)``; its gradient
 with respect to ``v`` is ``fold(grad, plan, strategy)``, by default the
 *exact* fold: every bucket's exact real sum rounded once (see
-:mod:`bitfold.exactsum`), so training gives the same bits on every run,
+:mod:`bitfold.exact`), so training gives the same bits on every run,
 thread count and split of the work, where PyTorch's own backward of
 ``v[idx]`` (``index_put_`` with ``accumulate=True``) adds in whatever order
 its threads finish.
@@ -31,7 +31,7 @@ The gradient of ``v`` has ``v``'s dtype:
   fold of that strategy rounded to bfloat16.
 
 Devices: CPU tensors fold with the Numba CPU kernels; CUDA tensors fold on
-their device and stream with the numba-cuda kernels of :mod:`bitfold.gpu`
+their device and stream with the numba-cuda kernels of :mod:`bitfold.backends.cuda`
 (``exact`` gives the same bits as on the CPU; needs ``bitfold[cuda]``; not
 yet run on a real GPU by this project). Other devices get a
 :class:`bitfold.DeviceError`.

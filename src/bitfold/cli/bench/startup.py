@@ -17,7 +17,7 @@ import tempfile
 import time
 from typing import Any
 
-from .errors import FoldError
+from ...errors import FoldError
 
 #: Timed in order in a fresh process; each is the first call of its kernels.
 SCRIPT = r"""

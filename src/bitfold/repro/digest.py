@@ -21,8 +21,8 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from .arrays import raw_bits
-from .errors import FoldTypeError
+from ..arrays import raw_bits
+from ..errors import FoldTypeError
 
 
 def _encoded_array_hash(name: str, shape: tuple[int, ...], data: bytes) -> bytes:

@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import to_numpy
-from .bench_contenders import CONTENDERS, Inputs, OutOfMemory
-from .digest import digest
+from ...arrays import to_numpy
+from ...repro.digest import digest
+from .contenders import CONTENDERS, Inputs, OutOfMemory
 
 
 def failure(err: BaseException) -> tuple[str, str]:
@@ -52,7 +52,7 @@ def failure(err: BaseException) -> tuple[str, str]:
 
 def reference(inp: Inputs) -> np.ndarray:
     """The correctly rounded float64 sums of the case (the yardstick for accuracy)."""
-    from .plan import Fold
+    from ...plan import Fold
 
     return Fold(inp.idx, inp.k)(inp.values, "exact", out_dtype="float64")
 

@@ -15,9 +15,11 @@ trained ``--repeats`` times (default twice) from the same seed:
   least 32,768 positions in a map it adds with atomics in the order the
   threads finish.
 
-``--model seed`` trains the seed's synthetic model instead (D=768,
-hid=4096, K=433, a fixed random batch of 128, loss ``sum((relu(XW)-1)^2) /
-(2 batch)``, Adam lr 1e-3; one "epoch" is one step, ``--steps`` of them).
+``--model seed`` trains the seed's synthetic model instead
+(:mod:`bitfold.cli.seed_model`: D=768, hid=4096, K=433, a fixed random batch
+of 128, loss ``sum((relu(XW)-1)^2) / (2 batch)``, Adam lr 1e-3; one "epoch"
+is one step, ``--steps`` of them), as one ``FoldedLinear`` trained with
+``torch.optim.Adam`` through the seed model's training loop.
 
 Reported per run: final loss (mean training loss of the last epoch), test
 accuracy, seconds per epoch, and the digest of the final state dict
@@ -30,7 +32,7 @@ timings only, never results. ``--json -`` writes the JSON alone to stdout
 (the table to stderr).
 
 ``--record DIR`` writes one JSON-lines manifest per run
-(:mod:`bitfold.manifest`: the digests of every gradient, then every
+(:mod:`bitfold.repro.manifest`: the digests of every gradient, then every
 parameter, at every step) for ``bitfold diff``.
 """
 
@@ -48,8 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DeviceError, FoldError
+from ..errors import DeviceError, FoldError
 from .progress import progress_bar
+from .seed_model import SEED_STEPS, SeedModel, train
 from .torch_env import passive_openmp_before_torch
 
 HELP = "train a folded MLP twice per strategy and check that the runs are bit-identical"
@@ -59,7 +62,9 @@ BASELINE = "autograd"
 DEFAULT_STRATEGIES = ("exact", "ordered", "atomic", BASELINE)
 
 DIGITS_DEFAULTS = {"epochs": 40, "hidden": 512, "buckets": 1024, "batch": 32, "lr": 1e-2}
-SEED_DEFAULTS = {"D": 768, "hid": 4096, "K": 433, "batch": 128, "lr": 1e-3, "steps": 200}
+_SEED = SeedModel()
+SEED_DEFAULTS = {"D": _SEED.D, "hid": _SEED.hid, "K": _SEED.K, "batch": _SEED.batch,
+                 "lr": _SEED.lr, "steps": SEED_STEPS}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -105,7 +110,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 # -- models ---------------------------------------------------------------------------------------
 def _layers(torch: Any) -> tuple[Any, Any]:
     """``FoldedLinear`` and its baseline twin whose gather is plain ``v[idx]``."""
-    from .torch import FoldedLinear
+    from ..torch import FoldedLinear
 
     class AutogradFoldedLinear(FoldedLinear):
         """The baseline: ``v[idx]``, differentiated by PyTorch's own ``index_put_``."""
@@ -175,10 +180,10 @@ class _Recorder:
         self._record = None
         if self.directory is not None:
             try:
-                from . import manifest
+                from ..repro import manifest
             except ImportError as err:
                 raise FoldError(
-                    f"--record needs bitfold.manifest, which this installation lacks ({err})"
+                    f"--record needs bitfold.repro.manifest, which this installation lacks ({err})"
                 ) from None
             self._record = manifest.record
             try:
@@ -197,16 +202,10 @@ class _Recorder:
 
 
 def _log_step(rec: Any, step: int, model: Any, loss: Any) -> None:
-    if rec is None:
-        return
-    named = list(model.named_parameters())
-    tensors: dict[str, Any] = {}
-    for name, p in named:  # gradients first: the earliest cause of a difference
-        if p.grad is not None:
-            tensors[f"grad/{name}"] = p.grad
-    for name, p in named:
-        tensors[f"param/{name}"] = p.detach()
-    rec.log(step, tensors, meta={"loss": float(loss.detach())})
+    """Record the model's gradients and parameters in the manifest's one order
+    (:func:`bitfold.repro.manifest.model_tensors`), with the loss."""
+    if rec is not None:
+        rec.log_model(step, model, meta={"loss": float(loss.detach())})
 
 
 def _run_digits(torch: Any, args: argparse.Namespace, data: dict[str, np.ndarray],
@@ -254,36 +253,48 @@ def _run_digits(torch: Any, args: argparse.Namespace, data: dict[str, np.ndarray
 
 def _run_seed(torch: Any, args: argparse.Namespace, strategy: str, device: Any, rec: Any,
               bar: Any) -> dict[str, Any]:
-    from .plan import Fold
+    """The seed model (:mod:`bitfold.cli.seed_model`) as one ``FoldedLinear`` (or its autograd
+    twin) trained with ``torch.optim.Adam``, through the seed model's one training loop."""
+    from ..plan import Fold
 
-    c = SEED_DEFAULTS
-    D, hid, K, batch = c["D"], c["hid"], c["K"], c["batch"]
+    spec = SeedModel(lr=args.lr, seed=args.seed)
     FoldedLinear, Baseline = _layers(torch)
     cls = Baseline if strategy == BASELINE else FoldedLinear
-    rng = np.random.default_rng(args.seed)
-    idx = rng.integers(0, K, D * hid).reshape(D, hid)  # the seed's map, W = v[idx] (D x hid)
-    plan = Fold(np.ascontiguousarray(idx.T), K)  # FoldedLinear holds W.T: (hid, D)
-    layer = cls(D, hid, K, bias=False, plan=plan, **_layer_kwargs(strategy))
-    r = np.random.default_rng(args.seed)
+    idx = spec.index().reshape(spec.D, spec.hid)  # the seed's map, W = v[idx] (D x hid)
+    plan = Fold(np.ascontiguousarray(idx.T), spec.K)  # FoldedLinear holds W.T: (hid, D)
+    layer = cls(spec.D, spec.hid, spec.K, bias=False, plan=plan, **_layer_kwargs(strategy))
+    v0, X0 = spec.start()
     with torch.no_grad():
-        layer.shared_weight.copy_(torch.from_numpy(r.normal(0, 0.05, K).astype(np.float32)))
-    X = torch.from_numpy(r.normal(size=(batch, D)).astype(np.float32)).to(device)
+        layer.shared_weight.copy_(torch.from_numpy(v0))
     model = layer.to(device)
+    X = torch.from_numpy(X0).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, eps=1e-8)
-    seconds, loss_value = [], math.nan
-    for step in range(args.steps):
-        t0 = time.perf_counter()
-        h = torch.relu(model(X))
-        loss = ((h - 1.0) ** 2).sum() / (2 * batch)
+    losses: list[Any] = []
+    seconds: list[float] = []
+    clock = [time.perf_counter()]
+
+    def gradient(v: Any, X: Any) -> Any:  # the layer's backward folds W's gradient into v
+        loss = spec.loss(torch.relu(model(X)))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        _log_step(rec, step, model, loss)
+        _log_step(rec, len(losses), model, loss)
+        losses.append(loss.detach())
+        return v.grad
+
+    def update(v: Any, grad: Any, t: int) -> Any:  # Adam on v.grad, in place
         opt.step()
-        loss_value = float(loss.detach())
-        seconds.append(time.perf_counter() - t0)
+        return v
+
+    def tick() -> None:
+        now = time.perf_counter()
+        seconds.append(now - clock[0])
+        clock[0] = now
         bar.tick()
-    return {"model": model, "predictions": None, "final_loss": loss_value, "test_accuracy": None,
-            "seconds_per_epoch": float(np.mean(seconds)), "steps": args.steps}
+
+    train(model.shared_weight, X, args.steps, gradient, update, tick)
+    return {"model": model, "predictions": None, "final_loss": float(losses[-1]),
+            "test_accuracy": None, "seconds_per_epoch": float(np.mean(seconds)),
+            "steps": args.steps}
 
 
 # -- comparison and report ------------------------------------------------------------------------
@@ -330,8 +341,9 @@ def _print_report(result: dict[str, Any], file: Any = None) -> None:
 
     emit(f"bitfold train: model {cfg['model']}, {cfg['description']}")
     env = result["environment"]
-    emit(f"  torch {env['torch']}, {env['threads']} thread(s), device {cfg['device']}, "
-         f"seed {cfg['seed']}, OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}")
+    emit(f"  torch {env['versions']['torch']}, {env['threads']['torch']} thread(s), "
+         f"device {cfg['device']}, seed {cfg['seed']}, "
+         f"OMP_WAIT_POLICY={result['omp_wait_policy']}")
     emit()
     emit(f"  {'strategy':<9} {'run':>3} {'final loss':>12} {'test acc':>9} {'s/epoch':>8}  digest")
     for r in result["runs"]:
@@ -369,7 +381,7 @@ def main(args: argparse.Namespace) -> int:
         import torch
     except ImportError:
         raise FoldError("bitfold train needs PyTorch (pip install 'bitfold[torch]')") from None
-    from .strategies import get_strategy
+    from ..strategies import get_strategy
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if not strategies:
@@ -387,7 +399,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(torch: Any, args: argparse.Namespace, strategies: list[str]) -> int:
-    from . import __version__, digest
+    from .._version import __version__
+    from ..repro.digest import digest
+    from ..repro.fingerprint import fingerprint
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise DeviceError("--device cuda: PyTorch sees no CUDA device here; use --device cpu")
@@ -450,9 +464,8 @@ def _main(torch: Any, args: argparse.Namespace, strategies: list[str]) -> int:
 
     result = {
         "bitfold": __version__,
-        "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(),
-                        "python": sys.version.split()[0], "numpy": np.__version__,
-                        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
+        "environment": fingerprint(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "config": config,
         "runs": runs,
         "strategies": summaries,

@@ -1,10 +1,14 @@
-"""The benchmark's contenders: every way to fold values into K buckets that it compares.
+"""The contenders: every way to fold values into K buckets that bitfold's tools compare.
 
+The one list of baselines: ``bitfold bench`` runs all of them, ``bitfold
+probe`` and ``scripts/gpu_check.py`` take theirs from :data:`CONTENDERS`.
 Each contender is a :class:`Contender` whose ``make(inputs)`` converts the
 inputs to its own library and device (not timed) and returns a
 :class:`Runner`: ``build()`` builds whatever depends on the index only (a
 plan, a sorted order; timed as *setup*), ``call()`` folds the values once
-and returns the K sums after the device has finished (timed).
+and returns the K sums after the device has finished (timed); ``fold()`` is
+the same fold without the wait, for timers that wait on their own (CUDA
+events, graph capture).
 
 Peers accumulate in the value dtype, as they do natively (``np.bincount`` in
 float64); bitfold returns float32 sums for float16 values. Frameworks are
@@ -15,14 +19,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .errors import FoldError
-from .torch_env import deterministic_algorithms
+from ...errors import FoldError
+from ..torch_env import deterministic_algorithms
 
 
 class OutOfMemory(MemoryError):
@@ -70,16 +75,24 @@ class Inputs:
 class Runner:
     """``build()`` once (index-only work), then ``call()`` per fold (waits for the device).
 
-    ``build`` is None for contenders that keep nothing between calls.
+    ``fold`` starts one fold and returns its output, which on a GPU may still
+    be computing; ``call`` waits for it. ``build`` is None for contenders that
+    keep nothing between calls.
     """
 
-    call: Callable[[], Any]
+    fold: Callable[[], Any]
     build: Callable[[], None] | None = None
 
     def setup(self) -> None:
         """Run ``build`` if there is one."""
         if self.build is not None:
             self.build()
+
+    def call(self) -> Any:
+        """One fold, returned once the device has finished it."""
+        out = self.fold()
+        wait(out)
+        return out
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,12 @@ class Contender:
     description: str
     make: Callable[[Inputs], Runner]
     cuda_library: str | None = None  # what it imports on cuda, when not ``library``
+    label: str = ""  # the short name reports print (``bitfold probe``); the name when empty
+
+    @property
+    def title(self) -> str:
+        """:attr:`label`, or the name when there is none."""
+        return self.label or self.name
 
     def unavailable(self, device: str) -> str | None:
         """Why this contender cannot run on ``device`` here, or None when it can."""
@@ -107,7 +126,7 @@ class Contender:
 # -- bitfold ---------------------------------------------------------------------------------
 def _bitfold(strategy: str) -> Callable[[Inputs], Runner]:
     def make(inp: Inputs) -> Runner:
-        from .plan import Fold
+        from ...plan import Fold
 
         values = inp.torch()[1] if inp.device == "cuda" else inp.values
         state: dict[str, Any] = {}
@@ -115,12 +134,7 @@ def _bitfold(strategy: str) -> Callable[[Inputs], Runner]:
         def build() -> None:
             state["plan"] = Fold(inp.idx, inp.k)
 
-        def call() -> Any:
-            out = state["plan"](values, strategy)
-            _sync(inp.device, out)
-            return out
-
-        return Runner(call, build)
+        return Runner(lambda: state["plan"](values, strategy), build)
 
     return make
 
@@ -173,12 +187,7 @@ def _padded(inp: Inputs) -> Runner:
     def build() -> None:
         state["fs"] = PaddedScatter(inp.idx, inp.k, inp.values.dtype, inp.memory_limit, xp)
 
-    def call() -> Any:
-        out = state["fs"](values)
-        _sync(inp.device, out)
-        return out
-
-    return Runner(call, build)
+    return Runner(lambda: state["fs"](values), build)
 
 
 # -- numpy -----------------------------------------------------------------------------------
@@ -214,11 +223,12 @@ def _torch(op: str, deterministic: bool) -> Callable[[Inputs], Runner]:
             def fold() -> Any:
                 return torch.autograd.grad(w, v, values, retain_graph=True)[0]
 
+        if torch.are_deterministic_algorithms_enabled() == deterministic:
+            return Runner(fold)  # already in that mode (every block restores it): no switching
+
         def call() -> Any:
             with deterministic_algorithms(torch, deterministic):
-                out = fold()
-            _sync(inp.device, out)
-            return out
+                return fold()
 
         return Runner(call)
 
@@ -238,12 +248,7 @@ def _segment_csr(inp: Inputs) -> Runner:
         torch.cumsum(torch.bincount(idx, minlength=inp.k), 0, out=indptr[1:])
         state["indptr"] = indptr
 
-    def call() -> Any:
-        out = segment_csr(values[state["order"]], state["indptr"], reduce="sum")
-        _sync(inp.device, out)
-        return out
-
-    return Runner(call, build)
+    return Runner(lambda: segment_csr(values[state["order"]], state["indptr"], reduce="sum"), build)
 
 
 # -- jax -------------------------------------------------------------------------------------
@@ -258,7 +263,7 @@ def _jax_segment_sum(inp: Inputs) -> Runner:
     data = jax.device_put(inp.values, dev)
     seg = jax.device_put(inp.idx.astype(np.int32), dev)
     fold = jax.jit(lambda d, s: jax.ops.segment_sum(d, s, num_segments=inp.k))
-    return Runner(lambda: fold(data, seg).block_until_ready())
+    return Runner(lambda: fold(data, seg))
 
 
 # -- cupy ------------------------------------------------------------------------------------
@@ -269,28 +274,24 @@ def _cupy_scatter_add(inp: Inputs) -> Runner:
     idx = inp.cached("cupy-idx", lambda: cupy.asarray(inp.idx))
     values = inp.cached("cupy-values", lambda: cupy.asarray(inp.values))
 
-    def call() -> Any:
+    def fold() -> Any:
         out = cupy.zeros(inp.k, values.dtype)
         cupyx.scatter_add(out, idx, values)
-        cupy.cuda.Device().synchronize()
         return out
 
-    return Runner(call)
+    return Runner(fold)
 
 
-def _sync(device: str, out: Any) -> None:
-    """Wait until ``out`` is computed (GPU work is asynchronous)."""
-    if device != "cuda":
-        return
+def wait(out: Any) -> None:
+    """Wait until ``out`` is computed (GPU work and JAX dispatch are asynchronous)."""
     mod = type(out).__module__.split(".", 1)[0]
     if mod == "torch":
-        import torch
-
-        torch.cuda.synchronize()
+        if out.is_cuda:
+            sys.modules["torch"].cuda.synchronize()
     elif mod == "cupy":
-        import cupy
-
-        cupy.cuda.Device().synchronize()
+        sys.modules["cupy"].cuda.Device().synchronize()
+    elif callable(getattr(out, "block_until_ready", None)):  # jax
+        out.block_until_ready()
 
 
 _BOTH = ("cpu", "cuda")
@@ -300,42 +301,48 @@ CONTENDERS: dict[str, Contender] = {
     for c in [
         Contender("bitfold-exact", "bitfold", _BOTH, "exact",
                   "bitfold.Fold(idx, K)(values, 'exact')", _bitfold("exact"),
-                  cuda_library="torch"),
+                  cuda_library="torch", label="bitfold exact"),
         Contender("bitfold-ordered", "bitfold", _BOTH, "fixed order",
                   "bitfold.Fold(idx, K)(values, 'ordered')", _bitfold("ordered"),
-                  cuda_library="torch"),
+                  cuda_library="torch", label="bitfold ordered"),
         Contender("bitfold-atomic", "bitfold", _BOTH, "none",
                   "bitfold.Fold(idx, K)(values, 'atomic')", _bitfold("atomic"),
-                  cuda_library="torch"),
+                  cuda_library="torch", label="bitfold atomic"),
         Contender("fixed-scatter", "numpy", _BOTH, "fixed order",
                   "the seed's FixedScatter: K x largest-bucket padded buffer", _padded,
-                  cuda_library="cupy"),
+                  cuda_library="cupy", label="seed FixedScatter"),
         Contender("numpy-add-at", "numpy", ("cpu",), "none",
-                  "np.add.at(zeros(K), idx, values)", _add_at),
+                  "np.add.at(zeros(K), idx, values)", _add_at, label="np.add.at"),
         Contender("numpy-bincount", "numpy", ("cpu",), "none",
-                  "np.bincount(idx, weights=values) (float64 sums)", _bincount),
+                  "np.bincount(idx, weights=values) (float64 sums)", _bincount,
+                  label="np.bincount"),
         Contender("torch-index-add", "torch", _BOTH, "none",
-                  "zeros(K).index_add_(0, idx, values)", _torch("index_add", False)),
+                  "zeros(K).index_add_(0, idx, values)", _torch("index_add", False),
+                  label="torch index_add_"),
         Contender("torch-index-add-det", "torch", _BOTH, _DET,
                   "index_add_ under use_deterministic_algorithms(True)",
-                  _torch("index_add", True)),
+                  _torch("index_add", True), label="torch index_add_ deterministic"),
         Contender("torch-scatter-add", "torch", _BOTH, "none",
-                  "zeros(K).scatter_add_(0, idx, values)", _torch("scatter_add", False)),
+                  "zeros(K).scatter_add_(0, idx, values)", _torch("scatter_add", False),
+                  label="torch scatter_add_"),
         Contender("torch-scatter-add-det", "torch", _BOTH, _DET,
                   "scatter_add_ under use_deterministic_algorithms(True)",
-                  _torch("scatter_add", True)),
+                  _torch("scatter_add", True), label="torch scatter_add_ deterministic"),
         Contender("torch-autograd", "torch", _BOTH, "none",
                   "autograd gradient of v[idx] (index_put_ accumulate)",
-                  _torch("autograd", False)),
+                  _torch("autograd", False), label="torch autograd v[idx]"),
         Contender("torch-autograd-det", "torch", _BOTH, _DET,
                   "autograd gradient of v[idx] under use_deterministic_algorithms(True)",
-                  _torch("autograd", True)),
+                  _torch("autograd", True), label="torch autograd v[idx] deterministic"),
         Contender("torch-scatter-segment-csr", "torch_scatter", _BOTH, "fixed order",
-                  "torch_scatter.segment_csr(values[order], indptr)", _segment_csr),
+                  "torch_scatter.segment_csr(values[order], indptr)", _segment_csr,
+                  label="torch_scatter segment_csr"),
         Contender("jax-segment-sum", "jax", _BOTH, "none",
-                  "jax.jit(jax.ops.segment_sum)(values, idx, K)", _jax_segment_sum),
+                  "jax.jit(jax.ops.segment_sum)(values, idx, K)", _jax_segment_sum,
+                  label="jax segment_sum"),
         Contender("cupy-scatter-add", "cupy", ("cuda",), "none",
-                  "cupyx.scatter_add(zeros(K), idx, values)", _cupy_scatter_add),
+                  "cupyx.scatter_add(zeros(K), idx, values)", _cupy_scatter_add,
+                  label="cupyx.scatter_add"),
     ]
 }  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Published digests of checkpoints: ``bitfold digest PATH... [--per-tensor] [--json]``.
+"""Published digests of checkpoints (the ``bitfold digest`` command is :mod:`bitfold.cli.digest`).
 
 The digest of a checkpoint is :func:`bitfold.digest` of its name -> array
 mapping (for a file holding a single array, ``.npy`` or a bare saved tensor,
@@ -27,13 +27,11 @@ nothing is ever unpickled beyond what ``weights_only`` allows.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
 import re
 import struct
-import sys
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -42,11 +40,9 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from .arrays import dtype_name
+from ..arrays import dtype_name
+from ..errors import FoldError
 from .digest import combine, digest, digest_of_bytes
-from .errors import FoldError
-
-HELP = "print the canonical digest of checkpoints (.npy/.npz, safetensors, PyTorch)"
 
 #: safetensors dtype -> (NumPy dtype of the stored bytes, bitfold dtype name).
 SAFETENSORS_DTYPES: dict[str, tuple[str, str]] = {
@@ -365,45 +361,6 @@ def checkpoint_digest(
     if per_tensor:
         return info.digest, {e.name: e.digest for e in info.tensors}
     return info.digest
-
-
-# --------------------------------------------------------------------------- CLI
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``bitfold digest``."""
-    parser.add_argument("paths", metavar="PATH", nargs="+", help="checkpoint files")
-    parser.add_argument("--per-tensor", action="store_true", help="list each tensor's digest")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.epilog = "exit status: 0 all digested, 2 when any file was refused"
-
-
-def main(args: argparse.Namespace) -> int:
-    """Digest every path; refused files are reported on stderr and give exit status 2."""
-    results: list[dict[str, Any]] = []
-    failed = 0
-    for path in args.paths:
-        try:
-            info = read_checkpoint(path)
-        except FoldError as err:
-            failed += 1
-            results.append({"path": path, "error": str(err)})
-            if not args.json:
-                print(f"bitfold digest: error: {err}", file=sys.stderr)
-            continue
-        results.append(info.as_dict(per_tensor=args.per_tensor))
-        if args.json:
-            continue
-        kind = "1 array" if info.single else f"{len(info.tensors)} tensors"
-        print(f"{info.digest}  {path}" + (f"  ({info.format}, {kind})" if args.per_tensor else ""))
-        if args.per_tensor:
-            for e in info.tensors:
-                shape = ",".join(map(str, e.shape))
-                print(f"  {e.digest}  {e.name or '(array)'}  {e.dtype}[{shape}]")
-            if info.ignored:
-                print(f"  ignored (not tensors): {', '.join(info.ignored)}")
-    if args.json:
-        json.dump(results, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    return 2 if failed else 0
 
 
 __all__ = [

@@ -1,14 +1,14 @@
 """``bitfold bench``: the cost of determinism, measured against every peer, with plots.
 
-Runs the selected sweeps (:mod:`bitfold.bench_cases`) over the selected
-contenders (:mod:`bitfold.bench_contenders`) and writes into ``--out``:
+Runs the selected sweeps (:mod:`bitfold.cli.bench.cases`) over the selected
+contenders (:mod:`bitfold.cli.bench.contenders`) and writes into ``--out``:
 
 * ``results.json``: machine, settings, command line, cases and one row per
-  (case, contender) (fields in :mod:`bitfold.bench_measure`), peak memory
-  (:mod:`bitfold.bench_worker`), Numba cold and warm start-up
-  (:mod:`bitfold.bench_startup`) and issue 3's goals;
-* ``summary.md`` generated from it (:mod:`bitfold.bench_report`);
-* PNG plots (:mod:`bitfold.bench_plots`);
+  (case, contender) (fields in :mod:`bitfold.cli.bench.measure`), peak memory
+  (:mod:`bitfold.cli.bench.worker`), Numba cold and warm start-up
+  (:mod:`bitfold.cli.bench.startup`) and issue 3's goals;
+* ``summary.md`` generated from it (:mod:`bitfold.cli.bench.report`);
+* PNG plots (:mod:`bitfold.cli.bench.plots`);
 
 and prints a table on stdout. Everything that can be refused (names,
 device, output folder, missing matplotlib) is checked before any work
@@ -27,13 +27,26 @@ import sys
 import time
 from typing import Any
 
-from .errors import DeviceError, FoldError
-from .torch_env import passive_openmp_before_torch
+from ...errors import DeviceError, FoldError
+from ..torch_env import passive_openmp_before_torch
 
 HELP = "measure the cost of determinism: bitfold against every peer, with JSON, table and plots"
 
 SCHEMA = "bitfold-bench/1"
 PHASES = ("memory", "threads", "startup", "plots")
+#: Import name -> distributions that may provide it (first installed one wins): the libraries
+#: a contender or an output of the benchmark may use, listed in ``machine.libraries``.
+LIBRARIES = {
+    "numpy": ("numpy",),
+    "numba": ("numba",),
+    "torch": ("torch",),
+    "torch_scatter": ("torch-scatter", "torch_scatter"),
+    "jax": ("jax",),
+    "jaxlib": ("jaxlib",),
+    "cupy": ("cupy", "cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x"),
+    "matplotlib": ("matplotlib",),
+    "tqdm": ("tqdm",),
+}
 #: The seed configuration is the headline number: it gets this many times the repeats and time.
 SEED_EXTRA = 3
 
@@ -47,8 +60,8 @@ def _names(text: list[str] | None) -> list[str] | None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add ``bitfold bench``'s options to ``parser``."""
-    from .bench_cases import SWEEPS
-    from .bench_contenders import CONTENDERS, GROUPS
+    from .cases import SWEEPS
+    from .contenders import CONTENDERS, GROUPS
 
     parser.add_argument(
         "--quick",
@@ -169,9 +182,9 @@ def _default_out(device: str, cores: int) -> str:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Validate every option (raising FoldError) and return the run's settings."""
-    from .bench_cases import SWEEPS, check_sweeps
-    from .bench_contenders import baseline_for, resolve
-    from .bench_machine import physical_memory, usable_cores
+    from ...repro.fingerprint import physical_memory, usable_cores
+    from .cases import SWEEPS, check_sweeps
+    from .contenders import baseline_for, resolve
 
     if args.repeats is not None and args.repeats < 1:
         raise FoldError(f"--repeats must be at least 1; got {args.repeats}")
@@ -193,7 +206,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         )
     ram = physical_memory() or 8 << 30
     limit = int(args.memory_limit * 2**30) if args.memory_limit else min(2 << 30, ram // 4)
-    out = check_out_dir(args.out or _default_out(args.device, usable_cores()))
+    out = check_out_dir(args.out or _default_out(args.device, usable_cores() or 1))
     return {
         "quick": bool(args.quick),
         "device": args.device,
@@ -235,10 +248,10 @@ def _time_cases(cfg: dict[str, Any], cases: list[Any], progress: Any) -> list[di
     """Time every contender on every case in this process."""
     import numpy as np
 
-    from .bench_cases import make_inputs
-    from .bench_contenders import CONTENDERS, Inputs
-    from .bench_measure import failure, measure_case, reference
-    from .plan import Fold
+    from ...plan import Fold
+    from .cases import make_inputs
+    from .contenders import CONTENDERS, Inputs
+    from .measure import failure, measure_case, reference
 
     Fold(np.arange(64, dtype=np.int64) % 7, 7)  # load the plan kernels: setup_s is build only
     rows: list[dict] = []
@@ -284,8 +297,8 @@ def _worker_phase(
     mode: str, cfg: dict[str, Any], cases: list[Any], rows: list[dict], progress: Any
 ) -> None:
     """Peak memory (``memory``) or digests under another thread count (``threads``) per row."""
-    from .bench_machine import thread_counts
-    from .bench_worker import run_jobs
+    from ...repro.fingerprint import numba_threads
+    from .worker import run_jobs
 
     specs = {c.id: c.spec for c in cases}
     todo = [r for r in rows if r["status"] == "ok"]
@@ -293,7 +306,7 @@ def _worker_phase(
     jobs = [{"case": specs[r["case"]], "contender": r["contender"]} for r in todo]
     env, threads = None, None
     if mode == "threads":
-        main = thread_counts()["numba"]
+        main = numba_threads()
         threads = 1 if main > 1 else 2
         env = {k: str(threads) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS",
                                          "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}  # fmt: skip
@@ -321,7 +334,7 @@ def _worker_phase(
                         "device_peak_bytes"):  # fmt: skip
                 r[key] = got.get(key)
         else:
-            r["threads_compared"] = [thread_counts()["numba"], threads]
+            r["threads_compared"] = [numba_threads(), threads]
             r["threads_digest"] = got.get("digest")
             r["identical_threads"] = got["digest"] == r["digest"] if got["status"] == "ok" else None
             if got["status"] != "ok":
@@ -330,17 +343,33 @@ def _worker_phase(
 
 def write_outputs(res: dict[str, Any], out: str, *, plots: bool) -> list[str]:
     """Write summary.md and the plots of ``res`` into ``out``; print the table; return files."""
-    from .bench_report import summary_markdown, text_table
+    from .report import summary_markdown, text_table
 
     written = []
     if plots:
-        from .bench_plots import write_plots
+        from .plots import write_plots
 
         written = write_plots(res, out)
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(summary_markdown(res, written))
     print(text_table(res))
     return ["summary.md", *written]
+
+
+def machine() -> dict[str, Any]:
+    """The ``machine`` block of ``results.json``: the environment fingerprint
+    (:func:`bitfold.repro.fingerprint.fingerprint`) plus what a benchmark reader needs: the
+    installed version of every library a contender may use (imported or not), Numba's cache
+    folder (start-up times depend on it) and the load average (other work competing for the
+    cores)."""
+    from ...repro.fingerprint import fingerprint, installed_versions, load_average
+
+    return {
+        **fingerprint(),
+        "libraries": installed_versions(LIBRARIES),
+        "numba_cache_dir": os.environ.get("NUMBA_CACHE_DIR"),
+        "load_average": load_average(),
+    }
 
 
 def _case_record(c: Any) -> dict[str, Any]:
@@ -350,11 +379,11 @@ def _case_record(c: Any) -> dict[str, Any]:
 
 def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     """Measure everything ``cfg`` asks for and return the results dict."""
-    from .bench_cases import build_cases, describe_sweep
-    from .bench_machine import describe, load_average
-    from .bench_report import goals
-    from .bench_startup import measure_startup
-    from .progress import progress_bar
+    from ...repro.fingerprint import load_average
+    from ..progress import progress_bar
+    from .cases import build_cases, describe_sweep
+    from .report import goals
+    from .startup import measure_startup
 
     t_start = time.perf_counter()
     load_at_start = load_average()
@@ -383,7 +412,7 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": command,
         "settings": {k: v for k, v in cfg.items() if k != "out"},
-        "machine": {**describe(cfg["device"]), "load_average_at_start": load_at_start},
+        "machine": {**machine(), "load_average_at_start": load_at_start},
         "sweeps": {name: describe_sweep(name, cases) for name in cfg["sweeps"]},
         "cases": [_case_record(c) for c in cases],
         "results": rows,

@@ -1,4 +1,4 @@
-"""Run manifests: record digests of named tensors per step, and ``bitfold diff`` two runs.
+"""Run manifests: record digests of named tensors per step, read them back, compare two runs.
 
 A manifest is a JSON-lines file (plain JSON, never pickle). Every line is
 one JSON object carrying ``"format": "bitfold-manifest"`` and
@@ -6,7 +6,7 @@ one JSON object carrying ``"format": "bitfold-manifest"`` and
 
 * ``"header"`` (the first line): ``created`` (UTC time, informative only),
   ``meta`` (what the caller passed to :func:`record`) and ``env``, the
-  environment fingerprint of :func:`environment`;
+  environment fingerprint of :func:`bitfold.repro.fingerprint.fingerprint`;
 * ``"step"`` (one line per :meth:`Recorder.log` call): ``step`` (an int),
   ``tensors`` (a list of ``[name, digest]`` pairs in the order they were
   logged; ``digest`` is :func:`bitfold.digest` of the tensor, so it covers
@@ -22,11 +22,9 @@ one JSON object carrying ``"format": "bitfold-manifest"`` and
 Each line is flushed when written, so a crashed run leaves a readable
 manifest up to its last step.
 
-``bitfold diff A B`` walks the two manifests step record by step record and
-reports the first tensor whose digests differ, in recorded order, so the
-earliest cause shows first; the environment differences are listed too.
-Exit status: 0 when every recorded step and digest match (environment
-differences alone do not count), 1 when they differ, 2 for bad input.
+:func:`compare` walks two manifests step record by step record and finds
+the first tensor whose digests differ, in recorded order, so the earliest
+cause shows first; ``bitfold diff`` (:mod:`bitfold.cli.diff`) prints it.
 
 Importing this module imports nothing heavier than bitfold itself;
 PyTorch, JAX and CuPy are only looked at when the caller has imported them.
@@ -34,13 +32,10 @@ PyTorch, JAX and CuPy are only looked at when the caller has imported them.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import platform
 import re
-import sys
 from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,194 +46,15 @@ from typing import Any
 
 import numpy as np
 
-from ._version import __version__
-from .arrays import library_of
+from ..arrays import library_of
+from ..errors import FoldError, FoldTypeError
 from .digest import digest
-from .errors import FoldError, FoldTypeError
-
-HELP = "compare two run manifests: the first step and tensor whose digests differ"
+from .fingerprint import fingerprint, thread_settings
 
 #: The value of ``"format"`` in every manifest record.
 FORMAT = "bitfold-manifest"
 #: The manifest version this bitfold writes and reads.
 VERSION = 1
-
-#: Environment variables that can change the bits a run produces; recorded
-#: in every manifest header (``None`` when unset).
-DETERMINISM_ENV_VARS = (
-    "PYTHONHASHSEED",
-    "OMP_NUM_THREADS",
-    "OMP_PROC_BIND",
-    "OMP_PLACES",
-    "KMP_AFFINITY",
-    "MKL_NUM_THREADS",
-    "MKL_CBWR",
-    "MKL_ENABLE_INSTRUCTIONS",
-    "MKL_DEBUG_CPU_TYPE",
-    "OPENBLAS_NUM_THREADS",
-    "OPENBLAS_CORETYPE",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "NUMBA_NUM_THREADS",
-    "NUMBA_THREADING_LAYER",
-    "NUMBA_ENABLE_CUDASIM",
-    "ATEN_CPU_CAPABILITY",
-    "ONEDNN_MAX_CPU_ISA",
-    "ONEDNN_DEFAULT_FPMATH_MODE",
-    "CUDA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER",
-    "CUDA_LAUNCH_BLOCKING",
-    "CUBLAS_WORKSPACE_CONFIG",
-    "NVIDIA_TF32_OVERRIDE",
-    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
-    "NCCL_ALGO",
-    "NCCL_PROTO",
-    "TF_DETERMINISTIC_OPS",
-    "TF_CUDNN_DETERMINISTIC",
-    "XLA_FLAGS",
-    "JAX_ENABLE_X64",
-    "JAX_DEFAULT_MATMUL_PRECISION",
-    "JAX_PLATFORMS",
-)
-
-
-# --------------------------------------------------------------------------- fingerprint
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.lower().startswith(("model name", "hardware", "cpu model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _nvidia_driver() -> str | None:
-    try:
-        text = Path("/proc/driver/nvidia/version").read_text(errors="replace")
-    except OSError:
-        return None
-    m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d[\w.]*)", text)
-    return m.group(1) if m else text.splitlines()[0].strip() if text else None
-
-
-def _safe(fn: Any) -> Any:
-    """``fn()``, or ``"unavailable: <error>"``: a fingerprint never stops a run."""
-    try:
-        return fn()
-    except Exception as err:
-        return f"unavailable: {type(err).__name__}: {err}"
-
-
-def _torch_info(torch: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    info: dict[str, Any] = {
-        "deterministic_algorithms": _safe(torch.are_deterministic_algorithms_enabled),
-        "float32_matmul_precision": _safe(torch.get_float32_matmul_precision),
-        "cuda_build": getattr(torch.version, "cuda", None),
-    }
-    cudnn = getattr(getattr(torch, "backends", None), "cudnn", None)
-    if cudnn is not None:
-        info["cudnn_deterministic"] = _safe(lambda: bool(cudnn.deterministic))
-        info["cudnn_benchmark"] = _safe(lambda: bool(cudnn.benchmark))
-    gpu = None
-    if _safe(torch.cuda.is_available) is True:
-        n = torch.cuda.device_count()
-        gpu = {
-            "devices": [
-                _safe(lambda i=i: torch.cuda.get_device_name(i)) for i in range(n)
-            ],
-            "capability": [
-                _safe(lambda i=i: list(torch.cuda.get_device_capability(i))) for i in range(n)
-            ],
-            "cuda_runtime": torch.version.cuda,
-            "cudnn": _safe(lambda: torch.backends.cudnn.version()),
-            "driver": _nvidia_driver(),
-            "matmul_allow_tf32": _safe(lambda: bool(torch.backends.cuda.matmul.allow_tf32)),
-            "cudnn_allow_tf32": _safe(lambda: bool(torch.backends.cudnn.allow_tf32)),
-        }
-    return info, gpu
-
-
-def thread_settings(pool: bool = True) -> dict[str, Any]:
-    """Thread settings now: Numba's and, when torch is loaded, torch's.
-
-    ``numba_max`` is ``NUMBA_NUM_THREADS`` and ``numba_layer_config`` the
-    requested threading layer. With ``pool=True`` (the closing record) also
-    ``numba`` and ``numba_layer``, the running pool's thread count and layer,
-    or ``None`` when no parallel kernel has started it; the header leaves
-    them out, so that two runs in one process do not differ only because
-    the first one started the pool. Reading changes nothing:
-    ``numba.get_num_threads()`` is only called once the pool runs (it would
-    start it, and with the OpenMP layer that resets the OpenMP thread count
-    that torch shares).
-    """
-    import numba
-    from numba.np.ufunc import parallel
-
-    threads: dict[str, Any] = {
-        "numba_max": numba.config.NUMBA_NUM_THREADS,
-        "numba_layer_config": getattr(numba.config, "THREADING_LAYER", None),
-    }
-    if pool:
-        if getattr(parallel, "_is_initialized", False):
-            threads["numba"] = _safe(numba.get_num_threads)
-            threads["numba_layer"] = _safe(numba.threading_layer)
-        else:
-            threads["numba"] = threads["numba_layer"] = None
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "get_num_threads"):
-        threads["torch"] = _safe(torch.get_num_threads)
-        threads["torch_interop"] = _safe(torch.get_num_interop_threads)
-    return threads
-
-
-def environment() -> dict[str, Any]:
-    """The environment fingerprint written at the top of every manifest.
-
-    Python, platform, CPU model, core counts, the versions of bitfold, NumPy
-    and Numba, thread settings, the environment variables of
-    :data:`DETERMINISM_ENV_VARS`, and, for PyTorch, JAX and CuPy *only when
-    they are already imported* (``sys.modules``; nothing is imported here),
-    their versions, settings and the GPU name, driver and CUDA versions.
-    """
-    import numba
-
-    affinity = getattr(os, "sched_getaffinity", None)
-    env: dict[str, Any] = {
-        "python": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": _safe(lambda: len(affinity(0))) if affinity else None,
-        "versions": {"bitfold": __version__, "numpy": np.__version__, "numba": numba.__version__},
-        "threads": thread_settings(pool=False),
-    }
-    gpu: dict[str, Any] | None = None
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "__version__"):
-        env["versions"]["torch"] = torch.__version__
-        env["torch"], gpu = _torch_info(torch)
-    jax = sys.modules.get("jax")
-    if jax is not None and hasattr(jax, "__version__"):
-        env["versions"]["jax"] = jax.__version__
-        jaxlib = sys.modules.get("jaxlib")
-        if jaxlib is not None:
-            env["versions"]["jaxlib"] = getattr(jaxlib, "__version__", None)
-        env["jax_devices"] = _safe(lambda: [str(d) for d in jax.devices()])
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and hasattr(cupy, "__version__"):
-        env["versions"]["cupy"] = cupy.__version__
-        env["cupy"] = {
-            "runtime": _safe(lambda: cupy.cuda.runtime.runtimeGetVersion()),
-            "driver": _safe(lambda: cupy.cuda.runtime.driverGetVersion()),
-        }
-    if gpu is not None:
-        env["gpu"] = gpu
-    env["env"] = {name: os.environ.get(name) for name in DETERMINISM_ENV_VARS}
-    return env
 
 
 # --------------------------------------------------------------------------- writing
@@ -281,15 +97,29 @@ def _record(kind: str, **fields: Any) -> str:
 def model_tensors(model: Any, params: bool = True, grads: bool = True) -> dict[str, Any]:
     """The named tensors :meth:`Recorder.log_model` records for a PyTorch module.
 
-    Gradients come first, as ``"grad/<name>"`` in *reverse* parameter order
-    (the order backpropagation produces them, so the earliest differing
-    gradient is the first reported); parameters without a gradient are
-    skipped. Then the parameters, as ``"param/<name>"`` in model order.
+    The one tensor order of every manifest that records a model, whichever
+    tool writes it (``bitfold train --record`` uses it too): gradients first,
+    as ``"grad/<name>"`` in parameter-registration order
+    (``model.named_parameters()``, the forward order of a sequential model),
+    skipping parameters without a gradient; then the parameters, as
+    ``"param/<name>"`` in the same order. Gradients come first because a
+    difference in a gradient is the cause of the difference in the
+    parameters it updates, so ``bitfold diff`` names the cause.
+
+    ``model`` must be a ``torch.nn.Module`` (anything with
+    ``named_parameters()``); anything else raises :class:`FoldTypeError`.
     """
-    named = list(model.named_parameters())
+    named_parameters = getattr(model, "named_parameters", None)
+    if not callable(named_parameters):
+        raise FoldTypeError(
+            f"log_model: model must be a torch.nn.Module (an object with named_parameters()); "
+            f"got a {type(model).__module__}.{type(model).__qualname__}. To record a mapping "
+            "name -> tensor (a state dict, NumPy or JAX arrays) use rec.log(step, tensors)"
+        )
+    named = list(named_parameters())
     out: dict[str, Any] = {}
     if grads:
-        for name, p in reversed(named):
+        for name, p in named:
             if p.grad is not None:
                 out[f"grad/{name}"] = p.grad
     if params:
@@ -366,7 +196,7 @@ class Recorder:
                 "give the path of a file to create"
             ) from None
         created = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self._write(_record("header", created=created, meta=self.meta, env=environment()))
+        self._write(_record("header", created=created, meta=self.meta, env=fingerprint()))
 
     # -- context manager -------------------------------------------------------------
     def __enter__(self) -> Recorder:
@@ -802,88 +632,13 @@ def compare(a: Manifest, b: Manifest) -> dict[str, Any]:
     return report
 
 
-# --------------------------------------------------------------------------- CLI
-def configure(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``bitfold diff``."""
-    parser.add_argument("a", metavar="A.jsonl", help="first manifest")
-    parser.add_argument("b", metavar="B.jsonl", help="second manifest")
-    parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    parser.epilog = "exit status: 0 identical, 1 different, 2 bad input"
-
-
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def _short(value: Any) -> str:
-    return json.dumps(value)
-
-
-def _print_report(r: dict[str, Any]) -> None:
-    out = sys.stdout
-    print(f"A: {r['a']}  ({r['steps_a']} step records)", file=out)
-    print(f"B: {r['b']}  ({r['steps_b']} step records)", file=out)
-    for side in ("a", "b"):
-        if not r[f"complete_{side}"]:
-            print(
-                f"note: {side.upper()} has no closing record: the run stopped early "
-                "or the file was cut at a line end",
-                file=out,
-            )
-        if r[f"error_{side}"]:
-            print(f"note: {side.upper()}'s run ended with {r[f'error_{side}']}", file=out)
-    if r["identical"]:
-        print(f"the runs are identical: {r['matched_steps']} steps, "
-              f"{r['matched_tensors']} tensor digests match", file=out)
-    elif r["status"] == "digests differ":
-        d = r["first_difference"]
-        print(f"first difference: step {d['step']}, tensor {d['tensor']!r} "
-              f"({d['position']} of {d['tensors_in_step']} in that step; "
-              f"lines {d['line_a']} / {d['line_b']})", file=out)
-        print(f"  A: {d['a']}", file=out)
-        print(f"  B: {d['b']}", file=out)
-        print(f"matched before it: {_n(r['matched_steps'], 'whole step')}, "
-              f"{_n(r['matched_tensors'], 'tensor digest')}", file=out)
-        keys = [k for k in d["meta_a"] if d["meta_b"].get(k) != d["meta_a"][k]]
-        if keys:
-            shown = "; ".join(
-                f"{k}: A={_short(d['meta_a'][k])} B={_short(d['meta_b'].get(k))}" for k in keys
-            )
-            print(f"  step metadata: {shown}", file=out)
-    else:
-        print(r["message"], file=out)
-        print(f"matched before it: {_n(r['matched_steps'], 'whole step')}, "
-              f"{_n(r['matched_tensors'], 'tensor digest')}", file=out)
-    for title, diffs in (("run metadata", r["meta_differences"]),
-                         ("environment", r["env_differences"])):
-        if diffs:
-            print(f"{title} differences ({len(diffs)}):", file=out)
-            for d in diffs:
-                print(f"  {d['key']}: A={_short(d['a'])} B={_short(d['b'])}", file=out)
-        else:
-            print(f"{title} differences: none", file=out)
-
-
-def main(args: argparse.Namespace) -> int:
-    """``bitfold diff A B [--json]``: 0 identical, 1 different (a bad file raises FoldError)."""
-    report = compare(read_manifest(args.a), read_manifest(args.b))
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        _print_report(report)
-    return 0 if report["identical"] else 1
-
-
 __all__ = [
-    "DETERMINISM_ENV_VARS",
     "FORMAT",
     "VERSION",
     "Manifest",
     "Recorder",
     "Step",
     "compare",
-    "environment",
     "model_tensors",
     "read_manifest",
     "record",

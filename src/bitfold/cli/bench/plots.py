@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .bench_report import MEMORY_GOAL_BYTES_PER_ELEMENT, cases_of, contenders_in, row, seed_case
+from .report import MEMORY_GOAL_BYTES_PER_ELEMENT, cases_of, contenders_in, row, seed_case
 
 _DPI = 100
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import FoldError
+from ...errors import FoldError
 
 #: The seed experiment's configuration: a 768 x 4096 weight folded into 433 parameters.
 SEED_N = 768 * 4096

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ...repro.fingerprint import summary
+
 #: Issue 3's goals.
 SEED_RATIO_GOAL = 1.0  # exact at most 1.0x np.add.at at the seed configuration
 MEMORY_GOAL_BYTES_PER_ELEMENT = 48.0  # plan + exact fold above the inputs, Zipf(1.3) 3M -> 100k
@@ -216,6 +218,7 @@ def _point(case: dict[str, Any], key: str | None) -> str:
 def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
     """``summary.md``: generated from the results alone; never edit it by hand."""
     m = res["machine"]
+    facts = summary(m)
     s = res["settings"]
     libs = ", ".join(f"{k} {v}" for k, v in m["libraries"].items() if v)
     base = s["baseline"]
@@ -224,11 +227,11 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         f"# bitfold bench — {res['date'][:10]}, {s['device']}",
         "",
         f"- command: `{res['command']}`",
-        f"- machine: {m['cpu']}, {m['cores_usable']} usable cores"
-        + (f", {m['memory_bytes'] / 2**30:.0f} GiB RAM" if m.get("memory_bytes") else "")
-        + (f", GPU {m['gpu']}" if m.get("gpu") else ""),
-        f"- software: Python {m['python']}, bitfold {m['bitfold']}, {libs}",
-        f"- threads: Numba {m['threads']['numba']}, PyTorch {m['threads'].get('torch') or '—'}",
+        f"- machine: {facts['cpu']}, {facts['cores']} usable cores"
+        + (f", {facts['memory_bytes'] / 2**30:.0f} GiB RAM" if facts["memory_bytes"] else "")
+        + (f", GPU {facts['gpu']}" if facts["gpu"] else ""),
+        f"- software: Python {facts['python']}, bitfold {facts['bitfold']}, {libs}",
+        f"- threads: Numba {facts['numba_threads']}, PyTorch {facts['torch_threads'] or '—'}",
         f"- load average (1, 5, 15 min) at start {m.get('load_average_at_start') or '—'}, "
         f"at end {m.get('load_average') or '—'} (other work competing for the cores)",
         f"- timing: median of up to {s['repeats']} repeats after a first call (3x as many at "

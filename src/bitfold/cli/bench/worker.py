@@ -1,8 +1,8 @@
 """Measurements that need a fresh process: peak memory, and digests under another thread count.
 
 The parent (:func:`run_jobs`) writes a JSON spec and starts
-``python -m bitfold.bench_worker SPEC``; the worker rebuilds each case's
-inputs from its spec (:func:`bitfold.bench_cases.make_inputs`), runs one job
+``python -m bitfold.cli.bench.worker SPEC``; the worker rebuilds each case's
+inputs from its spec (:func:`bitfold.cli.bench.cases.make_inputs`), runs one job
 per (case, contender) and prints one line per event. If the worker dies (a
 crash, the kernel's out-of-memory killer), the job it was on is recorded as
 failed or ``oom`` and a new worker takes the remaining jobs.
@@ -44,7 +44,7 @@ import numpy as np
 
 MARK = "@@bitfold-bench "
 #: How the parent starts a worker (the spec file's path is appended).
-WORKER_COMMAND = [sys.executable, "-m", "bitfold.bench_worker"]
+WORKER_COMMAND = [sys.executable, "-m", "bitfold.cli.bench.worker"]
 
 
 # -- inside the worker -------------------------------------------------------------------------
@@ -77,7 +77,7 @@ def _pin_mmap_threshold() -> None:
 
 
 def _memory_job(name: str, inp: Any) -> dict[str, Any]:
-    from .bench_contenders import CONTENDERS
+    from .contenders import CONTENDERS
 
     runner = CONTENDERS[name].make(inp)
     torch = sys.modules.get("torch") if inp.device == "cuda" else None
@@ -114,8 +114,8 @@ def _memory_job(name: str, inp: Any) -> dict[str, Any]:
 
 
 def _digest_job(name: str, inp: Any) -> dict[str, Any]:
-    from .bench_contenders import CONTENDERS
-    from .digest import digest
+    from ...repro.digest import digest
+    from .contenders import CONTENDERS
 
     runner = CONTENDERS[name].make(inp)
     runner.setup()
@@ -129,9 +129,9 @@ def _emit(**event: Any) -> None:
 
 def worker_main(spec: dict[str, Any]) -> None:
     """Run every job of ``spec`` (see the module docstring), printing one line per event."""
-    from .bench_cases import make_inputs
-    from .bench_contenders import CONTENDERS, Inputs
-    from .bench_measure import failure
+    from .cases import make_inputs
+    from .contenders import CONTENDERS, Inputs
+    from .measure import failure
 
     mode = spec["mode"]
     device, limit = spec["device"], int(spec["memory_limit"])

@@ -1,8 +1,13 @@
 """The ``bitfold`` command line: ``bitfold probe | bench | train | diff | digest``.
 
-Each subcommand lives in its own module, which exposes ``HELP`` (one line),
-``configure(parser)`` and ``main(args) -> int``. Modules are imported here
-only to build the parser; they import frameworks only when they run.
+Each subcommand lives in its own module (:data:`COMMANDS`), which exposes
+``HELP`` (one line), ``configure(parser)`` and ``main(args) -> int``.
+Modules are imported here only to build the parser; they import frameworks
+only when they run. Beside the commands: ``seed_model`` (the seed's model and
+its one training loop, for probe and train), ``probe_devices`` and
+``probe_report`` (the probe's CPU/CUDA backends and its printed report),
+``progress``, ``timing`` and ``torch_env`` (small helpers of the commands).
+The tools import the engine and :mod:`bitfold.repro`, never the reverse.
 """
 
 from __future__ import annotations
@@ -13,16 +18,16 @@ import importlib.util
 import sys
 from collections.abc import Sequence
 
-from ._version import __version__
-from .errors import FoldError
+from .._version import __version__
+from ..errors import FoldError
 
 #: subcommand -> module that implements it
 COMMANDS = {
-    "probe": "bitfold.probe",
-    "bench": "bitfold.bench",
-    "train": "bitfold.train",
-    "diff": "bitfold.manifest",
-    "digest": "bitfold.checkpoint",
+    "probe": "bitfold.cli.probe",
+    "bench": "bitfold.cli.bench.command",
+    "train": "bitfold.cli.train",
+    "diff": "bitfold.cli.diff",
+    "digest": "bitfold.cli.digest",
 }
 
 

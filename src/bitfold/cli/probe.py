@@ -1,0 +1,396 @@
+"""``bitfold probe``: the seed experiment's four questions, answered on this machine.
+
+1. Is the usual scatter (the fold everyone uses) non-deterministic here?
+2. Are bitfold's ``ordered`` and ``exact`` folds bit-identical across repeats?
+3. What does each fold cost per call?
+4. Does a training run of the seed's folded model become reproducible?
+
+Defaults are the seed's (D=768, hid=4096, K=433, reps=5, steps=200,
+batch=128, lr=1e-3). The human report goes to stdout, progress to stderr,
+and ``--json PATH`` writes every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ..arrays import to_numpy
+from ..errors import DeviceError, FoldError
+from ..plan import Fold
+from ..repro.digest import bits_equal, digest
+from ..repro.fingerprint import fingerprint
+from .bench.contenders import CONTENDERS, Contender, Inputs, baseline_for, resolve
+from .probe_devices import CpuDevice, CudaDevice
+from .probe_report import BIT_STRATEGIES, print_report, readout
+from .progress import progress_bar
+from .seed_model import SEED_STEPS, SeedAdam, SeedModel, autograd_gradient, folded_gradient, train
+from .timing import peak_bytes, time_call
+from .torch_env import passive_openmp_before_torch
+
+HELP = "answer the seed's four questions about the fold on this machine"
+
+TRAIN_STRATEGIES = ("atomic", "ordered", "exact")
+#: The usual folds questions 1 and 3 measure, per device: names in the benchmark's contender
+#: table. The device's atomic baseline (``baseline_for``) is added when missing and runs first.
+BASELINES = {
+    "cpu": ("numpy-add-at", "torch-autograd", "torch-index-add", "torch-scatter-add"),
+    "cuda": ("cupy-scatter-add", "torch-index-add", "torch-index-add-det", "torch-autograd"),
+}
+
+
+@dataclass
+class ProbeConfig:
+    """The seed's configuration; every field is a command-line flag."""
+
+    D: int = SeedModel.D
+    hid: int = SeedModel.hid
+    K: int = SeedModel.K
+    reps: int = 5
+    steps: int = SEED_STEPS
+    batch: int = SeedModel.batch
+    lr: float = SeedModel.lr
+    seed: int = SeedModel.seed
+    device: str = "auto"
+    torch: bool = True
+
+    def model(self) -> SeedModel:
+        """The seed model these settings describe."""
+        return SeedModel(self.D, self.hid, self.K, self.batch, self.lr, self.seed)
+
+    def check(self) -> None:
+        """Refuse sizes that make no sense before any work starts."""
+        for name in ("D", "hid", "K", "reps", "batch"):
+            if getattr(self, name) < 1:
+                raise FoldError(f"--{name} must be at least 1; got {getattr(self, name)}")
+        if self.steps < 1:
+            raise FoldError(f"--steps must be at least 1; got {self.steps}")
+        if not 0 <= self.seed < 2**63:
+            raise FoldError(f"--seed must be an integer in [0, 2**63); got {self.seed}")
+        if not self.lr > 0:
+            raise FoldError(f"--lr must be positive; got {self.lr}")
+
+
+# --------------------------------------------------------------------------- helpers
+def _max_abs_diff(a: Any, b: Any) -> float:
+    x = np.asarray(a, np.float64)
+    y = np.asarray(b, np.float64)
+    return float(np.nanmax(np.abs(x - y))) if x.size else 0.0
+
+
+def _torch_or_none(wanted: bool) -> Any:
+    """torch, imported with passive OpenMP waiting unless the user chose otherwise.
+
+    PyTorch's wheel carries its own OpenMP runtime, whose idle workers spin
+    for a while after every operation and would take the cores from the
+    Numba kernels measured next; ``OMP_WAIT_POLICY=PASSIVE`` puts them to
+    sleep instead. It only changes timings, never results.
+    """
+    if not wanted or importlib.util.find_spec("torch") is None:
+        return None
+    passive_openmp_before_torch()
+    import torch
+
+    return torch
+
+
+def cuda_available() -> bool:
+    """True when torch sees a CUDA device and numba-cuda is installed (checked without CUDA init
+    where possible: torch is imported only if it is installed)."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("numba_cuda") is None:
+        return False
+    passive_openmp_before_torch()
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def resolve_device(requested: str) -> str:
+    """``cpu`` or ``cuda``: ``auto`` takes the GPU when one is usable, else the CPU."""
+    if requested not in ("auto", "cpu", "cuda"):
+        raise FoldError(f"--device must be auto, cpu or cuda; got {requested!r}")
+    if requested == "cpu":
+        return "cpu"
+    usable = cuda_available()
+    if requested == "cuda" and not usable:
+        raise DeviceError(
+            "--device cuda needs a CUDA device visible to PyTorch and numba-cuda installed "
+            "(pip install 'bitfold[cuda,torch]'); none is usable here — run with --device cpu"
+        )
+    return "cuda" if usable else "cpu"
+
+
+def make_device(name: str, with_torch: bool) -> CpuDevice | CudaDevice:
+    """The backend object of ``name`` (``cpu`` or ``cuda``, from :func:`resolve_device`)."""
+    if name == "cuda":
+        return CudaDevice(_torch_or_none(True))
+    return CpuDevice(_torch_or_none(with_torch))
+
+
+def repeat_outcome(make: Callable[[], Any], reps: int) -> dict[str, Any]:
+    """Run ``make`` once plus ``reps`` times; count repeats whose bits differ from the first."""
+    first = np.array(to_numpy(make()), copy=True)
+    diffs = []
+    seen = {digest(first)}
+    for _ in range(reps):
+        r = np.array(to_numpy(make()), copy=True)
+        seen.add(digest(r))
+        diffs.append(0.0 if bits_equal(first, r) else _max_abs_diff(first, r))
+    differed = sum(1 for d in diffs if d or np.isnan(d))
+    return {
+        "repeats": reps,
+        "differed": differed,
+        "distinct_results": len(seen),
+        "max_difference": max(diffs) if diffs else 0.0,
+        "result": first,
+    }
+
+
+# --------------------------------------------------------------------------- the questions
+class Probe:
+    """Holds the data shared by the four questions and answers them in turn on ``device``."""
+
+    def __init__(self, cfg: ProbeConfig, device: Any, show_progress: bool = True) -> None:
+        cfg.check()
+        self.cfg = cfg
+        self.dev = device
+        self.show_progress = show_progress
+        self.model = cfg.model()
+        rng = np.random.default_rng(cfg.seed)
+        self.idx = self.model.index(rng)  # the seed's map; the test gradient is drawn next
+        self.g = rng.normal(size=self.idx.size).astype(np.float32)
+        self.matmul_x = rng.normal(size=(cfg.batch, cfg.D)).astype(np.float32)
+        self.matmul_w = rng.normal(size=(cfg.D, cfg.hid)).astype(np.float32)
+        self.plan: Fold | None = None
+        self.values: Any = device.array(self.g)  # what the bitfold strategies fold
+        self.inputs = Inputs(self.idx, self.g, cfg.K, device.name)  # what the baselines fold
+        self.atomic_baseline = CONTENDERS[baseline_for(device.name)].title
+
+    def _chosen_baselines(self) -> list[Contender]:
+        """The contenders questions 1 and 3 run here, the device's atomic baseline first."""
+        base = baseline_for(self.dev.name)
+        chosen = []
+        for name in resolve(list(BASELINES[self.dev.name]), self.dev.name):
+            c = CONTENDERS[name]
+            if c.unavailable(self.dev.name) is not None:
+                continue
+            if c.library == "torch" and not self.cfg.torch and name != base:
+                continue
+            chosen.append(c)
+        return chosen
+
+    def skipped_baselines(self) -> list[str]:
+        """Baselines this run could not measure, with the reason."""
+        if self.cfg.torch and self.dev.torch is not None:
+            return []
+        why = "--no-torch" if not self.cfg.torch else "torch is not installed"
+        return [
+            f"PyTorch's folds (autograd of v[idx], index_add_, scatter_add_): {why}; they are "
+            "the ones that are non-deterministic on a multi-core CPU "
+            "(pip install 'bitfold[torch]')"
+        ]
+
+    def baselines(self) -> dict[str, Callable[[], Any]]:
+        """The usual folds measured here (label -> one fold that waits for the device)."""
+        found: dict[str, Callable[[], Any]] = {}
+        for c in self._chosen_baselines():
+            runner = c.make(self.inputs)
+            runner.setup()
+            found[c.title] = runner.call
+        return found
+
+    def question1(self) -> dict[str, Any]:
+        """Non-determinism of each usual fold, over ``reps`` repeats."""
+        out: dict[str, Any] = {}
+        notes = {c.title: self.dev.baseline_note(c) for c in self._chosen_baselines()}
+        for name, fn in self.baselines().items():
+            res = repeat_outcome(fn, self.cfg.reps)
+            res.pop("result")
+            res["note"] = notes[name]
+            out[name] = res
+        return out
+
+    # -- bitfold -----------------------------------------------------------------------
+    def question2(self) -> dict[str, Any]:
+        """Plan preparation, repeat identity, memory and distance from the atomic result."""
+        sync = self.dev.sync
+        cold = time_call(lambda: Fold(self.idx, self.cfg.K), repeats=1)
+        plan, _ = peak_bytes(lambda: Fold(self.idx, self.cfg.K))
+        self.plan = plan
+        atomic = to_numpy(plan(self.values, "atomic"))
+        out: dict[str, Any] = {
+            "plan_build_s_first": cold.first_s,
+            "plan_build_s": plan.build_seconds,
+            "plan_bytes": plan.nbytes,
+        }
+        for name in BIT_STRATEGIES:
+            # the first call compiles (or loads Numba's on-disk cache): timed apart from the rest
+            first = time_call(lambda name=name: plan(self.values, name), repeats=1, sync=sync)
+            res = repeat_outcome(lambda name=name: plan(self.values, name), self.cfg.reps)
+            result = res.pop("result")
+            fold_peak = self.dev.fold_memory(lambda name=name: plan(self.values, name))
+            out[name] = {
+                "first_call_s": first.first_s,
+                "bit_identical": res["differed"] == 0,
+                **res,
+                "fold_peak_bytes": fold_peak,
+                "extra_bytes": plan.nbytes + fold_peak,
+                "max_difference_from_atomic": _max_abs_diff(result, atomic),
+                "digest": digest(result),
+            }
+        return out
+
+    def question3(self) -> dict[str, Any]:
+        """Median cost per call of every strategy and baseline, and a matmul for scale."""
+        assert self.plan is not None
+        plan, g, sync = self.plan, self.values, self.dev.sync
+        contenders: dict[str, Callable[[], Any]] = {
+            f"bitfold {name}": (lambda name=name: plan(g, name))
+            for name in ("atomic", *BIT_STRATEGIES)
+        }
+        contenders.update(self.baselines())
+        rows: dict[str, Any] = {}
+        for name, fn in contenders.items():
+            t = time_call(fn, repeats=max(5, self.cfg.reps), sync=sync)
+            rows[name] = {"median_ms": t.median_s * 1e3, "first_call_ms": t.first_s * 1e3}
+        base = rows[self.atomic_baseline]["median_ms"]
+        for row in rows.values():
+            row["ratio_to_atomic"] = row["median_ms"] / base if base else float("nan")
+        x, w = self.dev.array(self.matmul_x), self.dev.array(self.matmul_w)
+        matmul = time_call(lambda: x @ w, repeats=max(5, self.cfg.reps), sync=sync)
+        return {
+            "atomic_baseline": self.atomic_baseline,
+            "per_call": rows,
+            "forward_matmul_ms": matmul.median_s * 1e3,
+        }
+
+    # -- training --------------------------------------------------------------------
+    def training_runs(self) -> list[tuple[str, Callable[[Callable[[], None]], Any]]]:
+        """(name, train(tick) -> final v) for every fold the training question compares.
+
+        All of them are :func:`bitfold.cli.seed_model.train` of the seed model:
+        with each bitfold strategy folding the gradient, and with PyTorch's
+        autograd of ``v[idx]``.
+        """
+        model, steps, dev = self.model, self.cfg.steps, self.dev
+        v0, X = model.start()
+
+        def bitfold_run(strategy: str, tick: Callable[[], None]) -> Any:
+            assert self.plan is not None
+            grad = folded_gradient(model, self.plan, strategy, dev.array(self.idx))
+            return train(dev.array(v0), dev.array(X), steps, grad, SeedAdam(model.lr), tick)
+
+        def autograd_run(tick: Callable[[], None]) -> Any:
+            grad = autograd_gradient(model, dev.tensor(self.idx))
+            return train(dev.tensor(v0), dev.tensor(X), steps, grad, SeedAdam(model.lr), tick)
+
+        runs: list[tuple[str, Callable[[Callable[[], None]], Any]]] = [
+            (s, lambda tick, s=s: bitfold_run(s, tick)) for s in TRAIN_STRATEGIES
+        ]
+        if self.cfg.torch and dev.torch is not None:
+            runs.append(("torch autograd", autograd_run))
+        return runs
+
+    def question4(self) -> dict[str, Any]:
+        """The seed's folded model trained twice per fold: identical or not, and digests."""
+        runs = self.training_runs()
+        total = 2 * len(runs) * self.cfg.steps
+        out: dict[str, Any] = {}
+        with progress_bar(total, "training", enabled=self.show_progress) as bar:
+            for name, run in runs:
+                r1 = to_numpy(run(bar.tick))
+                r2 = to_numpy(run(bar.tick))
+                same = bits_equal(r1, r2)
+                out[name] = {
+                    "bit_identical": same,
+                    "max_difference": 0.0 if same else _max_abs_diff(r1, r2),
+                    "digests": [digest(r1), digest(r2)],
+                }
+        return out
+
+    def run(self) -> dict[str, Any]:
+        """All four questions and the readout, as one JSON-ready dictionary."""
+        if self.dev.torch is not None:
+            self.dev.torch.set_grad_enabled(True)
+        report: dict[str, Any] = {
+            "tool": "bitfold probe",
+            "config": asdict(self.cfg) | {"device": self.dev.name},
+            "machine": fingerprint(),
+            "backend": self.dev.describe(),
+            "skipped_baselines": self.skipped_baselines(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        }
+        report["q1_nondeterminism"] = self.question1()
+        report["q2_fixed_order"] = self.question2()
+        report["q3_cost"] = self.question3()
+        report["q4_training"] = self.question4()
+        report["readout"] = readout(report)
+        return report
+
+
+class _Encoder(json.JSONEncoder):
+    def default(self, o: Any) -> Any:
+        if isinstance(o, np.generic):
+            return o.item()
+        return super().default(o)
+
+
+# --------------------------------------------------------------------------- CLI
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Flags: the seed's configuration, --json, --device."""
+    d = ProbeConfig()
+    for name in ("D", "hid", "K", "reps", "steps", "batch"):
+        parser.add_argument(
+            f"--{name}", type=int, default=getattr(d, name), help=f"default {getattr(d, name)}"
+        )
+    parser.add_argument("--lr", type=float, default=d.lr, help=f"default {d.lr}")
+    parser.add_argument("--seed", type=int, default=d.seed, help="random seed (default 0)")
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="where to fold (default auto: CPU unless a GPU path is available)",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
+    parser.add_argument(
+        "--no-torch",
+        action="store_true",
+        help="leave torch's baselines out even when torch is installed",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the probe, print the report, optionally write JSON."""
+    cfg = ProbeConfig(
+        D=args.D,
+        hid=args.hid,
+        K=args.K,
+        reps=args.reps,
+        steps=args.steps,
+        batch=args.batch,
+        lr=args.lr,
+        seed=args.seed,
+        device=args.device,
+        torch=not args.no_torch,
+    )
+    if args.json:
+        try:
+            with open(args.json, "a", encoding="utf-8"):
+                pass
+        except OSError as err:
+            raise FoldError(f"cannot write --json {args.json!r}: {err.strerror}") from None
+    cfg.check()
+    rep = Probe(cfg, make_device(resolve_device(cfg.device), cfg.torch)).run()
+    print_report(rep)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(rep, fh, indent=2, cls=_Encoder)
+        print(f"\n wrote {args.json}")
+    return 0

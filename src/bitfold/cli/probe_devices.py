@@ -1,0 +1,93 @@
+"""Where ``bitfold probe`` folds: one small backend object per device.
+
+The probe's questions (:mod:`bitfold.cli.probe`) are written once; what
+differs between the CPU and a CUDA GPU is here: the arrays bitfold folds and
+trains on, the arrays PyTorch's autograd baseline trains on, how to wait for
+the device, the peak memory of one fold, a line naming the backend and a note
+on each baseline. Neither backend imports the probe; the baselines themselves
+come from the benchmark's contender table (:mod:`bitfold.cli.bench.contenders`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .timing import peak_bytes
+
+
+class CpuDevice:
+    """The CPU: bitfold folds and trains on NumPy arrays; torch (if given) runs its CPU folds."""
+
+    name = "cpu"
+    #: nothing to wait for on the CPU
+    sync: Callable[[], None] | None = None
+
+    def __init__(self, torch: Any | None) -> None:
+        self.torch = torch
+
+    def array(self, a: np.ndarray) -> Any:
+        """``a`` as bitfold's folds and the seed model's bitfold training take it here."""
+        return a
+
+    def tensor(self, a: np.ndarray) -> Any:
+        """``a`` as a torch tensor for PyTorch's autograd baseline (needs torch)."""
+        return self.torch.from_numpy(a)
+
+    def describe(self) -> str:
+        """One line naming where the folds ran."""
+        return "numpy + numba (CPU)" + (" and torch (CPU)" if self.torch is not None else "")
+
+    def baseline_note(self, contender: Any) -> str:
+        """Why a baseline is or is not expected to be deterministic here."""
+        if contender.name == "numpy-add-at":
+            return "sequential on the CPU, so deterministic by construction"
+        threads = self.torch.get_num_threads() if self.torch is not None else None
+        return f"CPU, {threads} threads"
+
+    def fold_memory(self, fn: Callable[[], Any]) -> int:
+        """Peak bytes NumPy and Python allocate during ``fn()``."""
+        return peak_bytes(fn)[1]
+
+
+class CudaDevice:
+    """The current CUDA device, through PyTorch: values, training and memory on the GPU."""
+
+    name = "cuda"
+
+    def __init__(self, torch: Any) -> None:
+        self.torch = torch
+        self.dev = torch.device("cuda", torch.cuda.current_device())
+        self.sync: Callable[[], None] | None = torch.cuda.synchronize
+
+    def array(self, a: np.ndarray) -> Any:
+        """``a`` as a torch tensor on the GPU (bitfold folds it there)."""
+        return self.torch.from_numpy(a).to(self.dev)
+
+    def tensor(self, a: np.ndarray) -> Any:
+        """``a`` as a torch tensor on the GPU, for PyTorch's autograd baseline."""
+        return self.array(a)
+
+    def describe(self) -> str:
+        """One line naming the GPU and the versions of torch and CUDA."""
+        torch = self.torch
+        name = torch.cuda.get_device_name(self.dev)
+        return f"numba-cuda on {name} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+
+    def baseline_note(self, contender: Any) -> str:
+        """Why a baseline is or is not expected to be deterministic on a GPU."""
+        if contender.guarantee == "deterministic mode":
+            return "torch.use_deterministic_algorithms(True): sorted, serial per bucket"
+        return "GPU atomics: the order of the additions is the scheduler's"
+
+    def fold_memory(self, fn: Callable[[], Any]) -> int:
+        """Peak bytes of torch's CUDA allocator during ``fn()``, above what was allocated."""
+        torch = self.torch
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated(self.dev)
+        torch.cuda.reset_peak_memory_stats(self.dev)
+        fn()
+        torch.cuda.synchronize()
+        return int(max(0, torch.cuda.max_memory_allocated(self.dev) - base))
