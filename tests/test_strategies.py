@@ -159,7 +159,10 @@ def test_values_in_another_multidimensional_shape_are_refused():
         plan(np.ones((3, 2), np.float32))
     assert plan(np.ones(6, np.float32)).tolist() == [6.0]  # flat values are read in C order
     flat_plan = bitfold.Fold(np.zeros(6, np.int64), 1)
-    assert flat_plan(np.ones((3, 2), np.float32)).tolist() == [6.0]
+    # since folds of rows, (3, 2) for a (6,) index is neither (6,) + rows nor flat: refused
+    with pytest.raises(bitfold.ShapeError, match=r"shape \(3, 2\) but the index has shape \(6,\)"):
+        flat_plan(np.ones((3, 2), np.float32))
+    assert flat_plan(np.ones((6, 2), np.float32)).tolist() == [[6.0, 6.0]]  # rows of 2
 
 
 def test_unsupported_out_dtype_is_refused():

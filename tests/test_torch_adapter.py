@@ -341,7 +341,7 @@ def test_errors_name_the_mismatch():
     with pytest.raises(bitfold.ShapeError, match=r"shape \(7,\).*got shape \(6,\)"):
         bt.expand(torch.zeros(6), plan)
     with pytest.raises(bitfold.ShapeError, match="shape"):
-        bt.expand(torch.zeros(7, 1), plan)
+        bt.expand(torch.zeros(1, 7), plan)  # (7, 1) is a vector of rows since folds of rows
     with pytest.raises(bitfold.FoldTypeError, match="int64"):
         bt.expand(torch.zeros(7, dtype=torch.int64), plan)
     with pytest.raises(bitfold.FoldTypeError, match=r"bitfold\.Fold"):

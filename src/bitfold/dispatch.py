@@ -46,10 +46,18 @@ def _as_array(values: Any) -> Any:
     return values if hasattr(values, "dtype") else np.asarray(values)
 
 
-def validate(plan: Fold, values: Any, *, start: int | None = None) -> Values:
+def validate(
+    plan: Fold,
+    values: Any,
+    *,
+    start: int | None = None,
+    trailing: tuple[int, ...] | None = None,
+) -> Values:
     """What the one validator says of ``values`` for ``plan`` (or a refusal)."""
     family = family_of(values)
-    return check_values(plan.shape, family.shape(values), values.dtype, start=start)
+    return check_values(
+        plan.shape, family.shape(values), values.dtype, start=start, trailing=trailing
+    )
 
 
 def fold(
@@ -57,7 +65,8 @@ def fold(
 ) -> Any:
     """Fold ``values`` into ``plan.K`` sums with ``strategy``, in the values' library and device.
 
-    ``values`` have ``plan.size`` elements, flat or in the index's shape.
+    ``values`` have the index's shape (or ``(N,)``) followed by a trailing
+    shape, ``()`` for a scalar fold; the result has shape ``(K,) + trailing``.
     ``out_dtype`` defaults to float32 (float64 for float64 values).
     ``options`` tune one backend's kernels (e.g. ``launch=`` on CUDA,
     ``kernel=`` on the host for ``exact``) and never change an ``exact`` or
@@ -78,11 +87,12 @@ def add_to_state(
     values: Any,
     *,
     start: int | None = None,
+    trailing: tuple[int, ...] = (),
     **options: Any,
 ) -> Values:
     """Add ``values`` exactly into the host ``state`` of ``plan`` in limb format ``fmt``."""
     values = _as_array(values)
-    spec = validate(plan, values, start=start)
+    spec = validate(plan, values, start=start, trailing=trailing)
     if spec.dtype not in fmt.value_dtypes:
         raise FoldTypeError(
             f"this accumulator sums {', '.join(fmt.value_dtypes)} values; got {spec.dtype}"
@@ -92,10 +102,10 @@ def add_to_state(
 
 
 def expand(plan: Fold, v: Any) -> Any:
-    """``v[plan.index]`` in the index's shape, in ``v``'s library and on its device."""
+    """``v[plan.index]``: ``v`` of shape ``(K,) + trailing`` gives ``index.shape + trailing``."""
     v = _as_array(v)
-    check_expand_input(plan.K, family_of(v).shape(v))
-    return backend_for(v).expand(plan, v)
+    trailing = check_expand_input(plan.K, family_of(v).shape(v))
+    return backend_for(v).expand(plan, v, trailing)
 
 
 __all__ = ["BACKENDS", "add_to_state", "backend_for", "expand", "fold", "validate"]

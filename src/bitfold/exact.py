@@ -25,9 +25,14 @@ or processes, or on the thread count.
 
 State layout
 ------------
-The state is one ``int64`` array of shape ``(K, L + 5)``: ``L`` limbs, then
-the counters ``n_terms``, ``n_not_negzero``, ``n_nan``, ``n_posinf``,
-``n_neginf`` (:class:`bitfold.formats.LimbFormat`). Limb ``j`` of bucket k
+The state is one ``int64`` array of shape ``(K,) + trailing + (L + 5,)``
+(``trailing`` is ``()`` for a scalar fold, the row shape for a fold of rows):
+for every output element ``L`` limbs, then the counters ``n_terms``,
+``n_not_negzero``, ``n_nan``, ``n_posinf``, ``n_neginf``
+(:class:`bitfold.formats.LimbFormat`). That is 120 bytes per output element
+for float16, bfloat16 and float32 values and 576 bytes for float64 values: an
+accumulator of a (50,000 x 768) table holds 4.6 GB, so a one-shot fold never
+builds one (``plan(values)`` sums bucket by bucket instead). Limb ``j`` of bucket k
 weighs ``2^(32 j + unit)``, with ``unit = -149`` (``L = 10``) for float32,
 float16 and bfloat16 values, and ``unit = -1074`` (``L = 67``) for float64
 values. Two states of the same plan and format merge by elementwise integer
@@ -47,6 +52,7 @@ from .arrays import family_of, from_numpy, to_numpy
 from .backends.host import merge_states, new_state, round_state
 from .errors import FoldError, FoldTypeError, ShapeError
 from .formats import dtype_name, limb_format_for, resolve_out_dtype
+from .validate import check_trailing
 
 if TYPE_CHECKING:
     from .plan import Fold
@@ -83,33 +89,40 @@ class ExactAccumulator:
     [1.0, 5.0]
     """
 
-    def __init__(self, plan: Fold, dtype: Any = "float32", **options: Any) -> None:
+    def __init__(
+        self, plan: Fold, dtype: Any = "float32", trailing: Any = (), **options: Any
+    ) -> None:
         self.plan = plan
         self.format = limb_format_for(_dtype_label(dtype))
+        self.trailing = check_trailing(trailing)
         self.options = options  # backend tuning (kernel=, carry_every=, launch=)
-        self._state = new_state(plan.K, self.format)
+        self._state = new_state(plan.K, self.format, self.trailing)
         self._like: Any = None  # the first values added: the result's library and device
 
     # -- state -----------------------------------------------------------------
     @property
     def state(self) -> np.ndarray:
-        """The integer state, shape ``(K, L + 5)`` int64 (a read-only view)."""
+        """The integer state, shape ``(K,) + trailing + (L + 5,)`` int64 (a read-only view)."""
         view = self._state.view()
         view.flags.writeable = False
         return view
 
     @classmethod
     def from_state(cls, plan: Fold, state: Any, dtype: Any = "float32") -> ExactAccumulator:
-        """Rebuild an accumulator of ``plan`` from a state array (e.g. after an all-reduce)."""
-        acc = cls(plan, dtype)
+        """Rebuild an accumulator of ``plan`` from a state array (e.g. after an all-reduce).
+
+        The trailing (row) shape is read from the state's shape,
+        ``(K,) + trailing + (L + 5,)``.
+        """
         arr = to_numpy(state) if hasattr(state, "dtype") else np.asarray(state)
-        want = (plan.K, acc.format.width)
+        acc = cls(plan, dtype, trailing=tuple(arr.shape[1:-1]) if arr.ndim > 2 else ())
+        want = (plan.K, *acc.trailing, acc.format.width)
         if arr.dtype != np.int64:
             raise FoldTypeError(f"an accumulator state must be int64; got dtype {arr.dtype}")
         if tuple(arr.shape) != want:
             raise ShapeError(
                 f"an accumulator state of this plan ({acc.format.name} format) has shape "
-                f"{want}; got {tuple(arr.shape)}"
+                f"(K,) + trailing + (L + 5,) = {want}; got {tuple(arr.shape)}"
             )
         acc._state = np.array(arr, dtype=np.int64, order="C")
         if family_of(state).name != "numpy":
@@ -118,7 +131,9 @@ class ExactAccumulator:
 
     def copy(self) -> ExactAccumulator:
         """An independent accumulator with the same state."""
-        twin = ExactAccumulator(self.plan, self.format.value_dtypes[-1], **self.options)
+        twin = ExactAccumulator(
+            self.plan, self.format.value_dtypes[-1], self.trailing, **self.options
+        )
         twin._state = self._state.copy()
         twin._like = self._like
         return twin
@@ -130,9 +145,14 @@ class ExactAccumulator:
 
     # -- adding and merging ------------------------------------------------------
     def add(self, values: Any, start: int | None = None) -> ExactAccumulator:
-        """Add values: all ``plan.size`` of them, or the flat slice starting at ``start``."""
+        """Add values: for every position, or positions ``start .. start + len(values)``.
+
+        Values have the fold's shapes (index shape or ``(N,)``, then the
+        accumulator's trailing shape); with ``start`` they are
+        ``(n,) + trailing`` for ``n`` consecutive positions.
+        """
         dispatch.add_to_state(self.plan, self._state, self.format, values, start=start,
-                              **self.options)  # fmt: skip
+                              trailing=self.trailing, **self.options)  # fmt: skip
         if self._like is None:
             self._like = values
         return self
@@ -146,6 +166,11 @@ class ExactAccumulator:
                 f"cannot merge a {other.format.name} accumulator "
                 f"({'/'.join(other.format.value_dtypes)} values) into a {self.format.name} one "
                 f"({'/'.join(self.format.value_dtypes)} values)"
+            )
+        if other.trailing != self.trailing:
+            raise ShapeError(
+                f"cannot merge an accumulator of rows {other.trailing} into one of rows "
+                f"{self.trailing}"
             )
         if not self.plan.same_map(other.plan):
             raise FoldError(
@@ -176,7 +201,8 @@ class ExactAccumulator:
         return from_numpy(out, like=self._like, dtype_name=out_name)
 
     def __repr__(self) -> str:
-        return f"ExactAccumulator(K={self.plan.K}, format={self.format.name})"
+        rows = f", trailing={self.trailing}" if self.trailing else ""
+        return f"ExactAccumulator(K={self.plan.K}, format={self.format.name}{rows})"
 
 
 __all__ = ["ExactAccumulator"]

@@ -1,6 +1,6 @@
 """JAX adapter: ``expand(v, plan)``, a gather whose gradient is the plan's exact fold.
 
-``expand(v, plan)`` is ``v[plan.index].reshape(plan.shape)`` (``jnp.take``,
+``expand(v, plan)`` is ``v[plan.index]`` in the index's shape, rows too (``jnp.take``,
 traced and compiled by XLA as usual). Its gradient with respect to ``v`` is
 ``plan(g, strategy)``, by default the exact fold: each bucket's exact real
 sum rounded once, the same bits on every run, where XLA's own scatter-add
@@ -78,14 +78,16 @@ def _check(x: Any, what: str) -> str:
 
 
 def _callback(plan: Fold, strategy: str, g: Any, out_name: str) -> Any:
-    out = jax.ShapeDtypeStruct((plan.K,), jnp.dtype(out_name))
+    """The fold of ``g`` ((N,) or the index's shape, then a trailing shape) on the host."""
+    trailing = check_values(plan.shape, tuple(g.shape), np.dtype(g.dtype)).trailing
+    out = jax.ShapeDtypeStruct((plan.K, *trailing), jnp.dtype(out_name))
     fn = functools.partial(_host_fold, plan, strategy, out_name)
     return jax.pure_callback(fn, out, g, vmap_method="sequential")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
 def _expand(v: Any, plan: Fold, strategy: str) -> Any:
-    return jnp.take(v, _index(plan), axis=0).reshape(plan.shape)
+    return jnp.take(v, _index(plan), axis=0).reshape(plan.shape + tuple(v.shape[1:]))
 
 
 def _expand_fwd(v: Any, plan: Fold, strategy: str) -> tuple[Any, Any]:
@@ -126,8 +128,10 @@ def _check_plan(plan: Any, strategy: str) -> str:
 def expand(v: Any, plan: Fold, strategy: str = "exact") -> Any:
     """``v[plan.index]`` in the plan's shape; the gradient of ``v`` is ``plan``'s fold.
 
-    ``v`` is a floating JAX array of shape ``(plan.K,)`` on the CPU backend.
-    See the module docstring for the host round trip and the gradient dtype.
+    ``v`` is a floating JAX array of shape ``(plan.K,)`` or ``(plan.K,) +
+    trailing`` (rows) on the CPU backend; the result has shape ``plan.shape +
+    trailing``. See the module docstring for the host round trip and the
+    gradient dtype.
 
     >>> import numpy as np, jax, jax.numpy as jnp, bitfold, bitfold.jax as bj
     >>> plan = bitfold.Fold(np.array([[0, 1], [1, 1]]), K=2)
@@ -141,7 +145,10 @@ def expand(v: Any, plan: Fold, strategy: str = "exact") -> Any:
 
 
 def fold(values: Any, plan: Fold, strategy: str = "exact", *, out_dtype: Any = None) -> Any:
-    """The K bucket sums of ``values`` (``plan.size`` elements, any shape) as a JAX array.
+    """The bucket sums of ``values`` as a JAX array of shape ``(K,) + trailing``.
+
+    ``values`` have the index's shape or ``(N,)``, followed by a trailing
+    (row) shape, as in ``plan(values)``.
 
     ``out_dtype`` defaults to float32 (float64 for float64 values), as in
     ``plan(values)``; ``"bfloat16"`` rounds the exact sum once to bfloat16.
@@ -150,8 +157,8 @@ def fold(values: Any, plan: Fold, strategy: str = "exact", *, out_dtype: Any = N
     """
     strategy = _check_plan(plan, strategy)
     name = _check(values, "values")
-    check_values(plan.shape, tuple(values.shape), name)
     if out_dtype is not None and not isinstance(out_dtype, str):
         out_dtype = jnp.dtype(out_dtype).name
     out_name = resolve_out_dtype(name, out_dtype)
-    return _fold(values.reshape(-1), plan, strategy, out_name)
+    spec = check_values(plan.shape, tuple(values.shape), name)
+    return _fold(values.reshape((plan.size, *spec.trailing)), plan, strategy, out_name)

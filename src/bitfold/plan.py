@@ -158,15 +158,21 @@ class Fold:
         """Fold ``values`` into K sums with ``strategy`` (see :func:`bitfold.dispatch.fold`)."""
         return dispatch.fold(self, values, strategy, out_dtype=out_dtype)
 
-    def accumulator(self, dtype: Any = "float32", **options: Any) -> ExactAccumulator:
-        """A mergeable exact accumulator for values of ``dtype`` (see ``ExactAccumulator``)."""
-        return ExactAccumulator(self, dtype, **options)
+    def accumulator(
+        self, dtype: Any = "float32", trailing: Any = (), **options: Any
+    ) -> ExactAccumulator:
+        """A mergeable exact accumulator of values of ``dtype`` and rows of shape ``trailing``.
+
+        See :class:`bitfold.ExactAccumulator`; its state takes ``(L + 5) * 8``
+        bytes per output element (120 for float32 values).
+        """
+        return ExactAccumulator(self, dtype, trailing, **options)
 
     def expand(self, v: Any) -> Any:
-        """``v[index]`` in the index's shape: the forward of a folded layer.
+        """``v[index]``: the forward of a folded layer (or of an embedding lookup).
 
-        ``v`` must be one-dimensional with K entries; the result is an array of
-        the same library and device as ``v``.
+        ``v`` has shape ``(K,)`` or ``(K,) + trailing``; the result has shape
+        ``index.shape + trailing``, in the library and on the device of ``v``.
         """
         return dispatch.expand(self, v)
 

@@ -1,6 +1,7 @@
 """PyTorch adapter: a gather whose backward is the plan's fold, and a hashed linear layer.
 
-``expand(v, plan)`` is ``v[plan.index].reshape(plan.shape)``; its gradient
+``expand(v, plan)`` is ``v[plan.index]`` in the index's shape (for ``v`` of
+shape ``(K,) + trailing``: rows, as in an embedding lookup); its gradient
 with respect to ``v`` is ``fold(grad, plan, strategy)``, by default the
 *exact* fold: every bucket's exact real sum rounded once (see
 :mod:`bitfold.exact`), so training gives the same bits on every run,
@@ -149,14 +150,14 @@ def _fold_tensor(plan: Fold, g: torch.Tensor, strategy: str, out: torch.dtype) -
 @torch.library.custom_op("bitfold::expand", mutates_args=())
 def _expand_op(v: torch.Tensor, key: int, strategy: str) -> torch.Tensor:
     plan = _plan(key)
-    return v[_index_tensor(key, v.device)].reshape(plan.shape)
+    return v[_index_tensor(key, v.device)].reshape(plan.shape + tuple(v.shape[1:]))
 
 
 @_expand_op.register_fake
 def _expand_fake(v: torch.Tensor, key: int, strategy: str) -> torch.Tensor:
     plan = _plan(key)
-    check_expand_input(plan.K, tuple(v.shape))
-    return v.new_empty(plan.shape)
+    trailing = check_expand_input(plan.K, tuple(v.shape))
+    return v.new_empty(plan.shape + trailing)
 
 
 @torch.library.custom_op("bitfold::fold", mutates_args=())
@@ -167,8 +168,8 @@ def _fold_op(g: torch.Tensor, key: int, strategy: str, out_dtype: torch.dtype) -
 @_fold_op.register_fake
 def _fold_fake(g: torch.Tensor, key: int, strategy: str, out_dtype: torch.dtype) -> torch.Tensor:
     plan = _plan(key)
-    check_values(plan.shape, tuple(g.shape), g.dtype)
-    return g.new_empty((plan.K,), dtype=out_dtype)
+    spec = check_values(plan.shape, tuple(g.shape), g.dtype)
+    return g.new_empty((plan.K, *spec.trailing), dtype=out_dtype)
 
 
 def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -195,9 +196,11 @@ _fold_op.register_autograd(_fold_backward, setup_context=_setup)
 def expand(v: torch.Tensor, plan: Fold, strategy: str = "exact") -> torch.Tensor:
     """``v[plan.index]`` in the plan's shape; the gradient of ``v`` is the plan's fold.
 
-    ``v`` is a floating CPU or CUDA tensor of shape ``(plan.K,)``. The gradient has
-    ``v``'s dtype and follows the module docstring's contract (``exact``:
-    correctly rounded, the same bits on every run).
+    ``v`` is a floating CPU or CUDA tensor of shape ``(plan.K,)``, or
+    ``(plan.K,) + trailing`` (a table of rows: the result is
+    ``plan.shape + trailing``). The gradient has ``v``'s dtype and follows the
+    module docstring's contract (``exact``: correctly rounded, the same bits
+    on every run).
 
     >>> import numpy as np, torch, bitfold, bitfold.torch as bt
     >>> plan = bitfold.Fold(np.array([[0, 1], [1, 1]]), K=2)
@@ -217,7 +220,10 @@ def expand(v: torch.Tensor, plan: Fold, strategy: str = "exact") -> torch.Tensor
 def fold(
     values: torch.Tensor, plan: Fold, strategy: str = "exact", *, out_dtype: Any = None
 ) -> torch.Tensor:
-    """The K bucket sums of ``values`` (``plan.size`` elements, any shape) as a tensor.
+    """The bucket sums of ``values`` as a tensor of shape ``(K,) + trailing``.
+
+    ``values`` have the index's shape or ``(N,)``, followed by a trailing
+    (row) shape, as in ``plan(values)``.
 
     ``out_dtype`` defaults to float32 (float64 for float64 values), as in
     ``plan(values)``; ``torch.bfloat16`` rounds the exact sum once to

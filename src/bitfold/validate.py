@@ -121,11 +121,33 @@ class Values:
     shape: tuple[int, ...]  # the shape as given
     positions: int  # how many of the plan's positions the values cover
     start: int  # the first position they cover (0 for a whole fold)
+    trailing: tuple[int, ...] = ()  # the shape of the row each position brings
 
     @property
     def size(self) -> int:
         """Number of elements."""
         return math.prod(self.shape)
+
+    @property
+    def row_size(self) -> int:
+        """Elements a position brings (1 for a scalar fold)."""
+        return math.prod(self.trailing)
+
+
+def _shape_error(shape: tuple[int, ...], plan_shape: tuple[int, ...]) -> ShapeError:
+    n = math.prod(shape)
+    size = math.prod(plan_shape)
+    hint = ""
+    if len(shape) == 1 and size and n % size == 0 and n > size:
+        hint = (
+            f" (a flat vector of {size}·{n // size} values is ambiguous: reshape it to "
+            f"{(size, n // size)})"
+        )
+    return ShapeError(
+        f"values have shape {shape} but the index has shape {plan_shape}: the values have {n} "
+        f"elements and this plan folds {size} values (or rows of values); pass values of shape "
+        f"{plan_shape} + trailing or {(size,)} + trailing{hint}"
+    )
 
 
 def check_values(
@@ -134,42 +156,67 @@ def check_values(
     dtype: Any,
     *,
     start: int | None = None,
+    trailing: tuple[int, ...] | None = None,
 ) -> Values:
     """Check values of ``values_shape`` and ``dtype`` against a plan whose index has ``plan_shape``.
 
-    With ``start=None`` the values must have exactly as many elements as the
-    index, read in C order: either flat (1-D), or in the index's own shape when
-    the index has several dimensions (a transposed gradient, shape (3, 2) for a
-    (2, 3) map, is refused rather than folded into the wrong buckets); a
-    one-dimensional index accepts values of any shape. With an integer
-    ``start`` they are the flat slice ``[start, start + values.size)`` of the
-    plan's positions.
+    With ``start=None`` the values cover every position: their shape is the
+    index's shape followed by a *trailing* shape (each position brings a row
+    of values; ``()`` for a scalar fold), or ``(N,)`` followed by the trailing
+    shape, N being the number of positions. Anything else is refused with
+    both shapes named: a transposed gradient (shape (3, 2) for a (2, 3) map)
+    would be folded into the wrong buckets, and a flat vector of N·D values is
+    ambiguous. With an integer ``start`` the values have shape
+    ``(n,) + trailing`` and cover positions ``[start, start + n)``.
+    ``trailing``, when given, is the trailing shape the caller requires (an
+    accumulator's).
     """
     name = check_value_dtype(dtype_name(dtype))
     shape = tuple(int(s) for s in values_shape)
-    plan_shape = tuple(plan_shape)
+    plan_shape = tuple(int(s) for s in plan_shape)
     size = math.prod(plan_shape)
-    n = math.prod(shape)
     if start is not None:
-        return Values(name, shape, n, check_start(start, n, size))
-    if n != size:
+        if not shape:
+            raise ShapeError(
+                "values added at a start position need a leading positions axis; got a scalar"
+            )
+        positions, found = shape[0], shape[1:]
+        first = check_start(start, positions, size)
+    elif shape[: len(plan_shape)] == plan_shape:
+        positions, found, first = size, shape[len(plan_shape) :], 0
+    elif len(plan_shape) != 1 and shape[:1] == (size,):
+        positions, found, first = size, shape[1:], 0
+    else:
+        raise _shape_error(shape, plan_shape)
+    if trailing is not None and found != tuple(trailing):
         raise ShapeError(
-            f"values have {n} elements (shape {shape}); this plan folds "
-            f"{size} (index shape {plan_shape}): pass exactly {size} values"
+            f"values have shape {shape}: rows of shape {found}, but this accumulator sums rows of "
+            f"shape {tuple(trailing)}; pass values of shape (positions,) + {tuple(trailing)}"
         )
-    if len(plan_shape) > 1 and len(shape) > 1 and shape != plan_shape:
-        raise ShapeError(
-            f"values have shape {shape} but the index has shape {plan_shape}: "
-            "pass values in the index's shape (or flat, if their C order really matches "
-            "the index's)"
-        )
-    return Values(name, shape, n, 0)
+    return Values(name, shape, positions, first, found)
 
 
-def check_expand_input(K: int, shape: tuple[int, ...]) -> None:
-    """``expand`` takes a vector of K entries."""
-    if len(shape) != 1 or shape[0] != K:
-        raise ShapeError(f"expand needs v of shape ({K},) (K = {K}); got shape {tuple(shape)}")
+def check_trailing(trailing: Any) -> tuple[int, ...]:
+    """A trailing (row) shape as a tuple of non-negative ints, or a refusal."""
+    try:
+        shape = tuple(int(s) for s in trailing)
+    except TypeError:
+        raise FoldTypeError(
+            f"trailing must be a shape (a tuple of ints); got {trailing!r}"
+        ) from None
+    if any(s < 0 for s in shape):
+        raise ShapeError(f"trailing must be a shape of non-negative sizes; got {shape}")
+    return shape
+
+
+def check_expand_input(K: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``expand`` takes ``v`` of shape ``(K,) + trailing``; returns the trailing shape."""
+    shape = tuple(int(s) for s in shape)
+    if not shape or shape[0] != K:
+        raise ShapeError(
+            f"expand needs v of shape ({K},) or ({K},) + trailing (K = {K}); got shape {shape}"
+        )
+    return shape[1:]
 
 
 __all__ = [
@@ -178,6 +225,7 @@ __all__ = [
     "check_K_fits",
     "check_expand_input",
     "check_start",
+    "check_trailing",
     "check_values",
     "index_range_error",
     "read_index",

@@ -337,8 +337,8 @@ def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str, *, launch:
         return out
 
 
-def expand(plan: Fold, v: Any) -> Any:
-    """``v[index]`` in the index's shape, on ``v``'s device and in its library."""
+def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
+    """``v[index]`` in the index's shape (then ``trailing``), on ``v``'s device and library."""
     lib = library_of(v)
     if lib == "torch":
         import torch
@@ -347,17 +347,17 @@ def expand(plan: Fold, v: Any) -> Any:
             ("torch-index", str(v.device)),
             lambda: torch.from_numpy(plan.index.astype(np.int64)).to(v.device),
         )
-        return v[idx].reshape(plan.shape)
+        return v[idx].reshape(plan.shape + trailing)
     if lib == "cupy":
         import cupy
 
         with cupy.cuda.Device(v.device.id):
             idx = plan.prepared(("cupy-index", int(v.device.id)), lambda: cupy.asarray(plan.index))
-            return cupy.take(v, idx).reshape(plan.shape)
+            return cupy.take(v, idx, axis=0).reshape(plan.shape + trailing)
     from ..arrays import to_numpy
 
     cuda = _cuda()
-    return cuda.to_device(np.take(to_numpy(v), plan.index).reshape(plan.shape))
+    return cuda.to_device(np.take(to_numpy(v), plan.index, axis=0).reshape(plan.shape + trailing))
 
 
 # -- exact states on the device ----------------------------------------------------------------

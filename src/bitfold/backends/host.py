@@ -1,8 +1,20 @@
 """The host backend: NumPy arrays, CPU tensors and CPU JAX arrays, folded by the Numba CPU kernels.
 
-Values are read on the host as one flat, contiguous, native-byte-order
-NumPy array (a view when they already are one; bfloat16 widened to float32,
-which is exact) and the result goes back to the values' own library.
+Values are read on the host as one contiguous, native-byte-order NumPy
+array (a view when they already are one; bfloat16 widened to float32, which
+is exact), flat for a scalar fold and ``(positions, D)`` for a fold of rows,
+and the result goes back to the values' own library, shaped ``(K,) + trailing``.
+
+``exact`` takes one of two routes, with the same bits either way:
+
+* *streaming* (scalar folds into at most :data:`BUCKETWISE_MIN_K` buckets):
+  values are read in position order and added into a per-bucket state that
+  fits in the caches (float64 bins for float32 values, integer limbs
+  otherwise), rounded at the end;
+* *bucket by bucket* (folds of rows, and scalar folds into more buckets):
+  :mod:`bitfold.kernels.buckets` gathers each bucket's rows through the
+  plan's stable order and sums them in a small scratch; no per-bucket state
+  is kept.
 
 State functions (the exact accumulator on the host): a state is a
 ``(K, L + 5)`` int64 array in the layout of :class:`bitfold.formats.LimbFormat`;
@@ -19,7 +31,7 @@ import numpy as np
 from ..arrays import family_of, from_numpy, to_numpy
 from ..errors import FoldError
 from ..formats import FLOATS, N_NOT_NEGZERO, N_TERMS, LimbFormat, limb_format_for
-from ..kernels import cpu
+from ..kernels import buckets, cpu
 from ..validate import Values
 
 if TYPE_CHECKING:
@@ -29,6 +41,10 @@ NAME = "host"
 
 #: Largest K for which float32 values take the binned kernel (32 float64 bins a bucket).
 BINNED_MAX_K = 1 << 18
+#: Scalar folds into more buckets than this are summed bucket by bucket.
+BUCKETWISE_MIN_K = 1 << 15
+#: Independent bucket ranges of a bucket-by-bucket fold (fixed: never the thread count).
+BUCKET_CHUNKS = 64
 #: Most private accumulator copies (slots) one call uses; fixed, never the thread count.
 MAX_SLOTS = 16
 #: Private accumulator copies may take at most this many bytes per value added.
@@ -48,64 +64,135 @@ def host_values(values: Any) -> np.ndarray:
     return np.ascontiguousarray(arr.reshape(-1))
 
 
-def _result(out: np.ndarray, like: Any, out_name: str) -> Any:
+def host_rows(values: Any, spec: Values) -> np.ndarray:
+    """The values as a contiguous ``(positions, D)`` float32 or float64 array (halves widened)."""
+    flat = host_values(values)
+    if flat.dtype == np.float16:
+        flat = flat.astype(np.float32)  # exact
+    return flat.reshape(spec.positions, spec.row_size)
+
+
+def _result(out: np.ndarray, like: Any, out_name: str, spec: Values) -> Any:
+    """``out`` shaped ``(K,) + trailing``, in the library (and device) of ``like``."""
+    out = out.reshape(out.shape[:1] + spec.trailing)
     return from_numpy(out, like=like, dtype_name=out_name)
 
 
 # -- the strategies ----------------------------------------------------------------------------
-def fold_exact(plan: Fold, values: Any, spec: Values, out_name: str, **options: Any) -> Any:
-    """One exact accumulation of all values, rounded once to ``out_name``."""
+def fold_exact(
+    plan: Fold, values: Any, spec: Values, out_name: str, *, route: str = "auto", **options: Any
+) -> Any:
+    """Every bucket's exact sum, rounded once to ``out_name`` (module docstring for the routes).
+
+    ``route`` is ``"auto"``, ``"stream"`` (scalar folds only) or ``"buckets"``;
+    ``options`` (``kernel=``, ``carry_every=``) tune the streaming route.
+    None of them changes the result.
+    """
     fmt = _format_of(spec)
+    if route == "auto":
+        route = "buckets" if spec.trailing or plan.K > BUCKETWISE_MIN_K else "stream"
+    if route == "buckets":
+        return _result(fold_buckets(plan, host_rows(values, spec), fmt, out_name), values,
+                       out_name, spec)  # fmt: skip
+    if route != "stream":
+        raise FoldError(f"unknown exact route {route!r}; choose 'auto', 'stream' or 'buckets'")
+    if spec.trailing:
+        raise FoldError("the streaming route folds scalars only; folds of rows take 'buckets'")
     state = new_state(plan.K, fmt)
     add_to_state(state, plan, values, spec, fmt, **options)
-    return _result(round_state(state, fmt, out_name), values, out_name)
+    return _result(round_state(state, fmt, out_name), values, out_name, spec)
+
+
+def fold_buckets(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str) -> np.ndarray:
+    """The exact fold of ``rows`` (positions, D) bucket by bucket: a (K, D) array of ``out_name``.
+
+    bfloat16 results come back as float32 holding bfloat16 values (as
+    :func:`round_state`).
+    """
+    target = FLOATS[out_name]
+    out_shift = 16 if out_name == "bfloat16" else 0
+    K, D = plan.K, rows.shape[1]
+    out_bits = np.empty((K, D), np.int32 if out_shift else target.signed_bits_dtype)
+    out = out_bits.view(np.float32 if out_shift else out_name)
+    if D == 0 or K == 0:
+        return out
+    fast = out.dtype == rows.dtype  # an exact float64 sum is simply cast
+    chunks = BUCKET_CHUNKS if rows.size >= cpu.PARALLEL_MIN_VALUES else 1
+    bounds = plan.prepared(("bucket-bounds", chunks), lambda: _bucket_bounds(plan, chunks))
+    buckets.fold_buckets(
+        rows, plan.order, plan.offsets, bounds, out if fast else np.empty((1, 1), rows.dtype),
+        out_bits,
+        (fmt.unit_exp, target.precision, target.exponent_bits, target.subnormal_exp,
+         target.canonical_nan, out_shift),
+        fast, fmt.limbs,
+    )  # fmt: skip
+    return out
+
+
+def _bucket_bounds(plan: Fold, chunks: int) -> np.ndarray:
+    """Bucket ranges of about equal numbers of positions (a bucket is never split)."""
+    targets = np.linspace(0, plan.size, chunks + 1)
+    bounds = np.searchsorted(plan.offsets, targets, side="left").astype(np.int64)
+    bounds[0], bounds[-1] = 0, plan.K
+    return _frozen(np.maximum.accumulate(bounds))
 
 
 def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
-    """``out[index[i]] += values[i]`` for i = 0 .. N-1, each addition rounded in ``out_name``."""
+    """``out[index[i]] += values[i]`` for i = 0 .. N-1, each addition rounded in ``out_name``.
+
+    For rows, element by element in the same order of positions.
+    """
     dtype = np.dtype(out_name)
-    flat = host_values(values)
-    out = np.zeros(plan.K, dtype)
-    if dtype == np.float16:  # Numba has no float16 arithmetic: add in order in NumPy
-        for i, k in enumerate(plan.index.tolist()):
-            out[k] = out[k] + np.float16(flat[i])
+    rows = host_values(values).reshape(spec.positions, spec.row_size).astype(dtype, copy=False)
+    out = np.zeros((plan.K, spec.row_size), dtype)
+    if dtype == np.float16:  # Numba has no float16 arithmetic: NumPy's add.at, in order
+        np.add.at(out, _index64(plan), rows)
     else:
-        cpu.ordered_fold(plan.index, flat.astype(dtype, copy=False), out)
-    return _result(canonicalise_nans(out), values, out_name)
+        cpu.ordered_fold_rows(plan.index, rows, out)
+    out = canonicalise_nans(out)
+    return _result(out, values, out_name, spec)
 
 
 def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
     """``np.add.at`` into zeros of ``out_name``, values cast to ``out_name`` first."""
     dtype = np.dtype(out_name)
-    out = np.zeros(plan.K, dtype)
-    index = plan.prepared("index64", lambda: _frozen(plan.index.astype(np.int64)))
-    np.add.at(out, index, host_values(values).astype(dtype, copy=False))
-    return _result(out, values, out_name)
+    rows = host_values(values).reshape(spec.positions, *spec.trailing).astype(dtype, copy=False)
+    out = np.zeros((plan.K, *spec.trailing), dtype)
+    np.add.at(out, _index64(plan), rows)
+    return _result(out, values, out_name, spec)
 
 
-def expand(plan: Fold, v: Any) -> Any:
-    """``v[index]`` in the index's shape, in ``v``'s library."""
+def _index64(plan: Fold) -> np.ndarray:
+    return plan.prepared("index64", lambda: _frozen(plan.index.astype(np.int64)))
+
+
+def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
+    """``v[index]`` in the index's shape (then ``trailing``), in ``v``'s library."""
     family = family_of(v)
+    shape = plan.shape + tuple(trailing)
     if family.name == "torch":
         import torch
 
         idx = plan.prepared(
             ("torch-index", "cpu"), lambda: torch.from_numpy(plan.index.astype(np.int64))
         )
-        return v[idx].reshape(plan.shape)
+        return v[idx].reshape(shape)
     host = np.ascontiguousarray(to_numpy(v))
-    out = np.empty(plan.size, host.dtype)
-    if host.dtype.kind == "f" and host.dtype.itemsize >= 4:
-        cpu.gather(host, plan.index, out)
+    if trailing:
+        out = np.take(host, plan.index, axis=0)
     else:
-        np.take(host, plan.index, out=out)
-    return from_numpy(out.reshape(plan.shape), like=v)
+        out = np.empty(plan.size, host.dtype)
+        if host.dtype.kind == "f" and host.dtype.itemsize >= 4:
+            cpu.gather(host, plan.index, out)
+        else:
+            np.take(host, plan.index, out=out)
+    return from_numpy(out.reshape(shape), like=v)
 
 
 # -- exact states ------------------------------------------------------------------------------
-def new_state(K: int, fmt: LimbFormat) -> np.ndarray:
-    """A zero state: K buckets of ``fmt``'s limbs and counters."""
-    return np.zeros((K, fmt.width), np.int64)
+def new_state(K: int, fmt: LimbFormat, trailing: tuple[int, ...] = ()) -> np.ndarray:
+    """A zero state: for each of the K buckets' elements, ``fmt``'s limbs and counters."""
+    return np.zeros((K, *trailing, fmt.width), np.int64)
 
 
 def _format_of(spec: Values) -> LimbFormat:
@@ -124,10 +211,18 @@ def add_to_state(
 ) -> None:
     """Add host ``values`` (plan positions ``spec.start ..``) into ``state``, exactly.
 
-    ``kernel`` is ``"auto"``, ``"binned"`` (float32 values only) or
-    ``"limbs"``; every kernel gives the same state value. The term counts are
-    added too, so the state is complete when this returns.
+    ``state`` is ``(K,) + trailing + (L + 5,)``. For scalars, ``kernel`` is
+    ``"auto"``, ``"binned"`` (float32 values only) or ``"limbs"``; every kernel
+    gives the same state value. The term counts are added too, so the state is
+    complete when this returns.
     """
+    if spec.trailing:
+        rows = host_rows(values, spec)
+        index = plan.index[spec.start : spec.start + rows.shape[0]]
+        every = min(carry_every or fmt.carry_every, fmt.carry_every)
+        bits = rows.view(np.int64 if rows.dtype == np.float64 else np.uint32)
+        cpu.accumulate_rows(index, bits, state.reshape(-1, fmt.width), every)
+        return
     flat = host_values(values)
     n = flat.shape[0]
     if spec.start == 0 and n == plan.size:
@@ -203,25 +298,27 @@ def _slot_arrays(state: np.ndarray, S: int, L: int) -> tuple[np.ndarray, np.ndar
 def merge_states(into: np.ndarray, other: np.ndarray, fmt: LimbFormat) -> None:
     """``into += other`` (two states of one plan and format), then carry-normalise ``into``."""
     into += other
-    cpu.normalise_rows(into[:, : fmt.limbs])
+    cpu.normalise_rows(into.reshape(-1, fmt.width)[:, : fmt.limbs])
 
 
 def round_state(state: np.ndarray, fmt: LimbFormat, out_name: str) -> np.ndarray:
-    """Round every bucket of ``state`` once to ``out_name`` (see :mod:`bitfold.exact`).
+    """Round every element of ``state`` once to ``out_name`` (see :mod:`bitfold.exact`).
 
+    ``state`` is ``(K,) + trailing + (L + 5,)``; the result ``(K,) + trailing``.
     NumPy has no bfloat16, so bfloat16 results come back as a float32 array
     whose values are all exactly representable in bfloat16
     (``torch.Tensor.to(torch.bfloat16)`` converts them without rounding).
     """
     target = FLOATS[out_name]
     out_shift = 16 if out_name == "bfloat16" else 0
-    out = np.empty(state.shape[0], np.int32 if out_shift else target.signed_bits_dtype)
+    flat = np.ascontiguousarray(state).reshape(-1, fmt.width)
+    out = np.empty(state.shape[:-1], np.int32 if out_shift else target.signed_bits_dtype)
     cpu.round_states(
-        np.ascontiguousarray(state),
+        flat,
         fmt.limbs,
         (fmt.unit_exp, target.precision, target.exponent_bits, target.subnormal_exp,
          target.canonical_nan, out_shift),
-        out,
+        out.reshape(-1),
     )  # fmt: skip
     return out.view(np.float32 if out_shift else out_name)
 

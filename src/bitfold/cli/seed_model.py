@@ -102,7 +102,7 @@ def folded_gradient(model: SeedModel, plan: Any, strategy: str, idx: Any) -> Gra
         h = _relu(X @ W)
         d = (h - 1.0) / batch
         gW = X.T @ (d * (h > 0))
-        return plan(gW, strategy)
+        return plan(gW.reshape(-1), strategy)  # the flat map: gW read in C order
 
     return gradient
 

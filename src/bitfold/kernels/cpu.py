@@ -23,7 +23,17 @@ import numpy as np
 from numba import njit, prange
 
 from ..formats import FLOATS, LimbFormat, decode_shift, limb_format_for
-from .ieee import FINITE, NEGZERO, POSZERO, decode, normalise, round_row, split_narrow, split_wide
+from .ieee import (
+    FINITE,
+    NEGZERO,
+    POSZERO,
+    add_bits,
+    decode,
+    normalise,
+    round_row,
+    split_narrow,
+    split_wide,
+)
 
 
 def _decoding(name: str) -> tuple[int, int, int]:
@@ -109,6 +119,20 @@ def ordered_fold(index, values, out):  # pragma: no cover - compiled
     """
     for i in range(index.shape[0]):
         out[index[i]] += values[i]
+
+
+@njit(cache=True, nogil=True)
+def ordered_fold_rows(index, rows, out):  # pragma: no cover - compiled
+    """``out[index[i], d] += rows[i, d]`` for i = 0, 1, ..., N-1 (and every d), in out's dtype.
+
+    Each element of a bucket adds its values in increasing position, the
+    stable sorted-index order, one rounding per addition.
+    """
+    D = rows.shape[1]
+    for i in range(index.shape[0]):
+        k = index[i]
+        for d in range(D):
+            out[k, d] += rows[i, d]
 
 
 @njit(cache=True, parallel=True)
@@ -215,6 +239,48 @@ def exact_accumulate(index, bits, source, limbs, specials, carry_every) -> None:
     else:
         start_thread_pool()
         _limbs_parallel(index, bits, limbs, specials, source, carry_every)
+
+
+@njit(cache=True, nogil=True)
+def _rows_into_state(index, bits, state, D, d0, d1, wide):  # pragma: no cover - compiled
+    L = state.shape[1] - 5
+    for i in range(index.shape[0]):
+        base = np.int64(index[i]) * D
+        for d in range(d0, d1):
+            if wide:
+                add_bits(state[base + d], L, bits[i, d], _F64[0], _F64[1], _F64[2], True)
+            else:
+                add_bits(state[base + d], L, bits[i, d], _F32[0], _F32[1], _F32[2], False)
+
+
+@njit(cache=True, parallel=True)
+def _rows_into_state_parallel(index, bits, state, D, blocks, wide):  # pragma: no cover
+    for b in prange(blocks):
+        _rows_into_state(index, bits, state, D, D * b // blocks, D * (b + 1) // blocks, wide)
+
+
+def accumulate_rows(index, bits, state, carry_every) -> None:
+    """Add rows exactly into a state of rows: ``state[index[i] * D + d] += value[i, d]``.
+
+    ``bits`` is the (n, D) bit view of float32 (uint32) or float64 (int64)
+    rows; ``state`` is (K * D, L + 5) int64, limbs and the five counters of
+    each output element (:func:`bitfold.kernels.ieee.add_bits`). Columns are
+    split between threads (each element belongs to one), and the limbs are
+    normalised after every ``carry_every`` positions.
+    """
+    n, D = bits.shape
+    wide = bits.dtype == np.int64
+    blocks = min(D, 16) if n * D >= PARALLEL_MIN_VALUES else 1
+    if blocks > 1:
+        start_thread_pool()
+    L = state.shape[1] - 5
+    for lo in range(0, n, carry_every):
+        hi = min(n, lo + carry_every)
+        if blocks > 1:
+            _rows_into_state_parallel(index[lo:hi], bits[lo:hi], state, D, blocks, wide)
+        else:
+            _rows_into_state(index[lo:hi], bits[lo:hi], state, D, 0, D, wide)
+        normalise_rows(state[:, :L])
 
 
 @njit(cache=True, nogil=True)

@@ -116,7 +116,6 @@ def round_row(row, L, extra_terms, unit_exp, precision, exp_bits, subnormal_exp,
     """
     width = precision + exp_bits + out_shift
     sign = -(int64(1) << (width - 2)) * 2  # adding it sets the sign bit of a width-bit integer
-    bias = (int64(1) << (exp_bits - 1)) - 1
     e_inf = (int64(1) << exp_bits) - 1
     inf_bits = (e_inf << (precision - 1)) << out_shift
     n_terms = row[L] + extra_terms
@@ -174,31 +173,126 @@ def round_row(row, L, extra_terms, unit_exp, precision, exp_bits, subnormal_exp,
                 sticky = True
         if half == 1 and (sticky or (m & 1) == 1):
             m += 1
-    # encode ±m·2^(q + unit_exp): exact in the target, or beyond its range
+    return encode(m, q + unit_exp, negative, precision, exp_bits, subnormal_exp, out_shift)
+
+
+@register_jitable
+def encode(m, e, negative, precision, exp_bits, subnormal_exp, out_shift):  # pragma: no cover
+    """The IEEE pattern of ``±m·2^e`` where ``m`` was already rounded to the target.
+
+    ``m`` has at most ``precision`` bits (or is ``2^precision`` after a
+    carry), ``e >= subnormal_exp``; a value beyond the range gives ``±inf``,
+    ``m == 0`` a signed zero. Returned as in :func:`round_row`.
+    """
+    width = precision + exp_bits + out_shift
+    sign = -(int64(1) << (width - 2)) * 2
+    bias = (int64(1) << (exp_bits - 1)) - 1
+    e_inf = (int64(1) << exp_bits) - 1
     hidden = int64(1) << (precision - 1)
     if m == hidden << 1:
         m >>= 1
-        q += 1
+        e += 1
     if m == 0:
         bits = int64(0)
     else:
         s = precision - bit_length(m)  # >= 0: move the leading bit to the hidden position
-        room = q + unit_exp - subnormal_exp  # how far down the exponent may go (>= 0)
+        room = e - subnormal_exp  # how far down the exponent may go (>= 0)
         if s > room:
             s = room
         m <<= s
-        q -= s
+        e -= s
         if m >= hidden:
-            e_field = q + unit_exp + (precision - 1) + bias
+            e_field = e + (precision - 1) + bias
             if e_field >= e_inf:
-                bits = inf_bits
+                bits = (e_inf << (precision - 1)) << out_shift
             else:
                 bits = ((e_field << (precision - 1)) | (m - hidden)) << out_shift
         else:
-            bits = m << out_shift  # subnormal: q + unit_exp == subnormal_exp
+            bits = m << out_shift  # subnormal: e == subnormal_exp
     if negative:
         bits += sign
     return bits
+
+
+@register_jitable
+def round_scaled(m, e, negative, precision, exp_bits, subnormal_exp, out_shift):  # pragma: no cover
+    """Round ``±m·2^e`` (an exact value, ``0 <= m < 2^63``) once to nearest-even; its IEEE bits.
+
+    A non-zero value that rounds to zero keeps its sign; ``m == 0`` gives a
+    zero of the given sign. Returned as in :func:`round_row`.
+    """
+    q = bit_length(m) - precision
+    if q < subnormal_exp - e:
+        q = subnormal_exp - e
+    if q > 0:
+        if q > 63:
+            r = int64(0)  # far below the smallest subnormal: below half of it too
+        else:
+            r = m >> q
+            half = (m >> (q - 1)) & 1
+            sticky = (m & ((int64(1) << (q - 1)) - 1)) != 0
+            if half == 1 and (sticky or (r & 1) == 1):
+                r += 1
+        return encode(r, e + q, negative, precision, exp_bits, subnormal_exp, out_shift)
+    return encode(m, e, negative, precision, exp_bits, subnormal_exp, out_shift)
+
+
+@register_jitable
+def add_bits(row, L, raw, exp_bits, frac_bits, shift, wide):  # pragma: no cover - compiled
+    """Add one value (its IEEE bits) into a state row: its limbs and its five counters.
+
+    ``exp_bits``/``frac_bits``/``shift`` as in :func:`decode`; ``wide`` for
+    53-bit mantissas (:func:`split_wide`). Each limb receives less than
+    ``2^33`` in magnitude, so a row takes ``2^29`` values between
+    normalisations.
+    """
+    cls, neg, m, p = decode(raw, exp_bits, frac_bits, shift)
+    row[L] += 1
+    if cls == FINITE:
+        sign = 1 - 2 * neg
+        if wide:
+            j, a0, a1, a2 = split_wide(m, p)
+            row[j + 2] += sign * a2
+        else:
+            j, a0, a1, a2 = split_narrow(m, p)
+        row[j] += sign * a0
+        row[j + 1] += sign * a1
+        row[L + 1] += 1
+    elif cls == POSZERO:
+        row[L + 1] += 1
+    elif cls != NEGZERO:
+        row[L + cls] += 1  # n_nan, n_posinf, n_neginf
+        row[L + 1] += 1
+
+
+@register_jitable
+def double_parts(bits):  # pragma: no cover - compiled
+    """A finite float64 (its bits as int64) as ``(negative, M, e)`` with value ``±M·2^e``."""
+    neg = int64(0)
+    if bits < 0:
+        neg = int64(1)
+    ef = (bits >> 52) & 0x7FF
+    m = bits & 0xFFFFFFFFFFFFF
+    if ef == 0:
+        return neg, m, int64(-1074)
+    return neg, m | 0x10000000000000, ef - 1075
+
+
+@register_jitable
+def add_double(limbs, bits, unit_exp):  # pragma: no cover - compiled
+    """Add a finite float64 that is an integer multiple of ``2^unit_exp`` into ``limbs``.
+
+    ``bits`` is the float64's pattern as int64 (a sum of values that the limb
+    format holds exactly, so the multiple is exact); zeros add nothing.
+    """
+    neg, m, e = double_parts(bits)
+    if m == 0:
+        return
+    j, a0, a1, a2 = split_wide(m, e - unit_exp)
+    sign = 1 - 2 * neg
+    limbs[j] += sign * a0
+    limbs[j + 1] += sign * a1
+    limbs[j + 2] += sign * a2
 
 
 __all__ = [
@@ -208,10 +302,15 @@ __all__ = [
     "NEGZERO",
     "POSINF",
     "POSZERO",
+    "add_bits",
+    "add_double",
     "bit_length",
     "decode",
+    "double_parts",
+    "encode",
     "normalise",
     "round_row",
+    "round_scaled",
     "split_narrow",
     "split_wide",
 ]
