@@ -31,7 +31,7 @@ import numpy as np
 from ..arrays import family_of, from_numpy, to_numpy
 from ..errors import FoldError
 from ..formats import FLOATS, N_NOT_NEGZERO, N_TERMS, LimbFormat, limb_format_for
-from ..kernels import buckets, cpu
+from ..kernels import buckets, cpu, stream
 from ..validate import Values
 
 if TYPE_CHECKING:
@@ -41,8 +41,18 @@ NAME = "host"
 
 #: Largest K for which float32 values take the binned kernel (32 float64 bins a bucket).
 BINNED_MAX_K = 1 << 18
-#: Scalar folds into more buckets than this are summed bucket by bucket.
+#: Scalar folds into at most this many buckets take the limb-state streaming route.
+LIMBS_MAX_K = 1 << 10
+#: float64 scalars into more buckets than this are summed bucket by bucket.
 BUCKETWISE_MIN_K = 1 << 15
+#: Scalar folds into at most this many buckets stream in position order, one float64
+#: (int64) a bucket; beyond, in the plan's sorted order.
+FLOAT_STREAM_MAX_K = 1 << 18
+#: The integer float16 route holds at most this many values (its int64 sums cannot overflow).
+HALF_STREAM_MAX_VALUES = 1 << 23
+#: Most private states of a streaming route, and the bytes they may take per value.
+STREAM_SLOTS = 16
+STREAM_SLOT_BYTES_PER_VALUE = 8
 #: Independent bucket ranges of a bucket-by-bucket fold (fixed: never the thread count).
 BUCKET_CHUNKS = 64
 #: Most private accumulator copies (slots) one call uses; fixed, never the thread count.
@@ -62,6 +72,16 @@ def host_values(values: Any) -> np.ndarray:
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     return np.ascontiguousarray(arr.reshape(-1))
+
+
+def bfloat16_bits(values: Any) -> np.ndarray:
+    """The uint16 bit patterns of bfloat16 values, flat (no widening copy)."""
+    if family_of(values).name == "torch":
+        import torch
+
+        t = values.detach().cpu().contiguous()
+        return t.view(torch.int16).numpy().view(np.uint16).reshape(-1)
+    return np.ascontiguousarray(np.asarray(values)).view(np.uint16).reshape(-1)
 
 
 def host_rows(values: Any, spec: Values) -> np.ndarray:
@@ -84,23 +104,90 @@ def fold_exact(
 ) -> Any:
     """Every bucket's exact sum, rounded once to ``out_name`` (module docstring for the routes).
 
-    ``route`` is ``"auto"``, ``"stream"`` (scalar folds only) or ``"buckets"``;
-    ``options`` (``kernel=``, ``carry_every=``) tune the streaming route.
-    None of them changes the result.
+    ``route`` is ``"auto"`` or one of :data:`ROUTES`; ``options`` (``kernel=``,
+    ``carry_every=``) tune the ``"limbs"`` route. None of them changes the
+    result.
     """
     fmt = _format_of(spec)
     if route == "auto":
-        route = "buckets" if spec.trailing or plan.K > BUCKETWISE_MIN_K else "stream"
-    if route == "buckets":
-        return _result(fold_buckets(plan, host_rows(values, spec), fmt, out_name), values,
-                       out_name, spec)  # fmt: skip
-    if route != "stream":
-        raise FoldError(f"unknown exact route {route!r}; choose 'auto', 'stream' or 'buckets'")
+        route = choose_route(plan, spec)
+    if route not in ROUTES:
+        raise FoldError(f"unknown exact route {route!r}; choose 'auto' or one of {ROUTES}")
+    if spec.trailing and route != "buckets":
+        raise FoldError(f"the {route!r} route folds scalars only; folds of rows take 'buckets'")
+    if route == "limbs":
+        state = new_state(plan.K, fmt)
+        add_to_state(state, plan, values, spec, fmt, **options)
+        out = round_state(state, fmt, out_name)
+    elif route == "half-stream":
+        out = _half_stream(plan, values, spec, out_name)
+    else:
+        rows = host_rows(values, spec)
+        if route == "float-stream":
+            out = _float_stream(plan, rows, fmt, out_name)
+        elif route == "sorted-stream":
+            out = _sorted_stream(plan, rows, fmt, out_name)
+        else:
+            out = fold_buckets(plan, rows, fmt, out_name)
+    return _result(out, values, out_name, spec)
+
+
+#: The routes of the exact fold on the host (all give the same bits).
+ROUTES = ("limbs", "float-stream", "half-stream", "sorted-stream", "buckets")
+
+
+def choose_route(plan: Fold, spec: Values) -> str:
+    """The fastest route for this fold; from the shapes only (never from the data or threads).
+
+    Rows go bucket by bucket. Scalars: into few buckets, the limb state
+    streaming route (float64 bins for float32 values); float16 values, an
+    integer scatter-add; float32 and bfloat16 values into more buckets, checked
+    float64 sums streamed in position order into one float64 a bucket; into
+    very many buckets (whose states would not be cache-sized), checked float64
+    sums streamed in the plan's sorted order.
+    """
     if spec.trailing:
-        raise FoldError("the streaming route folds scalars only; folds of rows take 'buckets'")
-    state = new_state(plan.K, fmt)
-    add_to_state(state, plan, values, spec, fmt, **options)
-    return _result(round_state(state, fmt, out_name), values, out_name, spec)
+        return "buckets"
+    K, n = plan.K, spec.positions
+    if spec.dtype == "float16" and n < HALF_STREAM_MAX_VALUES and K <= FLOAT_STREAM_MAX_K:
+        return "half-stream"
+    if K <= LIMBS_MAX_K or (spec.dtype == "float64" and K <= BUCKETWISE_MIN_K):
+        return "limbs"
+    if spec.dtype != "float64" and K <= FLOAT_STREAM_MAX_K:
+        return "float-stream"
+    return "sorted-stream"
+
+
+def _target(out_name: str, fmt: LimbFormat) -> tuple[int, ...]:
+    """``(unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift)`` for the kernels."""
+    target = FLOATS[out_name]
+    return (fmt.unit_exp, target.precision, target.exponent_bits, target.subnormal_exp,
+            target.canonical_nan, 16 if out_name == "bfloat16" else 0)  # fmt: skip
+
+
+def _empty_out(shape: tuple[int, ...], out_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the output as floats, the same memory as signed integers of its width)."""
+    target = FLOATS[out_name]
+    widen = out_name == "bfloat16"
+    out_bits = np.empty(shape, np.int32 if widen else target.signed_bits_dtype)
+    return out_bits.view(np.float32 if widen else out_name), out_bits
+
+
+def _slots(n: int, K: int) -> int:
+    """Private states of a streaming route: one a thread, within a memory budget.
+
+    The routes that use them are exact, so their result does not depend on
+    how many there are (an exact sum is unique), only their speed does.
+    """
+    if n < cpu.PARALLEL_MIN_VALUES:
+        return 1
+    by_memory = (STREAM_SLOT_BYTES_PER_VALUE * n) // (8 * K)
+    return int(max(1, min(STREAM_SLOTS, cpu.thread_count(), by_memory)))
+
+
+def _bounds(plan: Fold, n_values: int) -> np.ndarray:
+    chunks = BUCKET_CHUNKS if n_values >= cpu.PARALLEL_MIN_VALUES else 1
+    return plan.prepared(("bucket-bounds", chunks), lambda: _bucket_bounds(plan, chunks))
 
 
 def fold_buckets(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str) -> np.ndarray:
@@ -109,23 +196,68 @@ def fold_buckets(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str) -
     bfloat16 results come back as float32 holding bfloat16 values (as
     :func:`round_state`).
     """
-    target = FLOATS[out_name]
-    out_shift = 16 if out_name == "bfloat16" else 0
-    K, D = plan.K, rows.shape[1]
-    out_bits = np.empty((K, D), np.int32 if out_shift else target.signed_bits_dtype)
-    out = out_bits.view(np.float32 if out_shift else out_name)
-    if D == 0 or K == 0:
+    out, out_bits = _empty_out((plan.K, rows.shape[1]), out_name)
+    if out.size == 0:
         return out
-    fast = out.dtype == rows.dtype  # an exact float64 sum is simply cast
-    chunks = BUCKET_CHUNKS if rows.size >= cpu.PARALLEL_MIN_VALUES else 1
-    bounds = plan.prepared(("bucket-bounds", chunks), lambda: _bucket_bounds(plan, chunks))
+    fast = out_name == rows.dtype.name  # an exact float64 sum is simply cast
     buckets.fold_buckets(
-        rows, plan.order, plan.offsets, bounds, out if fast else np.empty((1, 1), rows.dtype),
-        out_bits,
-        (fmt.unit_exp, target.precision, target.exponent_bits, target.subnormal_exp,
-         target.canonical_nan, out_shift),
-        fast, fmt.limbs,
+        rows, plan.order, plan.offsets, _bounds(plan, rows.size),
+        out if fast else np.empty((1, 1), rows.dtype), out_bits, _target(out_name, fmt), fast,
+        fmt.limbs,
     )  # fmt: skip
+    return out
+
+
+def _float_stream(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str) -> np.ndarray:
+    """Scalars: checked float64 sums streamed per bucket, the inexact buckets redone (stream.py)."""
+    n = rows.shape[0]
+    sums = np.full((_slots(n, plan.K), plan.K), -0.0)
+    merged = stream.float_sums(plan.index, rows[:, 0], sums)
+    out, out_bits = _empty_out((plan.K, 1), out_name)
+    fast = out_name == rows.dtype.name
+    buckets.finish_scalar(
+        merged, rows, plan.order, plan.offsets, _bounds(plan, n),
+        out if fast else np.empty((1, 1), rows.dtype), out_bits, _target(out_name, fmt), fast,
+        fmt.limbs,
+    )  # fmt: skip
+    return out
+
+
+def _sorted_stream(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str) -> np.ndarray:
+    """Scalars into very many buckets: checked float64 sums in sorted order (stream.py)."""
+    K = plan.K
+    sorted_buckets = plan.prepared("sorted-buckets", lambda: _frozen(plan.index[plan.order]))
+    bounds = _bounds(plan, rows.shape[0])
+    starts = plan.prepared(("sorted-starts", bounds.size), lambda: plan.offsets[bounds])
+    target = _target(out_name, fmt)
+    if out_name == rows.dtype.name:  # sums cast straight into the output
+        out = np.empty(K, out_name)
+        out.fill(0.0)  # empty buckets (and every page touched once, here, in order)
+        stream.sorted_sums(rows, plan.order, sorted_buckets, starts, out)
+        out_bits = out.view(FLOATS[out_name].signed_bits_dtype)
+        redo = np.flatnonzero(np.isnan(out))
+    else:
+        sums = np.empty(K)
+        sums.fill(0.0)
+        stream.sorted_sums(rows, plan.order, sorted_buckets, starts, sums)
+        out, out_bits = _empty_out((K,), out_name)
+        buckets.round_doubles(sums, out_bits, target)
+        redo = np.flatnonzero(np.isnan(sums))
+    if redo.size:
+        buckets.redo_scalar(redo, rows, plan.order, plan.offsets, out_bits, target, fmt.limbs)
+    return out
+
+
+def _half_stream(plan: Fold, values: Any, spec: Values, out_name: str) -> np.ndarray:
+    """float16 scalars: an exact int64 scatter-add in units of 2^-24 (stream.py)."""
+    bits = host_values(values).view(np.uint16)
+    S = _slots(bits.shape[0], plan.K)
+    sums = np.zeros((S, plan.K), np.int64)
+    specials = np.zeros((plan.K, 3), np.int64)
+    stream.half_sums(plan.index, bits, sums, specials)
+    out, out_bits = _empty_out((plan.K,), out_name)
+    stream.finish_half(sums, specials, bits, plan.order, plan.offsets, out_bits,
+                       _target(out_name, limb_format_for("float16")))  # fmt: skip
     return out
 
 
@@ -223,7 +355,8 @@ def add_to_state(
         bits = rows.view(np.int64 if rows.dtype == np.float64 else np.uint32)
         cpu.accumulate_rows(index, bits, state.reshape(-1, fmt.width), every)
         return
-    flat = host_values(values)
+    binned = kernel in ("auto", "binned") and plan.K <= BINNED_MAX_K
+    flat = bfloat16_bits(values) if spec.dtype == "bfloat16" and binned else host_values(values)
     n = flat.shape[0]
     if spec.start == 0 and n == plan.size:
         index, counts = plan.index, plan.counts
@@ -239,15 +372,18 @@ def _accumulate(state, index, flat, dtype, fmt, kernel, carry_every, counts) -> 
     K = state.shape[0]
     n = flat.shape[0]
     L = fmt.limbs
-    if dtype == "bfloat16":
+    if dtype == "bfloat16" and flat.dtype != np.uint16:
         dtype = "float32"  # host_values widened them (exactly)
     if kernel == "auto":
-        kernel = "binned" if dtype in ("float16", "float32") and K <= BINNED_MAX_K else "limbs"
+        binnable = ("float16", "bfloat16", "float32")
+        kernel = "binned" if dtype in binnable and K <= BINNED_MAX_K else "limbs"
     if kernel == "binned" and dtype == "float16":
         flat, dtype = flat.astype(np.float32), "float32"  # exact widening
     if kernel == "binned":
-        if dtype != "float32":
-            raise FoldError("the binned kernel serves float32 values only; use kernel='limbs'")
+        if dtype not in ("float32", "bfloat16"):
+            raise FoldError(
+                "the binned kernel serves float32 and bfloat16 values only; use kernel='limbs'"
+            )
         every = min(carry_every or cpu.BIN_FLUSH_EVERY, cpu.BIN_FLUSH_EVERY)
         S = slots_for(n, K, 8 * (cpu.N_BINS + L))
         bins = np.full((S, cpu.N_BINS, K), -0.0)

@@ -1,20 +1,21 @@
 """Bucket-at-a-time CPU kernels: each bucket summed exactly in a small scratch, rounded once.
 
 The plan's stable order lists each bucket's positions together, so one
-bucket at a time is gathered (a row of ``D`` contiguous values per position)
-and summed in a scratch that stays in the caches, whatever K is: no state of
-K superaccumulators, no atomics. This serves folds of rows (embedding and
-graph gradients) and scalar folds into many buckets.
+bucket at a time is gathered (a row of ``D`` contiguous values per position,
+prefetched a few positions ahead) and summed in a scratch that stays in the
+caches, whatever K is: no state of K superaccumulators, no atomics. This
+serves folds of rows (embedding and graph gradients) and scalar folds into
+very many buckets.
 
 Exactness, in two levels:
 
-1. Up to :data:`CHUNK` rows are added in float64, each addition checked by
-   TwoSum (the exact rounding error of a float64 addition, computed with
-   float64 operations). When every error is zero the float64 sum *is* the
-   exact sum; NaN and infinities make the error NaN, so they never pass.
+1. Up to :data:`CHUNK` rows are added in float64, every addition checked
+   (:func:`bitfold.kernels.ieee.checked_add`: an inexact addition, a NaN or
+   an infinity turns the sum into NaN). A sum that is not NaN *is* the
+   exact sum of its values.
 2. A column whose chunk sum is exact contributes that float64 (an integer
    multiple of the limb unit) to its integer limbs; a column whose chunk sum
-   is not exact adds each of its values to the limbs instead
+   is NaN adds each of its values to the limbs instead
    (:func:`bitfold.kernels.ieee.add_bits`, which also counts NaN and
    infinities).
 
@@ -23,6 +24,10 @@ from that float64 (one rounding: it is exact); every other column is rounded
 once from its limbs (:func:`bitfold.kernels.ieee.round_row`). Either way the
 result is the correctly rounded sum, with the zero, NaN and Inf rules of
 :mod:`bitfold.exact`.
+
+:func:`finish_scalar` completes the streaming route of
+:mod:`bitfold.kernels.stream`: buckets whose streamed float64 sum is exact are
+rounded from it, the others summed here, bucket by bucket.
 """
 
 from __future__ import annotations
@@ -31,12 +36,24 @@ import numpy as np
 from numba import njit, prange
 
 from ..formats import F32, F64, FLOATS, decode_shift
-from .ieee import add_bits, add_double, double_parts, normalise, round_row, round_scaled
+from .ieee import (
+    add_bits,
+    add_double,
+    checked_add,
+    double_parts,
+    normalise,
+    round_row,
+    round_scaled,
+)
+from .prefetch import prefetch_row
 
-#: Rows summed in float64 (TwoSum-checked) before they are flushed into limbs.
+#: Rows summed in float64 (each addition checked) before they are flushed into limbs.
 CHUNK = 32
+#: Rows (in the plan's order) prefetched ahead of the one being summed.
+AHEAD = 8
 #: Flushes into a column's limbs between carry normalisations (each flush adds < 2^33).
 FLUSHES_BETWEEN_CARRIES = 1 << 20
+_NEG_ZERO_BITS = np.int64(-9223372036854775808)
 
 _F32 = (FLOATS["float32"].exponent_bits, FLOATS["float32"].fraction_bits,
         decode_shift("float32", F32))  # fmt: skip
@@ -56,9 +73,32 @@ def _column_into_limbs(bits, order, lo, hi, d, row, L, wide):  # pragma: no cove
             normalise(row, L)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _round_limbs(row, target, mag):  # pragma: no cover - compiled
+    unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
+    return round_row(row, mag.shape[0], 0, unit_exp, precision, exp_bits, subnormal_exp,
+                     nan_bits, out_shift, mag)  # fmt: skip
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _round_double(x_bits, target):  # pragma: no cover - compiled
+    _, precision, exp_bits, subnormal_exp, _, out_shift = target
+    neg, m, e = double_parts(x_bits)
+    return round_scaled(m, e, neg, precision, exp_bits, subnormal_exp, out_shift)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _flush(limbs_row, L, sum_bits, count, unit_exp):  # pragma: no cover - compiled
+    """Add an exact float64 chunk sum of ``count`` terms into a state row (counters too)."""
+    add_double(limbs_row, sum_bits, unit_exp)
+    limbs_row[L] += count
+    if sum_bits != _NEG_ZERO_BITS:  # a chunk sum is -0.0 only when every term was -0.0
+        limbs_row[L + 1] += 1
+
+
 @njit(cache=True, nogil=True)
 def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast, wide,
-                  acc, err, limbs, column, mag):  # fmt: skip  # pragma: no cover - compiled
+                  acc, limbs, column, mag):  # fmt: skip  # pragma: no cover - compiled
     """Fold buckets ``k0 .. k1-1`` of rows ``values`` (N, D) into ``out`` (K, D).
 
     ``bits`` is ``values`` viewed as integers; ``out_f``/``out_bits`` are the
@@ -66,12 +106,13 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
     ``target = (unit_exp, precision, exp_bits, subnormal_exp, nan_bits,
     out_shift)``; ``fast`` when an exact float64 sum may simply be cast to the
     output dtype (float32 values to float32, float64 values to float64);
-    ``wide`` for float64 values. ``acc``/``err`` (D float64), ``limbs``
-    (D, L + 5), ``column`` (L + 5) and ``mag`` (L) are scratch.
+    ``wide`` for float64 values. ``acc`` (D float64), ``limbs`` (D, L + 5),
+    ``column`` (L + 5) and ``mag`` (L) are scratch.
     """
-    unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
+    unit_exp = target[0]
     D = values.shape[1]
     L = mag.shape[0]
+    last = offsets[k1] - 1
     acc_bits = acc.view(np.int64)
     for k in range(k0, k1):
         lo = offsets[k]
@@ -89,41 +130,33 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
             stop = min(hi, start + CHUNK)
             for d in range(D):
                 acc[d] = -0.0
-                err[d] = 0.0
             for t in range(start, stop):
+                if t + AHEAD <= last:
+                    prefetch_row(values, order[t + AHEAD])
                 row = values[order[t]]
                 for d in range(D):
-                    b = np.float64(row[d])
-                    a = acc[d]
-                    s = a + b
-                    bb = s - a
-                    err[d] += abs((a - (s - bb)) + (b - bb))
-                    acc[d] = s
+                    acc[d] = checked_add(acc[d], np.float64(row[d]))
             if single:
-                for d in range(D):
-                    if err[d] == 0.0:
-                        if fast:
-                            out_f[k, d] = acc[d]
+                inexact = 0
+                if fast:  # the common case: cast every column, then mend the inexact ones
+                    for d in range(D):
+                        out_f[k, d] = acc[d]
+                        inexact += acc[d] != acc[d]
+                else:
+                    inexact = D
+                if inexact:
+                    for d in range(D):
+                        if acc[d] == acc[d]:
+                            if not fast:
+                                out_bits[k, d] = _round_double(acc_bits[d], target)
                         else:
-                            neg, m, e = double_parts(acc_bits[d])
-                            out_bits[k, d] = round_scaled(
-                                m, e, neg, precision, exp_bits, subnormal_exp, out_shift
-                            )
-                    else:
-                        column[:] = 0
-                        _column_into_limbs(bits, order, lo, hi, d, column, L, wide)
-                        out_bits[k, d] = round_row(
-                            column, L, 0, unit_exp, precision, exp_bits, subnormal_exp, nan_bits,
-                            out_shift, mag,
-                        )  # fmt: skip
+                            column[:] = 0
+                            _column_into_limbs(bits, order, lo, hi, d, column, L, wide)
+                            out_bits[k, d] = _round_limbs(column, target, mag)
             else:
-                n = stop - start
                 for d in range(D):
-                    if err[d] == 0.0:
-                        add_double(limbs[d], acc_bits[d], unit_exp)
-                        limbs[d, L] += n
-                        if acc_bits[d] != np.int64(-9223372036854775808):  # not -0.0
-                            limbs[d, L + 1] += 1
+                    if acc[d] == acc[d]:
+                        _flush(limbs[d], L, acc_bits[d], stop - start, unit_exp)
                     else:
                         _column_into_limbs(bits, order, start, stop, d, limbs[d], L, wide)
                 flushes += 1
@@ -133,10 +166,70 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
             start = stop
         if not single:
             for d in range(D):
-                out_bits[k, d] = round_row(
-                    limbs[d], L, 0, unit_exp, precision, exp_bits, subnormal_exp, nan_bits,
-                    out_shift, mag,
-                )  # fmt: skip
+                out_bits[k, d] = _round_limbs(limbs[d], target, mag)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scalar_bucket(values, bits, order, lo, hi, last, target, wide, column, mag,
+                   scratch):  # fmt: skip  # pragma: no cover - compiled
+    """The correctly rounded sum of one bucket of scalars, as its output bits (general case)."""
+    unit_exp = target[0]
+    L = mag.shape[0]
+    scratch_bits = scratch.view(np.int64)
+    column[:] = 0
+    start = lo
+    while start < hi:
+        stop = min(hi, start + CHUNK)
+        acc = -0.0
+        for t in range(start, stop):
+            if t + AHEAD <= last:
+                prefetch_row(values, order[t + AHEAD])
+            acc = checked_add(acc, np.float64(values[order[t], 0]))
+        if acc == acc:
+            scratch[0] = acc
+            _flush(column, L, scratch_bits[0], stop - start, unit_exp)
+        else:
+            _column_into_limbs(bits, order, start, stop, 0, column, L, wide)
+        if (stop - lo) % (CHUNK << 20) == 0:
+            normalise(column, L)
+        start = stop
+    return _round_limbs(column, target, mag)
+
+
+@njit(cache=True, nogil=True)
+def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast,
+                         wide, column, mag):  # fmt: skip  # pragma: no cover - compiled
+    """:func:`_fold_buckets` for scalars (``D == 1``): the sums held in registers.
+
+    An empty bucket is ``+0.0`` and a bucket of one value that value (cast
+    when ``fast``); a bucket of at most :data:`CHUNK` values whose checked
+    float64 sum is exact is rounded from it; any other goes through
+    :func:`_scalar_bucket`.
+    """
+    last = offsets[k1] - 1
+    scratch = np.empty(1, np.float64)
+    scratch_bits = scratch.view(np.int64)
+    for k in range(k0, k1):
+        lo = offsets[k]
+        hi = offsets[k + 1]
+        if lo == hi:
+            out_bits[k, 0] = 0
+            continue
+        if hi - lo <= CHUNK:
+            acc = -0.0
+            for t in range(lo, hi):
+                if t + AHEAD <= last:
+                    prefetch_row(values, order[t + AHEAD])
+                acc = checked_add(acc, np.float64(values[order[t], 0]))
+            if acc == acc:
+                if fast:
+                    out_f[k, 0] = acc
+                else:
+                    scratch[0] = acc
+                    out_bits[k, 0] = _round_double(scratch_bits[0], target)
+                continue
+        out_bits[k, 0] = _scalar_bucket(values, bits, order, lo, hi, last, target, wide,
+                                        column, mag, scratch)  # fmt: skip
 
 
 @njit(cache=True, parallel=True)
@@ -144,13 +237,16 @@ def _fold_buckets_parallel(values, bits, order, offsets, bounds, out_f, out_bits
                            wide, L):  # fmt: skip  # pragma: no cover - compiled
     D = values.shape[1]
     for c in prange(bounds.shape[0] - 1):
-        acc = np.empty(D, np.float64)
-        err = np.empty(D, np.float64)
-        limbs = np.empty((D, L + 5), np.int64)
         column = np.empty(L + 5, np.int64)
         mag = np.empty(L, np.int64)
-        _fold_buckets(values, bits, order, offsets, bounds[c], bounds[c + 1], out_f, out_bits,
-                      target, fast, wide, acc, err, limbs, column, mag)  # fmt: skip
+        if D == 1:
+            _fold_scalar_buckets(values, bits, order, offsets, bounds[c], bounds[c + 1], out_f,
+                                 out_bits, target, fast, wide, column, mag)  # fmt: skip
+        else:
+            acc = np.empty(D, np.float64)
+            limbs = np.empty((D, L + 5), np.int64)
+            _fold_buckets(values, bits, order, offsets, bounds[c], bounds[c + 1], out_f,
+                          out_bits, target, fast, wide, acc, limbs, column, mag)  # fmt: skip
 
 
 def fold_buckets(values, order, offsets, bounds, out, out_bits, target, fast, L) -> None:
@@ -171,9 +267,99 @@ def fold_buckets(values, order, offsets, bounds, out, out_bits, target, fast, L)
                                wide, L)  # fmt: skip
         return
     D = values.shape[1]
-    _fold_buckets(values, bits, order, offsets, bounds[0], bounds[-1], out, out_bits, target,
-                  fast, wide, np.empty(D), np.empty(D), np.empty((D, L + 5), np.int64),
-                  np.empty(L + 5, np.int64), np.empty(L, np.int64))  # fmt: skip
+    column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
+    if D == 1:
+        _fold_scalar_buckets(values, bits, order, offsets, bounds[0], bounds[-1], out, out_bits,
+                             target, fast, wide, column, mag)  # fmt: skip
+    else:
+        limbs = np.empty((D, L + 5), np.int64)
+        _fold_buckets(values, bits, order, offsets, bounds[0], bounds[-1], out, out_bits, target,
+                      fast, wide, np.empty(D), limbs, column, mag)  # fmt: skip
 
 
-__all__ = ["CHUNK", "fold_buckets"]
+# -- finishing a streamed scalar fold ------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def _finish_scalar(sums, values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast,
+                   wide, column, mag):  # fmt: skip  # pragma: no cover - compiled
+    last = offsets[k1] - 1
+    scratch = np.empty(1, np.float64)
+    sums_bits = sums.view(np.int64)
+    for k in range(k0, k1):
+        lo = offsets[k]
+        hi = offsets[k + 1]
+        s = sums[k]
+        if lo == hi:
+            out_bits[k, 0] = 0
+        elif s == s:
+            if fast:
+                out_f[k, 0] = s
+            else:
+                out_bits[k, 0] = _round_double(sums_bits[k], target)
+        else:
+            out_bits[k, 0] = _scalar_bucket(values, bits, order, lo, hi, last, target, wide,
+                                            column, mag, scratch)  # fmt: skip
+
+
+@njit(cache=True, parallel=True)
+def _finish_scalar_parallel(sums, values, bits, order, offsets, bounds, out_f, out_bits, target,
+                            fast, wide, L):  # fmt: skip  # pragma: no cover - compiled
+    for c in prange(bounds.shape[0] - 1):
+        _finish_scalar(sums, values, bits, order, offsets, bounds[c], bounds[c + 1], out_f,
+                       out_bits, target, fast, wide, np.empty(L + 5, np.int64),
+                       np.empty(L, np.int64))  # fmt: skip
+
+
+def finish_scalar(sums, values, order, offsets, bounds, out, out_bits, target, fast, L) -> None:
+    """Round streamed float64 bucket sums (NaN: not exact) into ``out`` (K, 1).
+
+    ``sums[k]`` is bucket k's exact sum as a float64 (``-0.0`` when nothing
+    but ``-0.0`` was added), or NaN when its float64 sum was not exact or met
+    a NaN or an infinity: those buckets, and only those, are summed again
+    from ``values`` (N, 1) bucket by bucket. Empty buckets give ``+0.0``.
+    """
+    wide = values.dtype == np.float64
+    bits = values.view(np.int64 if wide else np.uint32)
+    if bounds.shape[0] > 2:
+        from .cpu import start_thread_pool
+
+        start_thread_pool()
+        _finish_scalar_parallel(sums, values, bits, order, offsets, bounds, out, out_bits, target,
+                                fast, wide, L)  # fmt: skip
+    else:
+        column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
+        _finish_scalar(sums, values, bits, order, offsets, bounds[0], bounds[-1], out, out_bits,
+                       target, fast, wide, column, mag)  # fmt: skip
+
+
+@njit(cache=True, nogil=True)
+def _redo_scalar(which, values, bits, order, offsets, out_bits, target, wide, column, mag):
+    # pragma: no cover - compiled
+    last = offsets[offsets.shape[0] - 1] - 1
+    scratch = np.empty(1, np.float64)
+    for k in which:
+        out_bits[k] = _scalar_bucket(values, bits, order, offsets[k], offsets[k + 1], last,
+                                     target, wide, column, mag, scratch)  # fmt: skip
+
+
+def redo_scalar(which, values, order, offsets, out_bits, target, L) -> None:
+    """Sum the buckets listed in ``which`` again, exactly, into ``out_bits`` (K,)."""
+    wide = values.dtype == np.float64
+    bits = values.view(np.int64 if wide else np.uint32)
+    column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
+    _redo_scalar(which, values, bits, order, offsets, out_bits, target, wide, column, mag)
+
+
+@njit(cache=True, nogil=True)
+def _round_doubles(sums, out_bits, target):  # pragma: no cover - compiled
+    sums_bits = sums.view(np.int64)
+    for k in range(sums.shape[0]):
+        if sums[k] == sums[k]:
+            out_bits[k] = _round_double(sums_bits[k], target)
+
+
+def round_doubles(sums, out_bits, target) -> None:
+    """Round exact float64 sums once to the target (NaN entries: :func:`redo_scalar`)."""
+    _round_doubles(sums, out_bits, target)
+
+
+__all__ = ["CHUNK", "finish_scalar", "fold_buckets", "redo_scalar", "round_doubles"]

@@ -83,6 +83,14 @@ def start_thread_pool() -> None:
     _POOL_STARTED = True
 
 
+def thread_count() -> int:
+    """Numba's thread count (its pool started first, keeping PyTorch's thread count)."""
+    import numba
+
+    start_thread_pool()
+    return int(numba.get_num_threads())
+
+
 @njit(cache=True, nogil=True)
 def count_and_check(index, K):  # pragma: no cover - compiled
     """Per-bucket counts of ``index``; also the first position whose value is outside [0, K).
@@ -338,29 +346,57 @@ def _binned_slot(index, values, lo, hi, bins, acc, sp, flush_every):  # pragma: 
         start = stop
 
 
+#: bfloat16 values are widened to float32 (exactly) in blocks of this many, in the cache.
+BF16_BLOCK = 4096
+
+
+@njit(cache=True, nogil=True)
+def _binned_slot_bf16(index, bits16, lo, hi, bins, acc, sp, flush_every):  # pragma: no cover
+    """:func:`_binned_slot` for bfloat16 values given as their uint16 bit patterns."""
+    wide_bits = np.empty(BF16_BLOCK, np.uint32)
+    wide = wide_bits.view(np.float32)
+    start = lo
+    while start < hi:
+        stop = min(hi, start + flush_every)
+        for b0 in range(start, stop, BF16_BLOCK):
+            b1 = min(stop, b0 + BF16_BLOCK)
+            src = bits16[b0:b1]
+            for j in range(b1 - b0):
+                wide_bits[j] = np.uint32(src[j]) << 16  # the float32 of the same value
+            _bin_range(index[b0:b1], wide, wide_bits, 0, b1 - b0, bins)
+        _flush_bins(bins, acc, sp)
+        normalise_rows(acc)
+        start = stop
+
+
 @njit(cache=True, parallel=True)
-def _binned_parallel(index, values, bins, limbs, specials, flush_every):  # pragma: no cover
+def _binned_parallel(index, values, bins, limbs, specials, flush_every, bf16):  # pragma: no cover
     n = values.shape[0]
     S = bins.shape[0]
     for s in prange(S):
-        _binned_slot(
-            index, values, n * s // S, n * (s + 1) // S, bins[s], limbs[s], specials[s], flush_every
-        )
+        lo, hi = n * s // S, n * (s + 1) // S
+        if bf16:
+            _binned_slot_bf16(index, values, lo, hi, bins[s], limbs[s], specials[s], flush_every)
+        else:
+            _binned_slot(index, values, lo, hi, bins[s], limbs[s], specials[s], flush_every)
 
 
 def exact_binned_accumulate(index, values, bins, limbs, specials, flush_every) -> None:
-    """float32 values, small K: exact float64 bins per slot, flushed into per-slot limbs.
+    """float32 (or bfloat16) values, small K: exact float64 bins per slot, flushed into limbs.
 
+    ``values`` are float32, or the uint16 bit patterns of bfloat16 values.
     ``bins`` is (S, 32, K) float64 filled with -0.0, ``limbs`` (S, K, L) and
     ``specials`` (S, K, 4) int64 zeroed, all by the caller. Slot s takes the
     s-th of S equal ranges of the values. ``flush_every`` must not exceed
     :data:`BIN_FLUSH_EVERY`.
     """
+    bf16 = values.dtype == np.uint16
     if bins.shape[0] == 1:
-        _binned_slot(index, values, 0, values.shape[0], bins[0], limbs[0], specials[0], flush_every)
+        slot = _binned_slot_bf16 if bf16 else _binned_slot
+        slot(index, values, 0, values.shape[0], bins[0], limbs[0], specials[0], flush_every)
     else:
         start_thread_pool()
-        _binned_parallel(index, values, bins, limbs, specials, flush_every)
+        _binned_parallel(index, values, bins, limbs, specials, flush_every, bf16)
 
 
 @njit(cache=True, nogil=True)

@@ -16,6 +16,7 @@ limb ``j`` weighing ``2^(32 j + unit_exp)``, then ``n_terms``,
 
 from __future__ import annotations
 
+import numpy as np
 from numba import int64
 from numba.extending import register_jitable
 
@@ -266,6 +267,22 @@ def add_bits(row, L, raw, exp_bits, frac_bits, shift, wide):  # pragma: no cover
 
 
 @register_jitable
+def checked_add(a, b):  # pragma: no cover - compiled
+    """``a + b`` in float64 when that addition is exact, else NaN.
+
+    With ``s = fl(a + b)``: when ``s - a == b`` and ``s - b == a`` (both
+    computed in float64) the addition was exact; when it was not, its error is
+    a non-zero multiple of the smaller of the two operands' units in the last
+    place, so one of the two differences misses its operand. NaN and
+    infinities fail the test too, so a NaN result means "sum this exactly
+    some other way". No branch: it vectorises.
+    """
+    s = a + b
+    ok = (s - a == b) & (s - b == a)
+    return s if ok else np.nan
+
+
+@register_jitable
 def double_parts(bits):  # pragma: no cover - compiled
     """A finite float64 (its bits as int64) as ``(negative, M, e)`` with value ``±M·2^e``."""
     neg = int64(0)
@@ -305,6 +322,7 @@ __all__ = [
     "add_bits",
     "add_double",
     "bit_length",
+    "checked_add",
     "decode",
     "double_parts",
     "encode",

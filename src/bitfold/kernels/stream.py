@@ -1,0 +1,260 @@
+"""Streaming kernels for scalar folds: one float64 (or int64) a bucket, no limbs.
+
+Position order (:func:`float_sums`, :func:`half_sums`): values are read once,
+in position order, and added into a state of one float64 (or one int64) per
+bucket, small enough to stay in the caches for K up to a few hundred
+thousand, as a scatter-add would; each of a fixed number of *slots* (never
+the thread count) takes an equal range of positions into its own state, and
+the slots are merged at the end.
+
+Sorted order (:func:`sorted_sums`, for K beyond that): the values are read in
+the plan's stable order, bucket after bucket, through a static array of the
+bucket of each sorted position, and each bucket's running sum is stored at
+every step (the last store wins): no branch depends on the bucket sizes, so
+millions of tiny buckets cost no mispredictions.
+
+Exactness:
+
+* :func:`float_sums` (float32 values): every addition is checked
+  (:func:`bitfold.kernels.ieee.checked_add`); a bucket whose float64 sum was
+  ever inexact, or met a NaN or an infinity, ends as NaN and is summed again
+  bucket by bucket (:func:`bitfold.kernels.buckets.finish_scalar`). The
+  others hold their exact sum.
+* :func:`half_sums` (float16 values): a float16 is an integer multiple of
+  2^-24 below 2^16, so the sum of fewer than 2^23 of them, in units of
+  2^-24, is an exact int64: an integer scatter-add, each value's integer
+  read from a table of all 65,536 patterns. NaN and infinities are counted
+  aside.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .ieee import checked_add, round_row, round_scaled
+from .prefetch import prefetch_row
+
+#: Positions (in the plan's order) prefetched ahead by :func:`sorted_sums`.
+AHEAD = 16
+
+
+@njit(cache=True, nogil=True)
+def _float_slot(index, values, lo, hi, sums):  # pragma: no cover - compiled
+    ix, vs = index[lo:hi], values[lo:hi]  # from 0: no negative-index checks in the loop
+    for t in range(hi - lo):
+        k = ix[t]
+        sums[k] = checked_add(sums[k], np.float64(vs[t]))
+
+
+@njit(cache=True, parallel=True)
+def _float_slots(index, values, sums):  # pragma: no cover - compiled
+    n = index.shape[0]
+    S = sums.shape[0]
+    for s in prange(S):
+        _float_slot(index, values, n * s // S, n * (s + 1) // S, sums[s])
+
+
+@njit(cache=True, nogil=True)
+def _merge_float(sums, out, k0, k1):  # pragma: no cover - compiled
+    for k in range(k0, k1):
+        acc = sums[0, k]
+        for s in range(1, sums.shape[0]):
+            acc = checked_add(acc, sums[s, k])
+        out[k] = acc
+
+
+@njit(cache=True, parallel=True)
+def _merge_float_parallel(sums, out):  # pragma: no cover - compiled
+    K = out.shape[0]
+    for c in prange(64):
+        _merge_float(sums, out, K * c // 64, K * (c + 1) // 64)
+
+
+def float_sums(index, values, sums: np.ndarray) -> np.ndarray:
+    """Each bucket's float64 sum of ``values`` (float32), exact or NaN (module docstring).
+
+    ``sums`` (S, K) float64, filled with -0.0 by the caller, are the slots'
+    states: slot s takes the s-th of S equal ranges of the positions. Returns
+    the (K,) merged sums (``sums[0]`` itself when S is 1); an exact sum is
+    unique and the merge is checked like every other addition, so the result
+    does not depend on S.
+    """
+    if sums.shape[0] == 1:
+        _float_slot(index, values, 0, index.shape[0], sums[0])
+        return sums[0]
+    from .cpu import start_thread_pool
+
+    start_thread_pool()
+    _float_slots(index, values, sums)
+    out = np.empty(sums.shape[1])
+    _merge_float_parallel(sums, out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _sorted_range(values, order, sorted_buckets, t0, t1, out):  # pragma: no cover - compiled
+    acc = -0.0
+    prev = -1
+    for t in range(t0, t1):
+        if t + AHEAD < t1:
+            prefetch_row(values, order[t + AHEAD])
+        k = sorted_buckets[t]
+        acc = checked_add(-0.0 if k != prev else acc, np.float64(values[order[t], 0]))
+        out[k] = acc
+        prev = k
+
+
+@njit(cache=True, parallel=True)
+def _sorted_ranges(values, order, sorted_buckets, starts, out):  # pragma: no cover - compiled
+    for c in prange(starts.shape[0] - 1):
+        _sorted_range(values, order, sorted_buckets, starts[c], starts[c + 1], out)
+
+
+def sorted_sums(values, order, sorted_buckets, starts, out) -> None:
+    """Each non-empty bucket's checked float64 sum of ``values`` (N, 1), stored into ``out``.
+
+    ``sorted_buckets[t]`` is the bucket of sorted position ``t``; ``starts``
+    cuts the sorted positions at bucket boundaries into ranges summed
+    independently. ``out`` (K,) float32 or float64, filled by the caller with
+    the result of an empty bucket, receives every non-empty bucket's exact
+    sum, cast to its dtype (one rounding: the sum is exact), or NaN where the
+    float64 sum was not exact or met a NaN or an infinity.
+    """
+    if starts.shape[0] > 2:
+        from .cpu import start_thread_pool
+
+        start_thread_pool()
+        _sorted_ranges(values, order, sorted_buckets, starts, out)
+    else:
+        _sorted_range(values, order, sorted_buckets, starts[0], starts[-1], out)
+
+
+def _half_table() -> np.ndarray:
+    """Every float16 bit pattern's value in units of 2^-24, as int64 (0 for NaN and infinities)."""
+    b = np.arange(1 << 16, dtype=np.int64)
+    e = (b >> 10) & 0x1F
+    m = b & 0x3FF
+    magnitude = np.where(e == 0, m, (m | 0x400) << np.maximum(e - 1, 0))
+    magnitude[e == 0x1F] = 0
+    return np.where(b & 0x8000, -magnitude, magnitude)
+
+
+#: float16 bits -> value in units of 2^-24 (a 512 KiB table: it stays in the cache).
+HALF_UNITS = _half_table()
+
+
+@njit(cache=True, nogil=True)
+def _half_slot(index, bits, lo, hi, sums, table):  # pragma: no cover - compiled
+    """Add values ``lo .. hi-1`` into ``sums``; True when a NaN or an infinity was among them."""
+    special = 0
+    ix, bt = index[lo:hi], bits[lo:hi]  # from 0: no negative-index checks in the loop
+    for t in range(hi - lo):
+        b = bt[t]
+        special |= (b & 0x7C00) == 0x7C00  # no branch: counted in a second pass if ever
+        sums[ix[t]] += table[b]
+    return special != 0
+
+
+@njit(cache=True, parallel=True)
+def _half_slots(index, bits, sums, table):  # pragma: no cover - compiled
+    n = index.shape[0]
+    S = sums.shape[0]
+    found = np.zeros(S, np.bool_)
+    for s in prange(S):
+        found[s] = _half_slot(index, bits, n * s // S, n * (s + 1) // S, sums[s], table)
+    return found.any()
+
+
+@njit(cache=True, nogil=True)
+def _count_half_specials(index, bits, specials):  # pragma: no cover - compiled
+    for i in range(index.shape[0]):
+        b = bits[i]
+        if (b & 0x7C00) == 0x7C00:
+            k = index[i]
+            if b & 0x3FF:
+                specials[k, 0] += 1
+            elif b & 0x8000:
+                specials[k, 2] += 1
+            else:
+                specials[k, 1] += 1
+
+
+def half_sums(index, bits, sums: np.ndarray, specials: np.ndarray) -> None:
+    """Add float16 values (their uint16 ``bits``) into per-slot int64 ``sums`` (S, K).
+
+    Units of 2^-24; ``specials`` (K, 3) int64 counts NaN, +inf and -inf.
+    Both are zeroed by the caller; slot s takes the s-th of S equal ranges.
+    """
+    if sums.shape[0] == 1:
+        found = _half_slot(index, bits, 0, index.shape[0], sums[0], HALF_UNITS)
+    else:
+        from .cpu import start_thread_pool
+
+        start_thread_pool()
+        found = _half_slots(index, bits, sums, HALF_UNITS)
+    if found:
+        _count_half_specials(index, bits, specials)
+
+
+@njit(cache=True, nogil=True)
+def _finish_half(sums, specials, bits, order, offsets, k0, k1, out_bits, target):
+    # pragma: no cover - compiled
+    _, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
+    row = np.zeros(7, np.int64)  # two limbs and the five counters, for the special cases
+    mag = np.empty(2, np.int64)
+    for k in range(k0, k1):
+        lo = offsets[k]
+        hi = offsets[k + 1]
+        s = np.int64(0)
+        for slot in range(sums.shape[0]):
+            s += sums[slot, k]
+        n_nan, n_pos, n_neg = specials[k, 0], specials[k, 1], specials[k, 2]
+        if n_nan or n_pos or n_neg:
+            row[:] = 0
+            row[2] = 1
+            row[3] = 1
+            row[4] = n_nan
+            row[5] = n_pos
+            row[6] = n_neg
+            out_bits[k] = round_row(row, 2, 0, -24, precision, exp_bits, subnormal_exp, nan_bits,
+                                    out_shift, mag)  # fmt: skip
+        elif s != 0:
+            neg = s < 0
+            out_bits[k] = round_scaled(-s if neg else s, -24, neg, precision, exp_bits,
+                                       subnormal_exp, out_shift)  # fmt: skip
+        else:  # a zero sum: -0.0 only when the bucket has terms and every one is -0.0
+            negzero = hi > lo
+            for t in range(lo, hi):
+                if bits[order[t]] != 0x8000:
+                    negzero = False
+                    break
+            out_bits[k] = round_scaled(0, -24, negzero, precision, exp_bits, subnormal_exp,
+                                       out_shift)  # fmt: skip
+
+
+@njit(cache=True, parallel=True)
+def _finish_half_parallel(sums, specials, bits, order, offsets, out_bits, target):
+    # pragma: no cover - compiled
+    K = out_bits.shape[0]
+    for c in prange(64):
+        _finish_half(sums, specials, bits, order, offsets, K * c // 64, K * (c + 1) // 64,
+                     out_bits, target)  # fmt: skip
+
+
+def finish_half(sums, specials, bits, order, offsets, out_bits, target) -> None:
+    """Merge the slots of :func:`half_sums` and round each bucket once into ``out_bits`` (K,).
+
+    ``target`` as in :func:`bitfold.kernels.buckets.fold_buckets`; zeros,
+    NaN and infinities follow the contract of :mod:`bitfold.exact`.
+    """
+    if out_bits.shape[0] >= 1 << 14:
+        from .cpu import start_thread_pool
+
+        start_thread_pool()
+        _finish_half_parallel(sums, specials, bits, order, offsets, out_bits, target)
+    else:
+        _finish_half(sums, specials, bits, order, offsets, 0, out_bits.shape[0], out_bits, target)
+
+
+__all__ = ["finish_half", "float_sums", "half_sums", "sorted_sums"]
