@@ -37,23 +37,22 @@ from numba import njit, prange
 
 from ..formats import F32, F64, FLOATS, decode_shift
 from .ieee import (
-    add_bits,
-    add_double,
+    CHUNK,
+    add_column,
+    add_exact_sum,
     checked_add,
-    double_parts,
+    float_parts,
     normalise,
     round_row,
     round_scaled,
+    segment_bits,
 )
 from .prefetch import prefetch_row
 
-#: Rows summed in float64 (each addition checked) before they are flushed into limbs.
-CHUNK = 32
 #: Rows (in the plan's order) prefetched ahead of the one being summed.
 AHEAD = 8
 #: Flushes into a column's limbs between carry normalisations (each flush adds < 2^33).
 FLUSHES_BETWEEN_CARRIES = 1 << 20
-_NEG_ZERO_BITS = np.int64(-9223372036854775808)
 
 _F32 = (FLOATS["float32"].exponent_bits, FLOATS["float32"].fraction_bits,
         decode_shift("float32", F32))  # fmt: skip
@@ -64,13 +63,10 @@ _F64 = (FLOATS["float64"].exponent_bits, FLOATS["float64"].fraction_bits,
 @njit(cache=True, nogil=True, inline="always")
 def _column_into_limbs(bits, order, lo, hi, d, row, L, wide):  # pragma: no cover - compiled
     """Add values ``bits[order[t], d]`` for ``t`` in ``[lo, hi)`` into the state row ``row``."""
-    for t in range(lo, hi):
-        if wide:
-            add_bits(row, L, bits[order[t], d], _F64[0], _F64[1], _F64[2], True)
-        else:
-            add_bits(row, L, bits[order[t], d], _F32[0], _F32[1], _F32[2], False)
-        if (t - lo) % (1 << 29) == (1 << 29) - 1:
-            normalise(row, L)
+    if wide:
+        add_column(row, L, bits, order, lo, hi, d, _F64[0], _F64[1], _F64[2], True)
+    else:
+        add_column(row, L, bits, order, lo, hi, d, _F32[0], _F32[1], _F32[2], False)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -81,19 +77,26 @@ def _round_limbs(row, target, mag):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _round_double(x_bits, target):  # pragma: no cover - compiled
+def _round_double(x, target):  # pragma: no cover - compiled
+    """An exact float64 (not NaN) rounded once to the target: its bits."""
     _, precision, exp_bits, subnormal_exp, _, out_shift = target
-    neg, m, e = double_parts(x_bits)
+    neg, m, e = float_parts(x)
+    if m == 0:
+        neg = np.int64(np.signbit(x))
     return round_scaled(m, e, neg, precision, exp_bits, subnormal_exp, out_shift)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _flush(limbs_row, L, sum_bits, count, unit_exp):  # pragma: no cover - compiled
-    """Add an exact float64 chunk sum of ``count`` terms into a state row (counters too)."""
-    add_double(limbs_row, sum_bits, unit_exp)
-    limbs_row[L] += count
-    if sum_bits != _NEG_ZERO_BITS:  # a chunk sum is -0.0 only when every term was -0.0
-        limbs_row[L + 1] += 1
+def _segment(values, bits, order, lo, hi, d, target, wide, row, mag):  # pragma: no cover
+    """:func:`bitfold.kernels.ieee.segment_bits` with the value format's decoding constants."""
+    unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
+    if wide:
+        return segment_bits(values, bits, order, lo, hi, d, _F64[0], _F64[1], _F64[2], True,
+                            unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift,
+                            row, mag)  # fmt: skip
+    return segment_bits(values, bits, order, lo, hi, d, _F32[0], _F32[1], _F32[2], False,
+                        unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift, row,
+                        mag)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
@@ -113,7 +116,6 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
     D = values.shape[1]
     L = mag.shape[0]
     last = offsets[k1] - 1
-    acc_bits = acc.view(np.int64)
     for k in range(k0, k1):
         lo = offsets[k]
         hi = offsets[k + 1]
@@ -148,15 +150,14 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
                     for d in range(D):
                         if acc[d] == acc[d]:
                             if not fast:
-                                out_bits[k, d] = _round_double(acc_bits[d], target)
+                                out_bits[k, d] = _round_double(acc[d], target)
                         else:
-                            column[:] = 0
-                            _column_into_limbs(bits, order, lo, hi, d, column, L, wide)
-                            out_bits[k, d] = _round_limbs(column, target, mag)
+                            out_bits[k, d] = _segment(values, bits, order, lo, hi, d, target,
+                                                      wide, column, mag)  # fmt: skip
             else:
                 for d in range(D):
                     if acc[d] == acc[d]:
-                        _flush(limbs[d], L, acc_bits[d], stop - start, unit_exp)
+                        add_exact_sum(limbs[d], L, acc[d], stop - start, unit_exp)
                     else:
                         _column_into_limbs(bits, order, start, stop, d, limbs[d], L, wide)
                 flushes += 1
@@ -169,46 +170,16 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
                 out_bits[k, d] = _round_limbs(limbs[d], target, mag)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _scalar_bucket(values, bits, order, lo, hi, last, target, wide, column, mag,
-                   scratch):  # fmt: skip  # pragma: no cover - compiled
-    """The correctly rounded sum of one bucket of scalars, as its output bits (general case)."""
-    unit_exp = target[0]
-    L = mag.shape[0]
-    scratch_bits = scratch.view(np.int64)
-    column[:] = 0
-    start = lo
-    while start < hi:
-        stop = min(hi, start + CHUNK)
-        acc = -0.0
-        for t in range(start, stop):
-            if t + AHEAD <= last:
-                prefetch_row(values, order[t + AHEAD])
-            acc = checked_add(acc, np.float64(values[order[t], 0]))
-        if acc == acc:
-            scratch[0] = acc
-            _flush(column, L, scratch_bits[0], stop - start, unit_exp)
-        else:
-            _column_into_limbs(bits, order, start, stop, 0, column, L, wide)
-        if (stop - lo) % (CHUNK << 20) == 0:
-            normalise(column, L)
-        start = stop
-    return _round_limbs(column, target, mag)
-
-
 @njit(cache=True, nogil=True)
 def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast,
                          wide, column, mag):  # fmt: skip  # pragma: no cover - compiled
     """:func:`_fold_buckets` for scalars (``D == 1``): the sums held in registers.
 
-    An empty bucket is ``+0.0`` and a bucket of one value that value (cast
-    when ``fast``); a bucket of at most :data:`CHUNK` values whose checked
-    float64 sum is exact is rounded from it; any other goes through
-    :func:`_scalar_bucket`.
+    An empty bucket is ``+0.0``; a bucket of at most :data:`CHUNK` values whose
+    checked float64 sum is exact is rounded from it (cast when ``fast``); any
+    other bucket is summed by :func:`bitfold.kernels.ieee.segment_bits`.
     """
     last = offsets[k1] - 1
-    scratch = np.empty(1, np.float64)
-    scratch_bits = scratch.view(np.int64)
     for k in range(k0, k1):
         lo = offsets[k]
         hi = offsets[k + 1]
@@ -225,11 +196,9 @@ def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, 
                 if fast:
                     out_f[k, 0] = acc
                 else:
-                    scratch[0] = acc
-                    out_bits[k, 0] = _round_double(scratch_bits[0], target)
+                    out_bits[k, 0] = _round_double(acc, target)
                 continue
-        out_bits[k, 0] = _scalar_bucket(values, bits, order, lo, hi, last, target, wide,
-                                        column, mag, scratch)  # fmt: skip
+        out_bits[k, 0] = _segment(values, bits, order, lo, hi, 0, target, wide, column, mag)
 
 
 @njit(cache=True, parallel=True)
@@ -281,9 +250,6 @@ def fold_buckets(values, order, offsets, bounds, out, out_bits, target, fast, L)
 @njit(cache=True, nogil=True)
 def _finish_scalar(sums, values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast,
                    wide, column, mag):  # fmt: skip  # pragma: no cover - compiled
-    last = offsets[k1] - 1
-    scratch = np.empty(1, np.float64)
-    sums_bits = sums.view(np.int64)
     for k in range(k0, k1):
         lo = offsets[k]
         hi = offsets[k + 1]
@@ -294,10 +260,9 @@ def _finish_scalar(sums, values, bits, order, offsets, k0, k1, out_f, out_bits, 
             if fast:
                 out_f[k, 0] = s
             else:
-                out_bits[k, 0] = _round_double(sums_bits[k], target)
+                out_bits[k, 0] = _round_double(s, target)
         else:
-            out_bits[k, 0] = _scalar_bucket(values, bits, order, lo, hi, last, target, wide,
-                                            column, mag, scratch)  # fmt: skip
+            out_bits[k, 0] = _segment(values, bits, order, lo, hi, 0, target, wide, column, mag)
 
 
 @njit(cache=True, parallel=True)
@@ -334,11 +299,9 @@ def finish_scalar(sums, values, order, offsets, bounds, out, out_bits, target, f
 @njit(cache=True, nogil=True)
 def _redo_scalar(which, values, bits, order, offsets, out_bits, target, wide, column, mag):
     # pragma: no cover - compiled
-    last = offsets[offsets.shape[0] - 1] - 1
-    scratch = np.empty(1, np.float64)
     for k in which:
-        out_bits[k] = _scalar_bucket(values, bits, order, offsets[k], offsets[k + 1], last,
-                                     target, wide, column, mag, scratch)  # fmt: skip
+        out_bits[k] = _segment(values, bits, order, offsets[k], offsets[k + 1], 0, target, wide,
+                               column, mag)  # fmt: skip
 
 
 def redo_scalar(which, values, order, offsets, out_bits, target, L) -> None:
@@ -351,10 +314,9 @@ def redo_scalar(which, values, order, offsets, out_bits, target, L) -> None:
 
 @njit(cache=True, nogil=True)
 def _round_doubles(sums, out_bits, target):  # pragma: no cover - compiled
-    sums_bits = sums.view(np.int64)
     for k in range(sums.shape[0]):
         if sums[k] == sums[k]:
-            out_bits[k] = _round_double(sums_bits[k], target)
+            out_bits[k] = _round_double(sums[k], target)
 
 
 def round_doubles(sums, out_bits, target) -> None:

@@ -16,11 +16,17 @@ limb ``j`` weighing ``2^(32 j + unit_exp)``, then ``n_terms``,
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-from numba import int64
+from numba import float64, int64
 from numba.extending import register_jitable
 
 MASK32 = 0xFFFFFFFF
+#: Values summed in float64 (each addition checked) before the sum is flushed into limbs.
+CHUNK = 32
+#: Values summed in float64 (each addition checked) before the sum is flushed into limbs.
+CHUNK = 32
 
 #: Classes of a decoded value; 1..4 are also the counter columns after the L limbs
 #: (n_not_negzero, n_nan, n_posinf, n_neginf).
@@ -283,36 +289,85 @@ def checked_add(a, b):  # pragma: no cover - compiled
 
 
 @register_jitable
-def double_parts(bits):  # pragma: no cover - compiled
-    """A finite float64 (its bits as int64) as ``(negative, M, e)`` with value ``±M·2^e``."""
+def float_parts(x):  # pragma: no cover - compiled
+    """A finite float64 as ``(negative, M, e)`` with ``x == ±M·2^e`` (no bit view: frexp)."""
     neg = int64(0)
-    if bits < 0:
+    if x < 0.0:
         neg = int64(1)
-    ef = (bits >> 52) & 0x7FF
-    m = bits & 0xFFFFFFFFFFFFF
-    if ef == 0:
-        return neg, m, int64(-1074)
-    return neg, m | 0x10000000000000, ef - 1075
+    f, e = math.frexp(abs(x))
+    return neg, int64(math.ldexp(f, 53)), int64(e) - 53
 
 
 @register_jitable
-def add_double(limbs, bits, unit_exp):  # pragma: no cover - compiled
-    """Add a finite float64 that is an integer multiple of ``2^unit_exp`` into ``limbs``.
+def add_exact_sum(row, L, x, count, unit_exp):  # pragma: no cover - compiled
+    """Add ``x``, the exact float64 sum of ``count`` values, into a state row (counters too).
 
-    ``bits`` is the float64's pattern as int64 (a sum of values that the limb
-    format holds exactly, so the multiple is exact); zeros add nothing.
+    ``x`` is an integer multiple of ``2^unit_exp`` (a sum of values the limb
+    format holds); it is ``-0.0`` only when every one of its terms was.
     """
-    neg, m, e = double_parts(bits)
-    if m == 0:
-        return
-    j, a0, a1, a2 = split_wide(m, e - unit_exp)
-    sign = 1 - 2 * neg
-    limbs[j] += sign * a0
-    limbs[j + 1] += sign * a1
-    limbs[j + 2] += sign * a2
+    neg, m, e = float_parts(x)
+    if m != 0:
+        j, a0, a1, a2 = split_wide(m, e - unit_exp)
+        sign = 1 - 2 * neg
+        row[j] += sign * a0
+        row[j + 1] += sign * a1
+        row[j + 2] += sign * a2
+    row[L] += count
+    if not (x == 0.0 and math.copysign(1.0, x) < 0.0):
+        row[L + 1] += 1
+
+
+@register_jitable
+def add_column(row, L, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wide):
+    """Add ``bits[order[t], d]`` for ``t`` in ``[lo, hi)`` into a state row, value by value."""
+    for t in range(lo, hi):
+        add_bits(row, L, bits[order[t], d], exp_bits, frac_bits, shift, wide)
+        if (t - lo) % (1 << 29) == (1 << 29) - 1:
+            normalise(row, L)
+
+
+@register_jitable
+def segment_bits(values, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wide,
+                 unit_exp, precision, out_exp_bits, subnormal_exp, nan_bits, out_shift, row,
+                 mag):  # fmt: skip
+    """The correctly rounded sum of ``values[order[t], d]`` for ``t`` in ``[lo, hi)``: its bits.
+
+    In chunks of :data:`CHUNK` values summed in float64 with every addition
+    checked (:func:`checked_add`): an exact chunk sum goes into the limbs of
+    ``row`` at once, an inexact one (or one with a NaN or an infinity) value
+    by value (:func:`add_bits`, with the value format's ``exp_bits``,
+    ``frac_bits``, ``shift``, ``wide``); the limbs are rounded once
+    (:func:`round_row`). A segment of at most CHUNK values with an exact sum
+    is rounded straight from it. ``row`` (L + 5) and ``mag`` (L) are scratch;
+    the target is described as for :func:`round_row`.
+    """
+    L = mag.shape[0]
+    for j in range(L + 5):
+        row[j] = 0
+    start = lo
+    while start < hi:
+        stop = min(hi, start + CHUNK)
+        acc = -0.0
+        for t in range(start, stop):
+            acc = checked_add(acc, float64(values[order[t], d]))
+        if acc == acc:
+            if start == lo and stop == hi:  # the whole segment, exact: round it
+                neg, m, e = float_parts(acc)
+                if m == 0:
+                    neg = int64(math.copysign(1.0, acc) < 0.0)
+                return round_scaled(m, e, neg, precision, out_exp_bits, subnormal_exp, out_shift)
+            add_exact_sum(row, L, acc, stop - start, unit_exp)
+        else:
+            add_column(row, L, bits, order, start, stop, d, exp_bits, frac_bits, shift, wide)
+        if (stop - lo) % (CHUNK << 20) == 0:
+            normalise(row, L)
+        start = stop
+    return round_row(row, L, 0, unit_exp, precision, out_exp_bits, subnormal_exp, nan_bits,
+                     out_shift, mag)  # fmt: skip
 
 
 __all__ = [
+    "CHUNK",
     "FINITE",
     "NAN",
     "NEGINF",
@@ -320,15 +375,17 @@ __all__ = [
     "POSINF",
     "POSZERO",
     "add_bits",
-    "add_double",
+    "add_column",
+    "add_exact_sum",
     "bit_length",
     "checked_add",
     "decode",
-    "double_parts",
     "encode",
+    "float_parts",
     "normalise",
     "round_row",
     "round_scaled",
+    "segment_bits",
     "split_narrow",
     "split_wide",
 ]
