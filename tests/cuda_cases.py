@@ -234,6 +234,70 @@ def test_exact_is_the_same_for_every_launch_shape_and_run():
     assert results == {plan(vals).tobytes()}
 
 
+# -- rows and large K: one thread an element ------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+@pytest.mark.parametrize("strategy", ["exact", "ordered", "atomic"])
+def test_rows_equal_the_cpu(strategy, dtype):
+    rng = np.random.default_rng(21)
+    K, n, D = 9, 120 if SIM else 5000, 3
+    idx = rng.integers(0, K, n)
+    spread = 8 if dtype == "float16" else 40
+    vals = _wide_values(rng, n * D, np.dtype(dtype), spread).reshape(n, D)
+    vals[0, 1], vals[1, 2], vals[2, 0] = np.inf, -0.0, np.nan
+    idx[:3] = [4, 4, 6]
+    plan = bitfold.Fold(idx, K)
+    want = plan(vals, strategy)
+    got = cuda_fold(plan, cuda.to_device(vals), strategy).copy_to_host()
+    assert got.shape == want.shape == (K, D)
+    if strategy == "atomic":
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-3, atol=1e-3)
+        return
+    _assert_bits_equal(got, want, f"{strategy} rows")
+
+
+@pytest.mark.parametrize("out", ["float16", "bfloat16", "float64"])
+def test_rows_rounded_to_other_outputs(out):
+    rng = np.random.default_rng(22)
+    idx = rng.integers(0, 6, 200)
+    vals = _wide_values(rng, 400, np.float32, 12).reshape(200, 2)
+    plan = bitfold.Fold(idx, 6)
+    got = cuda_fold(plan, cuda.to_device(vals), out_dtype=out).copy_to_host()
+    _assert_bits_equal(got, plan(vals, out_dtype=out), f"rows -> {out}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_scalars_into_many_buckets_take_the_bucket_kernel(dtype):
+    """Above the shared-memory limbs the scalar exact fold sums each bucket in registers."""
+    rng = np.random.default_rng(23)
+    K = 700  # 700 buckets x 10 limbs x 8 bytes > 48 KiB: no shared path
+    fmt = kernels.SOURCES[dtype][1]
+    assert kernels.exact_path(K, fmt) == "global"
+    idx = rng.integers(0, K, N_TINY)
+    vals = _wide_values(rng, N_TINY, np.dtype(dtype), 8 if dtype == "float16" else 60)
+    vals[:3] = [np.inf, -0.0, np.nan]
+    plan = bitfold.Fold(idx, K)
+    want = plan(vals)
+    _assert_bits_equal(want, exact_fold_oracle(idx, vals, K, want.dtype.name), "CPU vs oracle")
+    _assert_bits_equal(_fold(plan, vals), want, "auto (buckets)")
+    _assert_bits_equal(_fold(plan, vals, exact_path="buckets"), want, "buckets")
+    with pytest.raises(bitfold.FoldError, match="folds scalars only"):
+        cuda_fold(plan, cuda.to_device(np.ones((plan.size, 2), np.float32)), exact_path="global")
+
+
+def test_accumulator_of_device_rows_equals_the_host():
+    rng = np.random.default_rng(24)
+    idx = rng.integers(0, 5, 60)
+    vals = _wide_values(rng, 120, np.float32, 30).reshape(60, 2)
+    plan = bitfold.Fold(idx, 5)
+    acc = plan.accumulator(trailing=(2,))
+    acc.add(cuda.to_device(vals[:20].copy()), start=0)
+    acc.add(cuda.to_device(vals[20:].copy()), start=20)
+    result = acc.result()  # the library of the first values added: a numba device array
+    assert is_cuda_array(result)
+    _assert_bits_equal(result.copy_to_host(), plan(vals), "device rows accumulator")
+
+
 # -- ordered -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("dtype", "out"),

@@ -52,6 +52,7 @@ EXPECTED = [
     (r"atomic\[", [], ["atom.global.cas", "atom.shared"]),
     (r"atomic\[\w+->float32\]", ["atom.global.add.f32"], []),
     (r"atomic\[\w+->float64\]", ["atom.global.add.f64"], []),
+    (r"buckets\[", ["st.global", "add.f64", "sub.f64"], ["atom.", "fma."]),
     (r"cast_f32_to_f16", ["cvt.rn.f16.f32"], ["atom."]),
     (r"zero_fill", ["st.global"], ["atom."]),
 ]  # fmt: skip

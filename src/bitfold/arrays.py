@@ -151,6 +151,11 @@ class _NumbaDevice(ArrayFamily):
     def to_numpy(self, x: Any) -> np.ndarray:
         return x.copy_to_host()
 
+    def from_numpy(self, result: np.ndarray, like: Any, out_dtype: str | None = None) -> Any:
+        from numba import cuda
+
+        return cuda.to_device(np.ascontiguousarray(result))
+
 
 class _CudaInterface(ArrayFamily):
     """Any other object with ``__cuda_array_interface__``."""

@@ -284,29 +284,50 @@ def fold_exact(
 ) -> Any:
     """The exact fold on the values' device: the same bits as the CPU.
 
-    ``launch`` (a :class:`bitfold.kernels.cuda.LaunchShape`) and
-    ``exact_path`` (``"auto"``, ``"shared"``, ``"global"``) tune the kernels;
+    ``exact_path`` is ``"auto"``, ``"shared"`` or ``"global"`` (per-block or
+    global integer limbs, scalar folds only) or ``"buckets"`` (one thread an
+    output element, summing its bucket in registers: rows, and scalar folds
+    whose limbs would not fit in shared memory). ``launch`` (a
+    :class:`bitfold.kernels.cuda.LaunchShape`) and the path tune the kernels;
     they never change the result.
     """
     with _on_device(plan, values) as (dv, entry, kernels):
         shape = launch or entry.launch
-        K = plan.K
+        K, D = plan.K, spec.row_size
         source = "float32" if dv.dtype == "bfloat16" else dv.dtype
         fmt = limb_format_for(source)
-        _, state = _empty(dv, (K, fmt.width), np.int64)
-        kernels.launch_zero(state.reshape(K * fmt.width), dv.stream, shape)
-        bits = dv.array.view(_BITS_OF[source])
-        kernels.launch_exact(
-            entry.index, bits, source, state, entry.counts, dv.stream,
-            shape=shape, path=exact_path, count_terms=False,
-        )  # fmt: skip
+        if exact_path == "auto":
+            scalar_path = kernels.exact_path(K, fmt)
+            exact_path = "buckets" if spec.trailing or scalar_path == "global" else scalar_path
+        if spec.trailing and exact_path != "buckets":
+            raise FoldError(
+                f"exact_path {exact_path!r} folds scalars only; folds of rows take 'buckets'"
+            )
         # bfloat16 results: torch gets bfloat16; other libraries the float32 holding them
         widen = out_name == "bfloat16" and dv.kind != "torch"
-        out, out_bits = _empty(dv, (K,), kernels.out_bits_dtype(out_name, widen))
-        kernels.launch_round(
-            state, entry.counts, True, fmt, out_name, out_bits, dv.stream, widen_bfloat16=widen
-        )
-        return _view(out, dv.kind, "float32" if widen else out_name)
+        out, out_bits = _empty(dv, (K, D), kernels.out_bits_dtype(out_name, widen))
+        if exact_path == "buckets":
+            rows = dv.array.reshape(spec.positions, D)
+            kernels.launch_buckets(
+                rows, rows.view(_BITS_OF[source]), entry.order, entry.offsets, source, out_name,
+                out_bits, dv.stream, widen_bfloat16=widen,
+            )  # fmt: skip
+        else:
+            _, state = _empty(dv, (K, fmt.width), np.int64)
+            kernels.launch_zero(state.reshape(K * fmt.width), dv.stream, shape)
+            kernels.launch_exact(
+                entry.index, dv.array.view(_BITS_OF[source]), source, state, entry.counts,
+                dv.stream, shape=shape, path=exact_path, count_terms=False,
+            )  # fmt: skip
+            kernels.launch_round(state, entry.counts, True, fmt, out_name,
+                                 out_bits.reshape(K), dv.stream, widen_bfloat16=widen)  # fmt: skip
+        return _shaped(_view(out, dv.kind, "float32" if widen else out_name), dv.kind, K, spec)
+
+
+def _shaped(out: Any, kind: str, K: int, spec: Values) -> Any:
+    """A (K, D) result as ``(K,) + trailing``."""
+    shape = (K, *spec.trailing)
+    return out.reshape(shape)
 
 
 def fold_ordered(
@@ -314,27 +335,29 @@ def fold_ordered(
 ) -> Any:
     """The ``ordered`` fold on the device: the same bits as the CPU ``ordered`` strategy."""
     with _on_device(plan, values) as (dv, entry, kernels):
-        out, out_bits = _empty(dv, (plan.K,), kernels.out_bits_dtype(out_name))
+        D = spec.row_size
+        out, out_bits = _empty(dv, (plan.K, D), kernels.out_bits_dtype(out_name))
         out_f = out_bits.view(np.dtype(out_name))
-        kernels.launch_ordered(
-            entry.order, entry.offsets, dv.array, out_f, out_bits, out_name, dv.stream
-        )
-        return _view(out, dv.kind, out_name)
+        kernels.launch_ordered(entry.order, entry.offsets, dv.array.reshape(spec.positions, D),
+                               out_f, out_bits, out_name, dv.stream)  # fmt: skip
+        return _shaped(_view(out, dv.kind, out_name), dv.kind, plan.K, spec)
 
 
 def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None) -> Any:
     """Float atomics (float32, or float64 for float64 output); a float16 result is rounded once."""
     with _on_device(plan, values) as (dv, entry, kernels):
         shape = launch or entry.launch
+        K, D = plan.K, spec.row_size
         acc_name = "float64" if out_name == "float64" else "float32"
-        acc_obj, acc = _empty(dv, (plan.K,), np.dtype(acc_name))
-        kernels.launch_zero(acc, dv.stream, shape)
-        kernels.launch_atomic(entry.index, dv.array, acc, acc_name, dv.stream, shape=shape)
+        acc_obj, acc = _empty(dv, (K, D), np.dtype(acc_name))
+        kernels.launch_zero(acc.reshape(K * D), dv.stream, shape)
+        kernels.launch_atomic(entry.index, dv.array.reshape(spec.positions, D), acc, acc_name,
+                              dv.stream, shape=shape)  # fmt: skip
         if out_name == acc_name:
-            return acc_obj
-        out, out_view = _empty(dv, (plan.K,), np.float16)
-        kernels.launch_cast_f16(acc, out_view, dv.stream)
-        return out
+            return _shaped(acc_obj, dv.kind, K, spec)
+        out, out_view = _empty(dv, (K, D), np.float16)
+        kernels.launch_cast_f16(acc.reshape(K * D), out_view.reshape(K * D), dv.stream)
+        return _shaped(out, dv.kind, K, spec)
 
 
 def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
@@ -419,10 +442,18 @@ def exact_state(
 def add_to_state(
     state: np.ndarray, plan: Fold, values: Any, spec: Values, fmt: Any, **options: Any
 ) -> None:
-    """Add GPU ``values`` into the host state ``state`` (the device state is copied back once)."""
-    from .host import merge_states
+    """Add GPU ``values`` into the host state ``state`` (the device state is copied back once).
 
+    Rows are copied to the host and added there (an accumulator of rows keeps
+    its state on the host).
+    """
+    from . import host
+
+    if spec.trailing:
+        host.add_to_state(state, plan, values, spec, fmt)
+        return
     device_state = exact_state(plan, values, start=spec.start, **options)
+    merge_states = host.merge_states
     merge_states(state, device_values_of_state(device_state).array.copy_to_host(), fmt)
 
 

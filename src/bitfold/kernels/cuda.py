@@ -62,7 +62,17 @@ from numba import cuda, float32, float64, int64
 from numba.core.types import float16
 
 from ..formats import F64, FLOATS, LIMBS, OUT_DTYPES, LimbFormat, decode_shift, limb_format_for
-from .ieee import FINITE, NEGZERO, POSZERO, decode, normalise, round_row, split_narrow, split_wide
+from .ieee import (
+    FINITE,
+    NEGZERO,
+    POSZERO,
+    decode,
+    normalise,
+    round_row,
+    segment_bits,
+    split_narrow,
+    split_wide,
+)
 
 #: Most dynamic shared memory a block of the shared-limb exact kernel asks for
 #: (the limit without an opt-in on every CUDA GPU since compute capability 2.0).
@@ -239,13 +249,61 @@ def round_kernel(limbs: int, unit_exp: int, out_name: str, widen_bfloat16: bool 
     return cuda.jit(round_state)
 
 
+# -- exact, bucket by bucket ------------------------------------------------------------------
+@cache
+def buckets_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> Any:
+    """Kernel ``(values, bits, order, offsets, out_bits)``: one thread an output element.
+
+    ``values`` (N, D) and ``bits`` (its integer view), ``out_bits`` (K, D) the
+    signed-integer view of the output (as :func:`round_kernel`). Thread
+    ``(k, d)`` walks bucket k's positions in the plan's order and sums column
+    d with :func:`bitfold.kernels.ieee.segment_bits`, the CPU's own exact
+    segment sum (checked float64 chunks, limbs in registers), then rounds
+    once: no state, no atomics, whatever K is. Adjacent threads read adjacent
+    columns of one row.
+    """
+    EXP, FRAC, SHIFT = _decoding(source)
+    fmt = SOURCES[source][1]
+    WIDE = fmt is F64
+    L = fmt.limbs
+    W = L + 5
+    UNIT = fmt.unit_exp
+    target = FLOATS[out_name]
+    P, EBITS, SUB_EXP, NAN_BITS = (
+        target.precision, target.exponent_bits, target.subnormal_exp, target.canonical_nan
+    )
+    OUT_SHIFT = 16 if (widen_bfloat16 and out_name == "bfloat16") else 0
+
+    def exact_buckets(values, bits, order, offsets, out_bits):  # pragma: no cover - compiled
+        i = cuda.grid(1)
+        D = out_bits.shape[1]
+        if i >= out_bits.shape[0] * D:
+            return
+        k = i // D
+        d = i - k * D
+        lo = offsets[k]
+        hi = offsets[k + 1]
+        if lo == hi:
+            out_bits[k, d] = 0
+            return
+        row = cuda.local.array(W, int64)
+        mag = cuda.local.array(L, int64)
+        out_bits[k, d] = segment_bits(
+            values, bits, order, lo, hi, d, EXP, FRAC, SHIFT, WIDE, UNIT, P, EBITS, SUB_EXP,
+            NAN_BITS, OUT_SHIFT, row, mag,
+        )  # fmt: skip
+
+    return cuda.jit(exact_buckets)
+
+
 # -- ordered and atomic ---------------------------------------------------------------------
 @cache
 def ordered_kernel(out_name: str) -> Any:
-    """Kernel ``(order, offsets, values, out, out_bits)``: one thread a bucket, in order.
+    """Kernel ``(order, offsets, values, out, out_bits)``: one thread an output element, in order.
 
-    ``out_bits`` is the signed-integer view of ``out`` (same memory), used to
-    write the canonical NaN.
+    ``values`` (N, D), ``out`` (K, D) and ``out_bits`` its signed-integer view
+    (same memory), used to write the canonical NaN. Thread ``(k, d)`` adds
+    column d of bucket k's rows in the plan's stable order.
     """
     OUT = _NUMBA_FLOAT[out_name]
     target = FLOATS[out_name]
@@ -256,34 +314,41 @@ def ordered_kernel(out_name: str) -> Any:
     NAN_OUT = signed_bits(target.canonical_nan, target.width)
 
     def ordered(order, offsets, values, out, out_bits):  # pragma: no cover - compiled
-        k = cuda.grid(1)
-        if k >= out.shape[0]:
+        i = cuda.grid(1)
+        D = out.shape[1]
+        if i >= out.shape[0] * D:
             return
+        k = i // D
+        d = i - k * D
         acc = OUT(0.0)
         for t in range(offsets[k], offsets[k + 1]):
-            acc = OUT(WIDE(acc) + WIDE(OUT(values[order[t]])))
+            acc = OUT(WIDE(acc) + WIDE(OUT(values[order[t], d])))
         if WIDE(acc) != WIDE(acc):  # NaN (compared widened: no float16 operator needed)
-            out_bits[k] = NAN_OUT
+            out_bits[k, d] = NAN_OUT
         else:
-            out[k] = acc
+            out[k, d] = acc
 
     return cuda.jit(ordered)
 
 
 @cache
 def atomic_kernel(out_name: str) -> Any:
-    """Kernel ``(index, values, out)``: ``out[index[i]] += out_t(values[i])`` with float atomics.
+    """Kernel ``(index, values, out)``: ``out[index[i], d] += out_t(values[i, d])``, float atomics.
 
-    ``out_name`` is ``"float32"`` or ``"float64"`` (the accumulation dtype).
+    ``out_name`` is ``"float32"`` or ``"float64"`` (the accumulation dtype);
+    ``values`` (N, D), ``out`` (K, D).
     """
     OUT = _NUMBA_FLOAT[out_name]
 
     def atomic(index, values, out):  # pragma: no cover - compiled
-        n = values.shape[0]
+        D = values.shape[1]
+        n = values.shape[0] * D
         i = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
         stride = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
         while i < n:
-            cuda.atomic.add(out, index[i], OUT(values[i]))
+            r = i // D
+            d = i - r * D
+            cuda.atomic.add(out, (index[r], d), OUT(values[r, d]))
             i += stride
 
     return cuda.jit(atomic)
@@ -409,19 +474,33 @@ def launch_round(
 def launch_ordered(
     order: Any, offsets: Any, values: Any, out: Any, out_bits: Any, out_name: str, stream: Any
 ) -> None:
-    """The ``ordered`` fold of ``values`` into ``out`` (one thread a bucket)."""
-    K = int(out.shape[0])
-    ordered_kernel(out_name)[(*_per_bucket(K, 64), stream)](order, offsets, values, out, out_bits)
+    """The ``ordered`` fold of rows ``values`` (N, D) into ``out`` (K, D): a thread an element."""
+    n = int(out.shape[0]) * int(out.shape[1])
+    if n:
+        ordered_kernel(out_name)[(*_per_bucket(n, 64), stream)](
+            order, offsets, values, out, out_bits
+        )
 
 
 def launch_atomic(
     index: Any, values: Any, out: Any, out_name: str, stream: Any, *, shape: LaunchShape
 ) -> None:
-    """Float atomics of ``values`` into the zeroed ``out`` (float32 or float64)."""
-    n = int(values.shape[0])
+    """Float atomics of rows ``values`` (N, D) into the zeroed ``out`` (K, D; float32 or 64)."""
+    n = int(values.shape[0]) * int(values.shape[1])
     if n:
         blocks = min(-(-n // shape.threads), 1 << 20)
         atomic_kernel(out_name)[blocks, shape.threads, stream](index, values, out)
+
+
+def launch_buckets(
+    values: Any, bits: Any, order: Any, offsets: Any, source: str, out_name: str, out_bits: Any,
+    stream: Any, *, widen_bfloat16: bool = False,
+) -> None:
+    """The exact fold of rows ``values`` (N, D), bucket by bucket, into ``out_bits`` (K, D)."""
+    n = int(out_bits.shape[0]) * int(out_bits.shape[1])
+    if n:
+        kernel = buckets_kernel(source, out_name, widen_bfloat16)
+        kernel[(*_per_bucket(n, 128), stream)](values, bits, order, offsets, out_bits)
 
 
 def launch_zero(flat: Any, stream: Any, shape: LaunchShape = LaunchShape()) -> None:
@@ -480,9 +559,9 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
                 (
                     arr(i32, 1, "C"),
                     arr(i64, 1, "C"),
-                    arr(floats[value_name], 1, "C"),
-                    arr(floats[out_name], 1, "C"),
-                    arr(ints[out_name], 1, "C"),
+                    arr(floats[value_name], 2, "C"),
+                    arr(floats[out_name], 2, "C"),
+                    arr(ints[out_name], 2, "C"),
                 ),
             )
         )
@@ -492,7 +571,25 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
             (
                 f"atomic[{value_name}->{out_name}]",
                 atomic_kernel(out_name).py_func,
-                (arr(i32, 1, "C"), arr(floats[value_name], 1, "C"), arr(floats[out_name], 1, "C")),
+                (arr(i32, 1, "C"), arr(floats[value_name], 2, "C"), arr(floats[out_name], 2, "C")),
+            )
+        )
+    bucket_cases = [("float32", o, False) for o in ("float32", "float16", "float64")]
+    bucket_cases += [("float32", "bfloat16", True), ("float32", "bfloat16", False)]
+    bucket_cases += [("float16", "float32", False), ("float64", "float64", False)]
+    for source, out_name, widen in bucket_cases:
+        bits_t = types.int32 if widen else ints.get(out_name, types.int16)
+        targets.append(
+            (
+                f"buckets[{source}->{out_name}{'>float32' if widen else ''}]",
+                buckets_kernel(source, out_name, widen).py_func,
+                (
+                    arr(floats[source], 2, "C"),
+                    arr(bit_types[source], 2, "C"),
+                    arr(i32, 1, "C"),
+                    arr(i64, 1, "C"),
+                    arr(bits_t, 2, "C"),
+                ),
             )
         )
     targets.append(
