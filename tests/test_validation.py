@@ -93,7 +93,7 @@ def test_the_same_values_in_the_index_shape_or_flat_are_folded():
 
 # -- the plan: bugs of the first review ---------------------------------------------------------
 def test_a_K_beyond_memory_is_refused_with_how_much_it_would_take():
-    with pytest.raises(bitfold.FoldError, match=r"K = 1,000,000,000,000 buckets need 16\.0 TB"):
+    with pytest.raises(bitfold.FoldError, match=r"K = 1,000,000,000,000 buckets need 8\.0 TB"):
         bitfold.Fold([0, 1], K=10**12)
 
 

@@ -24,9 +24,9 @@ class Fold:
 
     ``Fold(index, K)`` validates the index map once (integers, any shape, read
     in C order, every entry in ``[0, K)``) and keeps what every later call
-    needs: a compact copy of the index, per-bucket ``counts``, ``offsets``
-    and the stable sorted ``order`` (a counting sort, O(N + K) time and
-    memory). The plan is immutable; build it once and call it every step.
+    needs: a compact copy of the index, the per-bucket ``offsets`` and the
+    stable sorted ``order`` (a counting sort, O(N + K) time and memory).
+    The plan is immutable; build it once and call it every step.
 
     ``plan(values, strategy="exact")`` returns the K sums as an array of the
     same library (and device) as ``values``. The default ``exact`` strategy
@@ -56,23 +56,24 @@ class Fold:
             if big.size:
                 raise index_range_error(self._shape, int(big[0]), int(flat[big[0]]), self._K)
             flat = flat.astype(np.int64)
-        try:
-            counts, bad = cpu.count_and_check(flat, self._K)
+        n = flat.size
+        positions = np.int32 if n <= _INT32_MAX else np.int64
+        try:  # the counts land in offsets[1:], then add up in place: one K-sized array
+            offsets = np.zeros(self._K + 1, positions)
         except MemoryError:
             raise FoldError(
-                f"K = {self._K:,} buckets do not fit in memory: the plan keeps 16 bytes a "
-                f"bucket ({16 * self._K / 1e9:.1f} GB); use a smaller K"
+                f"K = {self._K:,} buckets do not fit in memory: the plan keeps "
+                f"{offsets_bytes(self._K, n)} bytes a bucket; use a smaller K"
             ) from None
+        bad = cpu.count_and_check(flat, offsets[1:])
         if bad >= 0:
             raise index_range_error(self._shape, int(bad), int(flat[bad]), self._K)
+        np.cumsum(offsets[1:], out=offsets[1:])
         compact = np.int32 if self._K <= _INT32_MAX else np.int64
         self._index = _frozen(np.ascontiguousarray(flat, dtype=compact))
-        self._counts = _frozen(counts)
-        offsets = np.zeros(self._K + 1, np.int64)
-        np.cumsum(counts, out=offsets[1:])
         self._offsets = _frozen(offsets)
-        n = self._index.size
-        order = np.empty(n, np.int32 if n <= _INT32_MAX else np.int64)
+        self._counts: np.ndarray | None = None
+        order = np.empty(n, positions)
         cpu.counting_sort(self._index, self._offsets, order)
         self._order = _frozen(order)
         self._fingerprint: str | None = None
@@ -102,12 +103,17 @@ class Fold:
 
     @property
     def counts(self) -> np.ndarray:
-        """Values per bucket, int64, length K (read-only)."""
+        """Values per bucket, int64, length K (read-only; made on first use from ``offsets``)."""
+        if self._counts is None:
+            self._counts = _frozen(np.diff(self._offsets).astype(np.int64))
         return self._counts
 
     @property
     def offsets(self) -> np.ndarray:
-        """``offsets[k] .. offsets[k+1]`` is bucket k's range in ``order`` (int64, K + 1)."""
+        """``offsets[k] .. offsets[k+1]`` is bucket k's range in ``order`` (K + 1 entries).
+
+        int32 when the plan has fewer than 2^31 positions, else int64 (like ``order``).
+        """
         return self._offsets
 
     @property
@@ -117,10 +123,9 @@ class Fold:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the plan holds on the host (index copy, counts, offsets, order)."""
-        return int(
-            self._index.nbytes + self._counts.nbytes + self._offsets.nbytes + self._order.nbytes
-        )
+        """Bytes the plan holds on the host (index copy, offsets, order, counts once made)."""
+        counts = 0 if self._counts is None else self._counts.nbytes
+        return int(self._index.nbytes + self._offsets.nbytes + self._order.nbytes + counts)
 
     @property
     def fingerprint(self) -> str:
@@ -178,6 +183,11 @@ class Fold:
 
     def __repr__(self) -> str:
         return f"Fold(K={self._K}, shape={self._shape}, size={self.size})"
+
+
+def offsets_bytes(K: int, n: int) -> int:
+    """Bytes a plan's offsets take per bucket (4 below 2^31 positions, else 8)."""
+    return 4 if n <= _INT32_MAX else 8
 
 
 def _frozen(arr: np.ndarray) -> np.ndarray:

@@ -32,8 +32,8 @@ def check_K(K: Any) -> int:
     return int(K)
 
 
-#: Bytes a plan keeps per bucket (int64 counts and offsets).
-PLAN_BYTES_PER_BUCKET = 16
+#: Bytes a plan keeps per bucket at most (int64 offsets).
+PLAN_BYTES_PER_BUCKET = 8
 
 
 def _physical_memory() -> int | None:
@@ -57,8 +57,8 @@ def check_K_fits(K: int) -> None:
     have = _physical_memory()
     if have is not None and need > have:
         raise FoldError(
-            f"K = {K:,} buckets need {_fmt_bytes(need)} for the plan's per-bucket counts and "
-            f"offsets alone ({PLAN_BYTES_PER_BUCKET} bytes a bucket), more than this machine's "
+            f"K = {K:,} buckets need {_fmt_bytes(need)} for the plan's per-bucket offsets "
+            f"alone ({PLAN_BYTES_PER_BUCKET} bytes a bucket), more than this machine's "
             f"{_fmt_bytes(have)} of memory: use a smaller K"
         )
 

@@ -92,19 +92,20 @@ def thread_count() -> int:
 
 
 @njit(cache=True, nogil=True)
-def count_and_check(index, K):  # pragma: no cover - compiled
-    """Per-bucket counts of ``index``; also the first position whose value is outside [0, K).
+def count_and_check(index, counts):  # pragma: no cover - compiled
+    """Add the per-bucket counts of ``index`` into ``counts`` (K entries, zeroed by the caller).
 
-    Returns ``(counts, bad_position)`` with ``bad_position == -1`` when all are valid.
+    Returns the first position whose value is outside ``[0, K)``, or -1 when
+    all are valid.
     """
-    counts = np.zeros(K, np.int64)
+    K = counts.shape[0]
     n = index.shape[0]
     for i in range(n):
         k = np.int64(index[i])
         if k < 0 or k >= K:
-            return counts, np.int64(i)
+            return np.int64(i)
         counts[k] += 1
-    return counts, np.int64(-1)
+    return np.int64(-1)
 
 
 @njit(cache=True, nogil=True)

@@ -558,7 +558,7 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
                 ordered_kernel(out_name).py_func,
                 (
                     arr(i32, 1, "C"),
-                    arr(i64, 1, "C"),
+                    arr(i32, 1, "C"),
                     arr(floats[value_name], 2, "C"),
                     arr(floats[out_name], 2, "C"),
                     arr(ints[out_name], 2, "C"),
@@ -587,7 +587,7 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
                     arr(floats[source], 2, "C"),
                     arr(bit_types[source], 2, "C"),
                     arr(i32, 1, "C"),
-                    arr(i64, 1, "C"),
+                    arr(i32, 1, "C"),
                     arr(bits_t, 2, "C"),
                 ),
             )
