@@ -158,3 +158,22 @@ def test_gpu_backend_is_refused_with_a_clear_error(monkeypatch):
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     with pytest.raises(bitfold.DeviceError, match="CPU backend only"):
         jax.jit(lambda v: bj.expand(v, plan))(jnp.zeros(7))
+
+
+def test_rows_under_jit_and_grad():
+    rng = np.random.default_rng(13)
+    index = rng.integers(0, 6, (4, 5))
+    plan = bitfold.Fold(index, 6)
+    C = rng.standard_normal((4, 5, 3)) * 2.0 ** rng.integers(-30, 30, (4, 5, 3))
+    C = C.astype(np.float32)
+    table = jnp.zeros((6, 3), jnp.float32)
+    assert bj.expand(table, plan).shape == (4, 5, 3)
+    g = jax.jit(jax.grad(lambda t: jnp.sum(bj.expand(t, plan) * C)))(table)
+    want = np.stack([exact_fold_oracle(index, C[..., d], 6) for d in range(3)], axis=1)
+    assert np.array_equal(u32(g), u32(want))
+    folded = bj.fold(jnp.asarray(C), plan)
+    assert folded.shape == (6, 3)
+    assert np.array_equal(u32(folded), u32(want))
+    back = jax.grad(lambda x: jnp.sum(bj.fold(x, plan) * jnp.arange(18.0).reshape(6, 3)))(C)
+    assert back.shape == C.shape
+    assert np.array_equal(np.asarray(back), np.arange(18.0).reshape(6, 3)[index])

@@ -27,7 +27,7 @@ def bits(t):
     return t.view(view).numpy()
 
 
-# -- hashing ------------------------------------------------------------------------------------
+# -- hashing --------------------------------------------------------------------------------------
 def _mix_reference(z):
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
@@ -335,7 +335,7 @@ def test_folded_linear_half_precision_layers():
         assert layer.shared_weight.grad.dtype == dtype
 
 
-# -- errors ----------------------------------------------------------------------------------------
+# -- errors ---------------------------------------------------------------------------------------
 def test_errors_name_the_mismatch():
     plan = _plan()
     with pytest.raises(bitfold.ShapeError, match=r"shape \(7,\).*got shape \(6,\)"):
@@ -380,3 +380,39 @@ def test_custom_plan_layer():
     layer = bt.FoldedLinear(4, 3, 5, bias=False, plan=bitfold.Fold(index, 5))
     assert layer.bias is None
     assert torch.equal(layer.weight, layer.shared_weight[torch.from_numpy(index)])
+
+
+# -- rows (embedding tables) ----------------------------------------------------------------------
+def test_expand_of_rows_and_its_exact_gradient():
+    rng = np.random.default_rng(12)
+    index = rng.integers(0, 6, (4, 5))
+    plan = bitfold.Fold(index, 6)
+    table = torch.randn(6, 3, requires_grad=True)
+    out = bt.expand(table, plan)
+    assert out.shape == (4, 5, 3)
+    assert torch.equal(out, table.detach()[torch.from_numpy(index)])
+    g = rng.standard_normal((4, 5, 3)) * 2.0 ** rng.integers(-30, 30, (4, 5, 3))
+    g = torch.from_numpy(g.astype(np.float32))
+    (out * g).sum().backward()
+    want = np.stack([exact_fold_oracle(index, g.numpy()[..., d], 6) for d in range(3)], axis=1)
+    assert np.array_equal(bits(table.grad), want.view(np.int32))
+
+
+def test_fold_of_rows_and_its_gradient():
+    plan = _plan((6, 5), K=7)
+    values = torch.randn(30, 2, dtype=torch.float64, requires_grad=True)
+    out = bt.fold(values, plan)
+    assert out.shape == (7, 2)
+    assert torch.autograd.gradcheck(lambda x: bt.fold(x, plan), (values,))
+    assert torch.autograd.gradcheck(lambda t: bt.expand(t, plan),
+                                    (torch.randn(7, 2, dtype=torch.float64, requires_grad=True),))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_with_rows(dtype):
+    plan = _plan()
+    key = bt.plan_key(plan)
+    v = torch.randn(7, 4, dtype=dtype, requires_grad=True)
+    torch.library.opcheck(torch.ops.bitfold.expand.default, (v, key, "exact"))
+    g = torch.randn(6, 5, 4, dtype=dtype, requires_grad=True)
+    torch.library.opcheck(torch.ops.bitfold.fold.default, (g, key, "exact", dtype))
