@@ -285,6 +285,20 @@ def test_scalars_into_many_buckets_take_the_bucket_kernel(dtype):
         cuda_fold(plan, cuda.to_device(np.ones((plan.size, 2), np.float32)), exact_path="global")
 
 
+@pytest.mark.parametrize("D", [1, 3])
+def test_folding_into_an_existing_array_equals_the_cpu(D):
+    rng = np.random.default_rng(25)
+    K, n = 7, 90
+    idx = rng.integers(0, K, n)
+    vals = _wide_values(rng, n * D, np.float32, 40).reshape(n, D)
+    init = _wide_values(rng, K * D, np.float32, 40).reshape(K, D)
+    init[0, 0], init[1, D - 1] = np.nan, -0.0
+    plan = bitfold.Fold(idx, K)
+    want = dispatch.fold(plan, vals, init=init)
+    got = cuda_fold(plan, cuda.to_device(vals), init=cuda.to_device(init)).copy_to_host()
+    _assert_bits_equal(got, want, "init")
+
+
 def test_accumulator_of_device_rows_equals_the_host():
     rng = np.random.default_rng(24)
     idx = rng.integers(0, 5, 60)

@@ -370,3 +370,39 @@ def test_same_bits_for_every_thread_count(K):
     assert digests[0] == digests[1]
     routes = digests[0]
     assert routes["float-stream"] == routes["sorted-stream"] == routes["buckets"]
+
+
+# -- folds into an existing array (init) -----------------------------------------------------------
+@pytest.mark.parametrize("D", [1, 3])
+@pytest.mark.parametrize("n", [0, 10, 200])
+def test_folding_into_an_existing_array_rounds_once(D, n):
+    rng = np.random.default_rng(n + D)
+    K = 6
+    idx = rng.integers(0, K, n)
+    vals = (rng.standard_normal((n, D)) * 2.0 ** rng.integers(-40, 40, (n, D))).astype(np.float32)
+    init = (rng.standard_normal((K, D)) * 2.0 ** rng.integers(-40, 40, (K, D))).astype(np.float32)
+    init[0, 0], init[1, D - 1], init[2, 0] = np.nan, -0.0, 2.0**100
+    plan = bitfold.Fold(idx, K)
+    got = dispatch.fold(plan, vals, init=init)
+    for k in range(K):
+        for d in range(D):
+            terms = [float(init[k, d]), *(float(x) for x in vals[idx == k, d])]
+            want = np.float32(bucket_oracle(terms))
+            if np.isnan(want):
+                want = np.array(bitfold.CANONICAL_NAN_BITS["float32"], np.uint32).view(np.float32)
+            assert bits(got[k, d]) == bits(want), (k, d, terms)
+    for strategy in ("ordered", "atomic"):
+        ref = init.astype(np.float64)
+        np.add.at(ref, idx, vals.astype(np.float64))
+        other = dispatch.fold(plan, vals, strategy, init=init)
+        finite = np.isfinite(ref)
+        np.testing.assert_allclose(other[finite], ref[finite], rtol=1e-5, atol=1e-30)
+
+
+def test_init_is_checked():
+    plan = bitfold.Fold([0, 1, 1], 2)
+    with pytest.raises(bitfold.ShapeError, match=r"init of shape \(K,\) \+ trailing = \(2,\)"):
+        dispatch.fold(plan, np.ones(3, np.float32), init=np.zeros(3, np.float32))
+    with pytest.raises(bitfold.FoldTypeError, match="int64"):
+        dispatch.fold(plan, np.ones(3, np.float32), init=np.zeros(2, np.int64))
+    assert dispatch.fold(plan, np.ones(3, np.float32), init=np.ones(2)).dtype == np.float64

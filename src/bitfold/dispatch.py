@@ -18,7 +18,7 @@ from .backends import cuda, host
 from .errors import DeviceError, FoldTypeError
 from .formats import LimbFormat, resolve_out_dtype
 from .strategies import get_strategy
-from .validate import Values, check_expand_input, check_values
+from .validate import Values, check_expand_input, check_init, check_values
 
 if TYPE_CHECKING:
     from .plan import Fold
@@ -61,22 +61,42 @@ def validate(
 
 
 def fold(
-    plan: Fold, values: Any, strategy: str = "exact", *, out_dtype: Any = None, **options: Any
+    plan: Fold,
+    values: Any,
+    strategy: str = "exact",
+    *,
+    out_dtype: Any = None,
+    init: Any = None,
+    **options: Any,
 ) -> Any:
     """Fold ``values`` into ``plan.K`` sums with ``strategy``, in the values' library and device.
 
     ``values`` have the index's shape (or ``(N,)``) followed by a trailing
     shape, ``()`` for a scalar fold; the result has shape ``(K,) + trailing``.
-    ``out_dtype`` defaults to float32 (float64 for float64 values).
-    ``options`` tune one backend's kernels (e.g. ``launch=`` on CUDA,
-    ``kernel=`` on the host for ``exact``) and never change an ``exact`` or
-    ``ordered`` result.
+    ``out_dtype`` defaults to float32 (float64 for float64 values), or to
+    ``init``'s dtype. ``init`` (shape ``(K,) + trailing``, same library and
+    device) is an existing array the values are added into: each bucket's
+    result is the correctly rounded sum of ``init[k]`` and its values (with
+    ``exact``), what ``out = init.clone().index_add_(0, index, values)``
+    computes with one rounding. ``options`` tune one backend's kernels (e.g.
+    ``launch=`` on CUDA, ``route=`` on the host for ``exact``) and never
+    change an ``exact`` or ``ordered`` result.
     """
     strat = get_strategy(strategy)
     values = _as_array(values)
     spec = validate(plan, values)
-    out_name = strat.check_out_dtype(resolve_out_dtype(spec.dtype, out_dtype))
     backend = backend_for(values)
+    if init is not None:
+        init = _as_array(init)
+        init_name = check_init(plan.K, spec, family_of(init).shape(init), init.dtype)
+        if backend_for(init) is not backend:
+            raise DeviceError(
+                f"init lives on {family_of(init).device(init)!r} and the values on "
+                f"{family_of(values).device(values)!r}: pass both on one device"
+            )
+        out_dtype = init_name if out_dtype is None else out_dtype
+        options["init"] = init
+    out_name = strat.check_out_dtype(resolve_out_dtype(spec.dtype, out_dtype))
     return strat.impl(backend.NAME)(plan, values, spec, out_name, **options)
 
 

@@ -196,6 +196,18 @@ def check_values(
     return Values(name, shape, positions, first, found)
 
 
+def check_init(K: int, values: Values, init_shape: tuple[int, ...], dtype: Any) -> str:
+    """An array the values are folded into: shape ``(K,) + trailing``, a float dtype; its dtype."""
+    name = check_value_dtype(dtype_name(dtype))
+    want = (K, *values.trailing)
+    if tuple(int(s) for s in init_shape) != want:
+        raise ShapeError(
+            f"init has shape {tuple(init_shape)}; folding values of shape {values.shape} into "
+            f"K = {K} buckets needs init of shape (K,) + trailing = {want}"
+        )
+    return name
+
+
 def check_trailing(trailing: Any) -> tuple[int, ...]:
     """A trailing (row) shape as a tuple of non-negative ints, or a refusal."""
     try:
@@ -224,6 +236,7 @@ __all__ = [
     "check_K",
     "check_K_fits",
     "check_expand_input",
+    "check_init",
     "check_start",
     "check_trailing",
     "check_values",

@@ -281,8 +281,12 @@ def fold_exact(
     *,
     launch: Any = None,
     exact_path: str = "auto",
+    init: Any = None,
 ) -> Any:
     """The exact fold on the values' device: the same bits as the CPU.
+
+    ``init`` ((K,) + trailing, on the same device) adds one term to every
+    bucket (the ``"buckets"`` path).
 
     ``exact_path`` is ``"auto"``, ``"shared"`` or ``"global"`` (per-block or
     global integer limbs, scalar folds only) or ``"buckets"`` (one thread an
@@ -298,19 +302,25 @@ def fold_exact(
         fmt = limb_format_for(source)
         if exact_path == "auto":
             scalar_path = kernels.exact_path(K, fmt)
-            exact_path = "buckets" if spec.trailing or scalar_path == "global" else scalar_path
-        if spec.trailing and exact_path != "buckets":
+            rows_or_init = spec.trailing or init is not None
+            exact_path = "buckets" if rows_or_init or scalar_path == "global" else scalar_path
+        if (spec.trailing or init is not None) and exact_path != "buckets":
             raise FoldError(
-                f"exact_path {exact_path!r} folds scalars only; folds of rows take 'buckets'"
+                f"exact_path {exact_path!r} folds scalars only, into zeros; folds of rows or "
+                "into an existing array take 'buckets'"
             )
         # bfloat16 results: torch gets bfloat16; other libraries the float32 holding them
         widen = out_name == "bfloat16" and dv.kind != "torch"
         out, out_bits = _empty(dv, (K, D), kernels.out_bits_dtype(out_name, widen))
         if exact_path == "buckets":
             rows = dv.array.reshape(spec.positions, D)
+            start = start_bits = None
+            if init is not None:
+                start = _same_dtype(device_values(init), source, dv).array.reshape(K, D)
+                start_bits = start.view(_BITS_OF[source])
             kernels.launch_buckets(
                 rows, rows.view(_BITS_OF[source]), entry.order, entry.offsets, source, out_name,
-                out_bits, dv.stream, widen_bfloat16=widen,
+                out_bits, dv.stream, widen_bfloat16=widen, init=start, init_bits=start_bits,
             )  # fmt: skip
         else:
             _, state = _empty(dv, (K, fmt.width), np.int64)
@@ -324,6 +334,20 @@ def fold_exact(
         return _shaped(_view(out, dv.kind, "float32" if widen else out_name), dv.kind, K, spec)
 
 
+def _same_dtype(iv: DeviceValues, source: str, dv: DeviceValues) -> DeviceValues:
+    """``init``'s device values in the values' dtype (refused if that would round)."""
+    if iv.device != dv.device:
+        raise DeviceError(
+            f"init lives on CUDA device {iv.device} and the values on CUDA device {dv.device}"
+        )
+    name = "float32" if iv.dtype == "bfloat16" else iv.dtype
+    if name != source:
+        raise FoldTypeError(
+            f"on the GPU, init must have the values' dtype ({source}); got {iv.dtype}"
+        )
+    return iv
+
+
 def _shaped(out: Any, kind: str, K: int, spec: Values) -> Any:
     """A (K, D) result as ``(K,) + trailing``."""
     shape = (K, *spec.trailing)
@@ -331,9 +355,11 @@ def _shaped(out: Any, kind: str, K: int, spec: Values) -> Any:
 
 
 def fold_ordered(
-    plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None
+    plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None, init: Any = None
 ) -> Any:
     """The ``ordered`` fold on the device: the same bits as the CPU ``ordered`` strategy."""
+    if init is not None:
+        raise FoldError("the GPU ordered fold adds into zeros only; use 'exact' with init")
     with _on_device(plan, values) as (dv, entry, kernels):
         D = spec.row_size
         out, out_bits = _empty(dv, (plan.K, D), kernels.out_bits_dtype(out_name))
@@ -343,8 +369,12 @@ def fold_ordered(
         return _shaped(_view(out, dv.kind, out_name), dv.kind, plan.K, spec)
 
 
-def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None) -> Any:
+def fold_atomic(
+    plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None, init: Any = None
+) -> Any:
     """Float atomics (float32, or float64 for float64 output); a float16 result is rounded once."""
+    if init is not None:
+        raise FoldError("the GPU atomic fold adds into zeros only; use 'exact' with init")
     with _on_device(plan, values) as (dv, entry, kernels):
         shape = launch or entry.launch
         K, D = plan.K, spec.row_size

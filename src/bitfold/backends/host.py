@@ -100,14 +100,29 @@ def _result(out: np.ndarray, like: Any, out_name: str, spec: Values) -> Any:
 
 # -- the strategies ----------------------------------------------------------------------------
 def fold_exact(
-    plan: Fold, values: Any, spec: Values, out_name: str, *, route: str = "auto", **options: Any
+    plan: Fold,
+    values: Any,
+    spec: Values,
+    out_name: str,
+    *,
+    route: str = "auto",
+    init: Any = None,
+    **options: Any,
 ) -> Any:
     """Every bucket's exact sum, rounded once to ``out_name`` (module docstring for the routes).
 
     ``route`` is ``"auto"`` or one of :data:`ROUTES`; ``options`` (``kernel=``,
     ``carry_every=``) tune the ``"limbs"`` route. None of them changes the
-    result.
+    result. With ``init`` ((K,) + trailing) each bucket's sum has that array's
+    entry as one more term (the ``"buckets"`` route).
     """
+    if init is not None:
+        rows = host_rows(values, spec)
+        start = host_rows(init, Values(spec.dtype, (), plan.K, 0, spec.trailing))
+        if start.dtype != rows.dtype:  # one of them is float64: both are, exactly
+            rows, start = rows.astype(np.float64), start.astype(np.float64)
+        fmt = limb_format_for(rows.dtype.name)
+        return _result(fold_buckets(plan, rows, fmt, out_name, start), values, out_name, spec)
     fmt = _format_of(spec)
     if route == "auto":
         route = choose_route(plan, spec)
@@ -190,9 +205,12 @@ def _bounds(plan: Fold, n_values: int) -> np.ndarray:
     return plan.prepared(("bucket-bounds", chunks), lambda: _bucket_bounds(plan, chunks))
 
 
-def fold_buckets(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str) -> np.ndarray:
+def fold_buckets(
+    plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str, init: np.ndarray | None = None
+) -> np.ndarray:
     """The exact fold of ``rows`` (positions, D) bucket by bucket: a (K, D) array of ``out_name``.
 
+    ``init`` (K, D), in the rows' dtype, is one more term of every bucket.
     bfloat16 results come back as float32 holding bfloat16 values (as
     :func:`round_state`).
     """
@@ -203,7 +221,7 @@ def fold_buckets(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str) -
     buckets.fold_buckets(
         rows, plan.order, plan.offsets, _bounds(plan, rows.size),
         out if fast else np.empty((1, 1), rows.dtype), out_bits, _target(out_name, fmt), fast,
-        fmt.limbs,
+        fmt.limbs, init,
     )  # fmt: skip
     return out
 
@@ -269,14 +287,17 @@ def _bucket_bounds(plan: Fold, chunks: int) -> np.ndarray:
     return _frozen(np.maximum.accumulate(bounds))
 
 
-def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
+def fold_ordered(
+    plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None
+) -> Any:
     """``out[index[i]] += values[i]`` for i = 0 .. N-1, each addition rounded in ``out_name``.
 
-    For rows, element by element in the same order of positions.
+    For rows, element by element in the same order of positions. ``out``
+    starts as zeros, or as ``init``.
     """
     dtype = np.dtype(out_name)
     rows = host_values(values).reshape(spec.positions, spec.row_size).astype(dtype, copy=False)
-    out = np.zeros((plan.K, spec.row_size), dtype)
+    out = _start(plan, spec, dtype, init)
     if dtype == np.float16:  # Numba has no float16 arithmetic: NumPy's add.at, in order
         np.add.at(out, _index64(plan), rows)
     else:
@@ -285,13 +306,20 @@ def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
     return _result(out, values, out_name, spec)
 
 
-def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
-    """``np.add.at`` into zeros of ``out_name``, values cast to ``out_name`` first."""
+def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None) -> Any:
+    """``np.add.at`` into zeros (or ``init``) of ``out_name``, values cast to it first."""
     dtype = np.dtype(out_name)
-    rows = host_values(values).reshape(spec.positions, *spec.trailing).astype(dtype, copy=False)
-    out = np.zeros((plan.K, *spec.trailing), dtype)
+    rows = host_values(values).reshape(spec.positions, spec.row_size).astype(dtype, copy=False)
+    out = _start(plan, spec, dtype, init)
     np.add.at(out, _index64(plan), rows)
     return _result(out, values, out_name, spec)
+
+
+def _start(plan: Fold, spec: Values, dtype: np.dtype, init: Any) -> np.ndarray:
+    """The (K, D) array an ordered or atomic fold adds into: zeros, or a copy of ``init``."""
+    if init is None:
+        return np.zeros((plan.K, spec.row_size), dtype)
+    return host_values(init).reshape(plan.K, spec.row_size).astype(dtype, copy=True)
 
 
 def _index64(plan: Fold) -> np.ndarray:

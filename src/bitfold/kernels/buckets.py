@@ -38,6 +38,7 @@ from numba import njit, prange
 from ..formats import F32, F64, FLOATS, decode_shift
 from .ieee import (
     CHUNK,
+    add_bits,
     add_column,
     add_exact_sum,
     checked_add,
@@ -70,6 +71,15 @@ def _column_into_limbs(bits, order, lo, hi, d, row, L, wide):  # pragma: no cove
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _value_into_limbs(raw, row, L, wide):  # pragma: no cover - compiled
+    """Add one value (its bits) into the state row ``row``."""
+    if wide:
+        add_bits(row, L, raw, _F64[0], _F64[1], _F64[2], True)
+    else:
+        add_bits(row, L, raw, _F32[0], _F32[1], _F32[2], False)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _round_limbs(row, target, mag):  # pragma: no cover - compiled
     unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
     return round_row(row, mag.shape[0], 0, unit_exp, precision, exp_bits, subnormal_exp,
@@ -87,21 +97,22 @@ def _round_double(x, target):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _segment(values, bits, order, lo, hi, d, target, wide, row, mag):  # pragma: no cover
+def _segment(values, bits, order, lo, hi, d, target, wide, row, mag, has_init, init_value,
+             init_raw):  # fmt: skip  # pragma: no cover
     """:func:`bitfold.kernels.ieee.segment_bits` with the value format's decoding constants."""
     unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
     if wide:
         return segment_bits(values, bits, order, lo, hi, d, _F64[0], _F64[1], _F64[2], True,
                             unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift,
-                            row, mag)  # fmt: skip
+                            row, mag, has_init, init_value, init_raw)  # fmt: skip
     return segment_bits(values, bits, order, lo, hi, d, _F32[0], _F32[1], _F32[2], False,
                         unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift, row,
-                        mag)  # fmt: skip
+                        mag, has_init, init_value, init_raw)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
 def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast, wide,
-                  acc, limbs, column, mag):  # fmt: skip  # pragma: no cover - compiled
+                  acc, limbs, column, mag, init, init_bits, has_init):  # fmt: skip
     """Fold buckets ``k0 .. k1-1`` of rows ``values`` (N, D) into ``out`` (K, D).
 
     ``bits`` is ``values`` viewed as integers; ``out_f``/``out_bits`` are the
@@ -110,7 +121,9 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
     out_shift)``; ``fast`` when an exact float64 sum may simply be cast to the
     output dtype (float32 values to float32, float64 values to float64);
     ``wide`` for float64 values. ``acc`` (D float64), ``limbs`` (D, L + 5),
-    ``column`` (L + 5) and ``mag`` (L) are scratch.
+    ``column`` (L + 5) and ``mag`` (L) are scratch. With ``has_init`` every
+    bucket's sum has one more term, ``init[k, d]`` (the values' dtype; its
+    bits ``init_bits``): the result of a fold into an existing array.
     """
     unit_exp = target[0]
     D = values.shape[1]
@@ -119,7 +132,7 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
     for k in range(k0, k1):
         lo = offsets[k]
         hi = offsets[k + 1]
-        if lo == hi:
+        if lo == hi and not has_init:
             for d in range(D):
                 out_bits[k, d] = 0
             continue
@@ -128,10 +141,14 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
             limbs[:, :] = 0
         flushes = 0
         start = lo
-        while start < hi:
+        while start < hi or (start == lo and single):  # an empty bucket with init: one pass
             stop = min(hi, start + CHUNK)
+            first = has_init and start == lo
             for d in range(D):
                 acc[d] = -0.0
+            if first:
+                for d in range(D):
+                    acc[d] = checked_add(acc[d], np.float64(init[k, d]))
             for t in range(start, stop):
                 if t + AHEAD <= last:
                     prefetch_row(values, order[t + AHEAD])
@@ -153,13 +170,18 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
                                 out_bits[k, d] = _round_double(acc[d], target)
                         else:
                             out_bits[k, d] = _segment(values, bits, order, lo, hi, d, target,
-                                                      wide, column, mag)  # fmt: skip
+                                                      wide, column, mag, has_init,
+                                                      init[k % init.shape[0], d],
+                                                      init_bits[k % init.shape[0], d])  # fmt: skip
+                break  # a single chunk is the whole bucket
             else:
                 for d in range(D):
                     if acc[d] == acc[d]:
-                        add_exact_sum(limbs[d], L, acc[d], stop - start, unit_exp)
+                        add_exact_sum(limbs[d], L, acc[d], stop - start + first, unit_exp)
                     else:
                         _column_into_limbs(bits, order, start, stop, d, limbs[d], L, wide)
+                        if first:
+                            _value_into_limbs(init_bits[k, d], limbs[d], L, wide)
                 flushes += 1
                 if flushes % FLUSHES_BETWEEN_CARRIES == 0:
                     for d in range(D):
@@ -172,7 +194,7 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
 
 @njit(cache=True, nogil=True)
 def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast,
-                         wide, column, mag):  # fmt: skip  # pragma: no cover - compiled
+                         wide, column, mag, init, init_bits, has_init):  # fmt: skip
     """:func:`_fold_buckets` for scalars (``D == 1``): the sums held in registers.
 
     An empty bucket is ``+0.0``; a bucket of at most :data:`CHUNK` values whose
@@ -183,11 +205,14 @@ def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, 
     for k in range(k0, k1):
         lo = offsets[k]
         hi = offsets[k + 1]
-        if lo == hi:
+        if lo == hi and not has_init:
             out_bits[k, 0] = 0
             continue
+        i = k % init.shape[0]
         if hi - lo <= CHUNK:
             acc = -0.0
+            if has_init:
+                acc = checked_add(acc, np.float64(init[i, 0]))
             for t in range(lo, hi):
                 if t + AHEAD <= last:
                     prefetch_row(values, order[t + AHEAD])
@@ -198,52 +223,64 @@ def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, 
                 else:
                     out_bits[k, 0] = _round_double(acc, target)
                 continue
-        out_bits[k, 0] = _segment(values, bits, order, lo, hi, 0, target, wide, column, mag)
+        out_bits[k, 0] = _segment(values, bits, order, lo, hi, 0, target, wide, column, mag,
+                                  has_init, init[i, 0], init_bits[i, 0])  # fmt: skip
 
 
 @njit(cache=True, parallel=True)
 def _fold_buckets_parallel(values, bits, order, offsets, bounds, out_f, out_bits, target, fast,
-                           wide, L):  # fmt: skip  # pragma: no cover - compiled
+                           wide, L, init, init_bits, has_init):  # fmt: skip  # pragma: no cover
     D = values.shape[1]
     for c in prange(bounds.shape[0] - 1):
         column = np.empty(L + 5, np.int64)
         mag = np.empty(L, np.int64)
         if D == 1:
             _fold_scalar_buckets(values, bits, order, offsets, bounds[c], bounds[c + 1], out_f,
-                                 out_bits, target, fast, wide, column, mag)  # fmt: skip
+                                 out_bits, target, fast, wide, column, mag, init, init_bits,
+                                 has_init)  # fmt: skip
         else:
             acc = np.empty(D, np.float64)
             limbs = np.empty((D, L + 5), np.int64)
             _fold_buckets(values, bits, order, offsets, bounds[c], bounds[c + 1], out_f,
-                          out_bits, target, fast, wide, acc, limbs, column, mag)  # fmt: skip
+                          out_bits, target, fast, wide, acc, limbs, column, mag, init,
+                          init_bits, has_init)  # fmt: skip
 
 
-def fold_buckets(values, order, offsets, bounds, out, out_bits, target, fast, L) -> None:
+def fold_buckets(values, order, offsets, bounds, out, out_bits, target, fast, L,
+                 init=None) -> None:  # fmt: skip
     """Fold the rows ``values`` (N, D; float32 or float64) bucket by bucket into ``out`` (K, D).
 
     ``bounds`` cuts the buckets into independent ranges (run in parallel when
     there is more than one); ``out_bits`` is ``out`` viewed as signed
     integers of the output's width; ``target`` and ``fast`` as in
-    :func:`_fold_buckets`; ``L`` the limbs of the values' limb format.
+    :func:`_fold_buckets`; ``L`` the limbs of the values' limb format;
+    ``init`` (K, D), in the values' dtype, an extra first term of every bucket.
     """
     wide = values.dtype == np.float64
-    bits = values.view(np.int64 if wide else np.uint32)
+    bits_dtype = np.int64 if wide else np.uint32
+    bits = values.view(bits_dtype)
+    has_init = init is not None
+    if not has_init:
+        init = np.zeros((1, values.shape[1]), values.dtype)  # never read
+    init_bits = init.view(bits_dtype)
     if bounds.shape[0] > 2:
         from .cpu import start_thread_pool
 
         start_thread_pool()
         _fold_buckets_parallel(values, bits, order, offsets, bounds, out, out_bits, target, fast,
-                               wide, L)  # fmt: skip
+                               wide, L, init, init_bits, has_init)  # fmt: skip
         return
     D = values.shape[1]
     column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
     if D == 1:
         _fold_scalar_buckets(values, bits, order, offsets, bounds[0], bounds[-1], out, out_bits,
-                             target, fast, wide, column, mag)  # fmt: skip
+                             target, fast, wide, column, mag, init, init_bits,
+                             has_init)  # fmt: skip
     else:
         limbs = np.empty((D, L + 5), np.int64)
         _fold_buckets(values, bits, order, offsets, bounds[0], bounds[-1], out, out_bits, target,
-                      fast, wide, np.empty(D), limbs, column, mag)  # fmt: skip
+                      fast, wide, np.empty(D), limbs, column, mag, init, init_bits,
+                      has_init)  # fmt: skip
 
 
 # -- finishing a streamed scalar fold ------------------------------------------------------------
@@ -262,7 +299,8 @@ def _finish_scalar(sums, values, bits, order, offsets, k0, k1, out_f, out_bits, 
             else:
                 out_bits[k, 0] = _round_double(s, target)
         else:
-            out_bits[k, 0] = _segment(values, bits, order, lo, hi, 0, target, wide, column, mag)
+            out_bits[k, 0] = _segment(values, bits, order, lo, hi, 0, target, wide, column, mag,
+                                      False, values[0, 0], bits[0, 0])  # fmt: skip
 
 
 @njit(cache=True, parallel=True)
@@ -301,7 +339,7 @@ def _redo_scalar(which, values, bits, order, offsets, out_bits, target, wide, co
     # pragma: no cover - compiled
     for k in which:
         out_bits[k] = _segment(values, bits, order, offsets[k], offsets[k + 1], 0, target, wide,
-                               column, mag)  # fmt: skip
+                               column, mag, False, values[0, 0], bits[0, 0])  # fmt: skip
 
 
 def redo_scalar(which, values, order, offsets, out_bits, target, L) -> None:

@@ -252,7 +252,9 @@ def round_kernel(limbs: int, unit_exp: int, out_name: str, widen_bfloat16: bool 
 # -- exact, bucket by bucket ------------------------------------------------------------------
 @cache
 def buckets_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> Any:
-    """Kernel ``(values, bits, order, offsets, out_bits)``: one thread an output element.
+    """Kernel ``(values, bits, order, offsets, out_bits, init, init_bits, has_init)``.
+
+    One thread an output element.
 
     ``values`` (N, D) and ``bits`` (its integer view), ``out_bits`` (K, D) the
     signed-integer view of the output (as :func:`round_kernel`). Thread
@@ -274,7 +276,8 @@ def buckets_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> 
     )
     OUT_SHIFT = 16 if (widen_bfloat16 and out_name == "bfloat16") else 0
 
-    def exact_buckets(values, bits, order, offsets, out_bits):  # pragma: no cover - compiled
+    def exact_buckets(values, bits, order, offsets, out_bits, init, init_bits, has_init):
+        # pragma: no cover - compiled
         i = cuda.grid(1)
         D = out_bits.shape[1]
         if i >= out_bits.shape[0] * D:
@@ -283,14 +286,15 @@ def buckets_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> 
         d = i - k * D
         lo = offsets[k]
         hi = offsets[k + 1]
-        if lo == hi:
+        if lo == hi and has_init == 0:
             out_bits[k, d] = 0
             return
         row = cuda.local.array(W, int64)
         mag = cuda.local.array(L, int64)
+        j = k if has_init != 0 else 0  # without init, ``init`` is any array; never read
         out_bits[k, d] = segment_bits(
             values, bits, order, lo, hi, d, EXP, FRAC, SHIFT, WIDE, UNIT, P, EBITS, SUB_EXP,
-            NAN_BITS, OUT_SHIFT, row, mag,
+            NAN_BITS, OUT_SHIFT, row, mag, has_init != 0, init[j, d], init_bits[j, d],
         )  # fmt: skip
 
     return cuda.jit(exact_buckets)
@@ -494,13 +498,20 @@ def launch_atomic(
 
 def launch_buckets(
     values: Any, bits: Any, order: Any, offsets: Any, source: str, out_name: str, out_bits: Any,
-    stream: Any, *, widen_bfloat16: bool = False,
+    stream: Any, *, widen_bfloat16: bool = False, init: Any = None, init_bits: Any = None,
 ) -> None:
-    """The exact fold of rows ``values`` (N, D), bucket by bucket, into ``out_bits`` (K, D)."""
+    """The exact fold of rows ``values`` (N, D), bucket by bucket, into ``out_bits`` (K, D).
+
+    ``init`` (K, D) in the values' dtype, and its bit view, add one term a bucket.
+    """
     n = int(out_bits.shape[0]) * int(out_bits.shape[1])
     if n:
         kernel = buckets_kernel(source, out_name, widen_bfloat16)
-        kernel[(*_per_bucket(n, 128), stream)](values, bits, order, offsets, out_bits)
+        has_init = init is not None
+        if not has_init:
+            init, init_bits = values, bits  # never read
+        kernel[(*_per_bucket(n, 128), stream)](values, bits, order, offsets, out_bits, init,
+                                               init_bits, 1 if has_init else 0)  # fmt: skip
 
 
 def launch_zero(flat: Any, stream: Any, shape: LaunchShape = LaunchShape()) -> None:
@@ -589,6 +600,9 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
                     arr(i32, 1, "C"),
                     arr(i32, 1, "C"),
                     arr(bits_t, 2, "C"),
+                    arr(floats[source], 2, "C"),
+                    arr(bit_types[source], 2, "C"),
+                    i64,
                 ),
             )
         )

@@ -329,7 +329,7 @@ def add_column(row, L, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wide)
 @register_jitable
 def segment_bits(values, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wide,
                  unit_exp, precision, out_exp_bits, subnormal_exp, nan_bits, out_shift, row,
-                 mag):  # fmt: skip
+                 mag, has_init, init_value, init_raw):  # fmt: skip
     """The correctly rounded sum of ``values[order[t], d]`` for ``t`` in ``[lo, hi)``: its bits.
 
     In chunks of :data:`CHUNK` values summed in float64 with every addition
@@ -338,16 +338,24 @@ def segment_bits(values, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wid
     by value (:func:`add_bits`, with the value format's ``exp_bits``,
     ``frac_bits``, ``shift``, ``wide``); the limbs are rounded once
     (:func:`round_row`). A segment of at most CHUNK values with an exact sum
-    is rounded straight from it. ``row`` (L + 5) and ``mag`` (L) are scratch;
-    the target is described as for :func:`round_row`.
+    is rounded straight from it. With ``has_init`` the segment has one more
+    term, ``init_value`` (in the values' format; ``init_raw`` its bits): the
+    result is the correctly rounded sum of it and the values. ``row`` (L + 5)
+    and ``mag`` (L) are scratch; the target is described as for
+    :func:`round_row`.
     """
     L = mag.shape[0]
     for j in range(L + 5):
         row[j] = 0
+    if lo == hi and has_init:
+        add_bits(row, L, init_raw, exp_bits, frac_bits, shift, wide)
     start = lo
     while start < hi:
         stop = min(hi, start + CHUNK)
+        first = has_init and start == lo
         acc = -0.0
+        if first:
+            acc = checked_add(acc, float64(init_value))
         for t in range(start, stop):
             acc = checked_add(acc, float64(values[order[t], d]))
         if acc == acc:
@@ -356,9 +364,11 @@ def segment_bits(values, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wid
                 if m == 0:
                     neg = int64(math.copysign(1.0, acc) < 0.0)
                 return round_scaled(m, e, neg, precision, out_exp_bits, subnormal_exp, out_shift)
-            add_exact_sum(row, L, acc, stop - start, unit_exp)
+            add_exact_sum(row, L, acc, stop - start + int64(first), unit_exp)
         else:
             add_column(row, L, bits, order, start, stop, d, exp_bits, frac_bits, shift, wide)
+            if first:
+                add_bits(row, L, init_raw, exp_bits, frac_bits, shift, wide)
         if (stop - lo) % (CHUNK << 20) == 0:
             normalise(row, L)
         start = stop
