@@ -24,6 +24,7 @@ from .errors import (
 )
 from .exact import ExactAccumulator
 from .formats import CANONICAL_NAN_BITS
+from .functions import add_at, segment_sum
 from .plan import Fold
 from .strategies import get_strategy, strategies
 
@@ -57,9 +58,11 @@ __all__ = [
     "ShapeError",
     "UnknownStrategyError",
     "__version__",
+    "add_at",
     "bits_equal",
     "digest",
     "get_strategy",
     "record",
+    "segment_sum",
     "strategies",
 ]

@@ -33,13 +33,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import DeviceError, FoldTypeError
+from .errors import DeviceError, FoldError, FoldTypeError, ShapeError
 from .formats import VALUE_DTYPES, dtype_name, resolve_out_dtype
 from .plan import Fold
 from .strategies import get_strategy
-from .validate import check_expand_input, check_values
+from .validate import check_expand_input, check_K, check_values
 
-__all__ = ["expand", "fold"]
+__all__ = ["expand", "fold", "segment_sum"]
+
 
 def _host_fold(plan: Fold, strategy: str, out_name: str, g: Any) -> np.ndarray:
     """The fold of one (unbatched) host gradient, in dtype ``out_name``."""
@@ -162,3 +163,88 @@ def fold(values: Any, plan: Fold, strategy: str = "exact", *, out_dtype: Any = N
     out_name = resolve_out_dtype(name, out_dtype)
     spec = check_values(plan.shape, tuple(values.shape), name)
     return _fold(values.reshape((plan.size, *spec.trailing)), plan, strategy, out_name)
+
+
+# -- segment_sum: jax.ops.segment_sum's signature, exact ----------------------------------------
+def _host_segment_sum(num_segments: int, out_name: str, data: Any, ids: Any) -> np.ndarray:
+    """One (unbatched) exact segment sum on the host: a plan of these ids, folded once."""
+    ids = np.asarray(ids)
+    plan = Fold(ids, num_segments)
+    return _host_fold(plan, "exact", out_name, np.asarray(data).reshape(ids.size, -1)).reshape(
+        (num_segments, *np.shape(data)[ids.ndim :])
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _segment_sum(data: Any, segment_ids: Any, num_segments: int) -> Any:
+    out_name = np.dtype(data.dtype).name
+    trailing = tuple(data.shape[segment_ids.ndim :])
+    out = jax.ShapeDtypeStruct((num_segments, *trailing), data.dtype)
+    fn = functools.partial(_host_segment_sum, num_segments, out_name)
+    return jax.pure_callback(fn, out, data, segment_ids, vmap_method="sequential")
+
+
+def _segment_sum_fwd(data: Any, segment_ids: Any, num_segments: int) -> tuple[Any, Any]:
+    return _segment_sum(data, segment_ids, num_segments), segment_ids
+
+
+def _segment_sum_bwd(num_segments: int, segment_ids: Any, g: Any) -> tuple[Any, Any]:
+    ids_zero = np.zeros(segment_ids.shape, jax.dtypes.float0)
+    return jnp.take(g, segment_ids, axis=0), ids_zero
+
+
+_segment_sum.defvjp(_segment_sum_fwd, _segment_sum_bwd)
+
+
+def segment_sum(
+    data: Any,
+    segment_ids: Any,
+    num_segments: int | None = None,
+    indices_are_sorted: bool = False,
+    unique_indices: bool = False,
+) -> Any:
+    """``jax.ops.segment_sum`` with the same signature, exact: one correctly rounded sum each.
+
+    ``out[s] = `` the correctly rounded sum of ``data[i]`` over every ``i``
+    with ``segment_ids[i] == s`` (rows too: ``data.shape == segment_ids.shape
+    + trailing`` gives ``(num_segments,) + trailing``), in ``data``'s dtype:
+    the same bits for any order of the data, where XLA's scatter-add promises
+    no order. Works under ``jit``, ``grad`` (the gradient of ``data`` is
+    ``g[segment_ids]``) and ``vmap`` on the CPU backend, through
+    ``jax.pure_callback`` (the host round trip of :func:`fold`); a GPU array
+    is refused with :class:`bitfold.DeviceError` until a device path exists.
+
+    Differences from ``jax.ops.segment_sum``: a segment id outside
+    ``[0, num_segments)`` is an error (:class:`bitfold.IndexRangeError`,
+    raised when the callback runs) rather than silently dropped;
+    ``num_segments`` must be given when ``segment_ids`` is traced (under
+    ``jit``). ``indices_are_sorted`` and ``unique_indices`` are accepted
+    hints; neither changes the result.
+
+    >>> import jax.numpy as jnp, bitfold.jax as bj
+    >>> bj.segment_sum(jnp.array([1.0, 2.0, 3.0]), jnp.array([0, 2, 0]), 3).tolist()
+    [4.0, 0.0, 2.0]
+    """
+    _check(data, "data")
+    ids_dtype = getattr(segment_ids, "dtype", None)
+    ids_dtype = np.dtype(ids_dtype if ids_dtype is not None else np.asarray(segment_ids).dtype)
+    if ids_dtype.kind not in "iu":
+        raise FoldTypeError(f"segment_ids must be integers; got dtype {ids_dtype.name}")
+    segment_ids = jnp.asarray(segment_ids)
+    if tuple(data.shape[: segment_ids.ndim]) != tuple(segment_ids.shape):
+        raise ShapeError(
+            f"data of shape {tuple(data.shape)} does not start with segment_ids' shape "
+            f"{tuple(segment_ids.shape)}: data.shape must be segment_ids.shape + trailing"
+        )
+    try:
+        concrete = np.asarray(segment_ids)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        concrete = None  # traced: checked on the host when the callback runs
+    if num_segments is None:
+        if concrete is None:
+            raise FoldError("segment_ids are traced (inside jit): pass num_segments, a Python int")
+        num_segments = int(np.max(concrete, initial=-1)) + 1
+    num_segments = check_K(num_segments)
+    if concrete is not None and concrete.size:
+        Fold(concrete, num_segments)  # refuses an id outside [0, num_segments) now, by name
+    return _segment_sum(data, segment_ids, num_segments)
