@@ -34,3 +34,7 @@ class UnknownStrategyError(FoldError, KeyError):
 
 class DeviceError(FoldError):
     """Values live on a device the plan cannot serve (or the device is unavailable)."""
+
+
+class DistributedError(FoldError):
+    """A collective failed: a rank died, hung past the timeout, or disagrees with the others."""

@@ -1,0 +1,241 @@
+"""Exact data-parallel gradients over ``torch.distributed``: the same bits on any number of processes.
+
+With a fixed micro-batch size, each micro-batch's gradient is the same
+whatever process computes it; :class:`GradientSum` adds those gradients
+exactly (:class:`bitfold.dense.DenseSum`) and sums them over the processes
+with an exact all-reduce, so every parameter's ``.grad`` after
+:meth:`GradientSum.reduce` is the correctly rounded sum over every
+micro-batch of every rank — bit for bit the same on 1, 2 or 64 processes,
+however the micro-batches were spread over them.
+
+The exact all-reduce (:func:`exact_all_reduce`) moves integers: a first
+all-reduce (MAX) of two small integers per block of 64 elements, the bounds
+of their exact values; then one all-reduce (SUM) of int64 words, one an
+element for ordinary gradients (twice the bytes of a float32 all-reduce; a
+word and a half, or two, for wider ranges; a whole superaccumulator only
+for the rare block that needs it, see :mod:`bitfold.dense`); last, for the
+elements whose sum is exactly zero, one flag each (MIN), the sign of zero.
+``torch.distributed`` is the engine — gloo for CPU tensors, NCCL for CUDA
+tensors (the words are moved to the group's device); bitfold chooses what
+to send.
+
+Faults: every collective waits at most ``timeout`` seconds; a rank that died
+or hangs makes the others raise :class:`bitfold.errors.DistributedError`
+within it, never a silent hang or a partial result. Parameter lists that
+differ between ranks are refused before any reduction.
+
+For ``DistributedDataParallel``: :func:`exact_allreduce_hook` (register it
+with ``model.register_comm_hook(None, exact_allreduce_hook)``) makes each
+bucket's all-reduce exact — world-size invariant when each rank runs one
+micro-batch per step. With gradient accumulation (several micro-batches per
+rank and step), use :class:`GradientSum`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .dense import DenseSum, wire_layout
+from .errors import DistributedError, FoldTypeError
+from .formats import dtype_name
+
+__all__ = ["GradientSum", "exact_all_reduce", "exact_allreduce_hook"]
+
+_TORCH_NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+               torch.float64: "float64"}  # fmt: skip
+
+
+def _device_of(group: Any) -> torch.device:
+    """Where a group's collectives want their tensors: CUDA for NCCL, the CPU otherwise."""
+    backend = dist.get_backend(group)
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _collective(tensor: torch.Tensor, op: Any, group: Any, timeout: float, what: str) -> None:
+    """``all_reduce(tensor, op)`` in place, waiting at most ``timeout`` seconds."""
+    try:
+        work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
+        if not work.wait(timeout=timedelta(seconds=timeout)):
+            raise RuntimeError("the collective did not complete")
+    except RuntimeError as err:
+        raise DistributedError(
+            f"{what} did not complete within {timeout:g} s on rank {dist.get_rank(group)} of "
+            f"{dist.get_world_size(group)}: a rank died, hung or left the group ({err})"
+        ) from err
+
+
+def _reduce(array: np.ndarray, op: Any, group: Any, timeout: float, what: str) -> np.ndarray:
+    device = _device_of(group)
+    tensor = torch.from_numpy(np.ascontiguousarray(array)).to(device)
+    _collective(tensor, op, group, timeout, what)
+    return tensor.cpu().numpy()
+
+
+def exact_all_reduce(
+    s: DenseSum,
+    *,
+    group: Any = None,
+    timeout: float = 300.0,
+    out_dtype: Any = None,
+    mean_over: int = 1,
+    ranges: list[tuple[int, int, Any]] | None = None,
+) -> list[np.ndarray]:
+    """Sum ``s`` over every rank of ``group`` exactly; each element rounded once (flat arrays).
+
+    Every rank calls it with a :class:`DenseSum` of the same shape and format.
+    ``ranges`` lists ``(start, stop, out_dtype)`` slices to round (default:
+    everything, in ``out_dtype``); ``mean_over`` divides the exact sums
+    first. Returns one NumPy array a range, the same bits on every rank.
+    """
+    ranks = dist.get_world_size(group)
+    bounds = _reduce(s.bounds(), dist.ReduceOp.MAX, group, timeout, "the bounds all-reduce")
+    layout = wire_layout(bounds, s.size, ranks, s.format.limbs)
+    words = _reduce(s.encode(layout), dist.ReduceOp.SUM, group, timeout, "the exact all-reduce")
+    negzero = np.zeros(s.size, np.int32)
+    zeros = s.zero_elements(words, layout)
+    if zeros.size:
+        flags = _reduce(s.negzero()[zeros], dist.ReduceOp.MIN, group, timeout, "the zero signs")
+        negzero[zeros] = flags
+    ranges = ranges or [(0, s.size, out_dtype)]
+    return [s.decode(words, layout, negzero, dt, mean_over=mean_over, start=a, stop=b)
+            for a, b, dt in ranges]  # fmt: skip
+
+
+def _fingerprint(params: list[torch.Tensor]) -> int:
+    h = hashlib.sha256(f"{len(params)};".encode())
+    for p in params:
+        h.update(f"{tuple(p.shape)}:{p.dtype};".encode())
+    return int.from_bytes(h.digest()[:7], "little")
+
+
+class GradientSum:
+    """Exact gradients summed over micro-batches and processes: ``add`` after each backward, ``reduce``.
+
+    ``add()`` takes every parameter's ``.grad`` exactly into its running sum
+    and sets ``.grad`` to None (parameters without a gradient are skipped).
+    ``reduce(mean_over=None)`` sums those exact sums over every rank of the
+    group (:func:`exact_all_reduce`) and sets each ``.grad`` to the correctly
+    rounded sum over every micro-batch of every rank — or that exact sum
+    divided by ``mean_over``, rounded once — in the parameter's dtype and on
+    its device; then the sums are empty again for the next step. A parameter
+    that had no gradient on any rank keeps ``.grad = None``.
+
+    Any floating parameters: float16, bfloat16 and float32 gradients share
+    one sum (exact in float64 while it can be, in integer limbs where it
+    cannot), float64 gradients another; NaN and Inf follow the fold's
+    contract. Every collective waits at most ``timeout`` seconds and raises
+    :class:`bitfold.errors.DistributedError` past it.
+    """
+
+    def __init__(self, params: Iterable[Any], *, group: Any = None, timeout: float = 300.0) -> None:
+        self.params = [p for p in params]
+        for i, p in enumerate(self.params):
+            if not isinstance(p, torch.Tensor) or p.dtype not in _TORCH_NAME:
+                what = p.dtype if isinstance(p, torch.Tensor) else type(p).__qualname__
+                raise FoldTypeError(
+                    f"GradientSum sums floating tensors (float16, bfloat16, float32, float64); "
+                    f"parameter {i} is {what}"
+                )
+        self.group = group
+        self.timeout = float(timeout)
+        self._families: dict[str, list[int]] = {}
+        for i, p in enumerate(self.params):
+            family = "float64" if p.dtype == torch.float64 else "float32"
+            self._families.setdefault(family, []).append(i)
+        self._sums = {
+            family: DenseSum((sum(self.params[i].numel() for i in members),), family)
+            for family, members in self._families.items()
+        }
+        self._had_grad = np.zeros(len(self.params), np.int32)
+
+    def add(self) -> GradientSum:
+        """Take every parameter's ``.grad`` into the exact sums; set ``.grad`` to None."""
+        for family, members in self._families.items():
+            pieces = []
+            any_grad = False
+            for i in members:
+                p = self.params[i]
+                g = p.grad
+                if g is None:  # -0.0 adds nothing and leaves the sign of zero alone
+                    pieces.append(torch.full((p.numel(),), -0.0, dtype=torch.float64 if
+                                             family == "float64" else torch.float32))  # fmt: skip
+                    continue
+                any_grad = True
+                self._had_grad[i] = 1
+                g = g.detach().reshape(-1)
+                pieces.append(g.to("cpu", torch.float64 if family == "float64" else torch.float32))
+                p.grad = None
+            if any_grad:
+                self._sums[family].add(torch.cat(pieces).numpy())
+        return self
+
+    def reduce(self, group: Any = None, mean_over: int | None = None) -> GradientSum:
+        """Sum over every rank exactly; set each ``.grad`` (module docstring); be ready again."""
+        group = self.group if group is None else group
+        fingerprint = _fingerprint(self.params)
+        seen = np.array([fingerprint, -fingerprint], np.int64)
+        seen = _reduce(seen, dist.ReduceOp.MAX, group, self.timeout, "the parameter check")
+        if seen[0] != fingerprint or seen[1] != -fingerprint:
+            raise DistributedError(
+                f"the parameter lists differ between ranks (rank {dist.get_rank(group)} has "
+                f"{len(self.params)} parameters of shapes "
+                f"{[tuple(p.shape) for p in self.params][:6]}...): every rank must sum the same "
+                "parameters, in the same order"
+            )
+        had = _reduce(self._had_grad, dist.ReduceOp.MAX, group, self.timeout, "the gradient check")
+        for family, members in self._families.items():
+            s = self._sums[family]
+            ranges, start = [], 0
+            for i in members:
+                n = self.params[i].numel()
+                ranges.append((start, start + n, _TORCH_NAME[self.params[i].dtype]))
+                start += n
+            results = exact_all_reduce(s, group=group, timeout=self.timeout,
+                                       mean_over=int(mean_over or 1), ranges=ranges)  # fmt: skip
+            for i, out in zip(members, results, strict=True):
+                p = self.params[i]
+                if not had[i]:
+                    p.grad = None
+                    continue
+                t = torch.from_numpy(out)
+                if p.dtype == torch.bfloat16:
+                    t = t.to(torch.bfloat16)  # float32 holding bfloat16 values: exact
+                p.grad = t.reshape(p.shape).to(p.device)
+            s.reset()
+        self._had_grad[:] = 0
+        return self
+
+    def __repr__(self) -> str:
+        return f"GradientSum({len(self.params)} parameters, families={list(self._families)})"
+
+
+def exact_allreduce_hook(state: Any, bucket: Any) -> Any:
+    """A DDP communication hook: each bucket's gradients averaged over the ranks exactly.
+
+    ``model.register_comm_hook(group_or_None, exact_allreduce_hook)``. The
+    result is the exact sum over the ranks divided by the world size, rounded
+    once (DDP averages): world-size invariant when each rank runs one
+    micro-batch per step. With gradient accumulation, use :class:`GradientSum`.
+    """
+    group = state
+    tensor = bucket.buffer()
+    name = dtype_name(tensor)
+    s = DenseSum(tuple(tensor.shape), "float64" if name == "float64" else "float32")
+    s.add(tensor.detach().to("cpu", torch.float64 if name == "float64" else torch.float32).numpy())
+    (out,) = exact_all_reduce(s, group=group, out_dtype=name,
+                              mean_over=dist.get_world_size(group))  # fmt: skip
+    result = torch.from_numpy(out)
+    if tensor.dtype == torch.bfloat16:
+        result = result.to(torch.bfloat16)
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(result.to(tensor.device))
+    return future
