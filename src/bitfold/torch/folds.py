@@ -1,0 +1,447 @@
+"""Exact versions of the ATen ops that fold, on plain tensors: the arithmetic of the adapter.
+
+Every function here takes plain CPU or CUDA tensors of a floating dtype
+(float16, bfloat16, float32, float64), returns a new tensor and records no
+autograd: the custom ops of :mod:`bitfold.torch.ops` call them inside their
+implementations, and :mod:`bitfold.torch.mode` calls them in place of ATen.
+Each builds a plan from the index it is given (O(N + K): ids may change
+every call) and folds through :func:`bitfold.dispatch.fold`, so CUDA
+tensors fold on their device with the engine's CUDA kernels.
+
+The numeric contract, shared by every function: each *term* is computed as
+torch computes it (``alpha * source[i]`` rounded to the dtype, a row of the
+gradient divided by its bag size, times its per-sample weight, ...), then
+every output element is the **correctly rounded sum of its old value (where
+the op adds into one) and all its terms**, one rounding, in the output's
+dtype: the same bits for any order of the terms. A mean is that sum, then
+divided once by the count. NaN results are the canonical NaN
+(``bitfold.CANONICAL_NAN_BITS``).
+
+The functions trust their callers for the checks torch itself makes
+(dtypes equal, shapes compatible); :func:`scatter_shape_problem` and
+:func:`index_add_shape_problem` say what is wrong, for the callers to refuse.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..dispatch import fold as _engine_fold
+from ..plan import Fold
+from ..validate import index_range_error
+
+#: the dtypes bitfold folds exactly
+FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: torch dtype -> the engine's dtype name
+NAMES = {
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+}
+#: fold into the distinct targets only when they are fewer than 1/8 of the tensor
+_SPARSE_TARGETS = 8
+
+
+# -- the two ways in ------------------------------------------------------------------------------
+def fold_rows(
+    index: torch.Tensor, values: torch.Tensor, K: int, *, init: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The exact fold of ``values`` (``(N,) + trailing``) by ``index`` (N ids) into K rows.
+
+    The result has shape ``(K,) + trailing`` and the values' dtype (or
+    ``init``'s: ``init`` of shape ``(K,) + trailing`` is added into, one
+    rounding per element), on the values' device. An index outside
+    ``[0, K)`` raises :class:`bitfold.IndexRangeError`.
+    """
+    values = values.detach()
+    if not values.is_contiguous():
+        values = values.contiguous()
+    plan = Fold(index.detach().reshape(-1), K)
+    if init is None:
+        return _engine_fold(plan, values, "exact", out_dtype=NAMES[values.dtype])
+    return _engine_fold(plan, values, "exact", init=init.detach())
+
+
+def fold_positions(
+    positions: torch.Tensor, values: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
+    """``target`` with ``values[i]`` added at flat position ``positions[i]``: one rounding each.
+
+    ``positions`` and ``values`` are flat (N each); the result is a new tensor
+    of ``target``'s shape. When the positions touch few elements of a large
+    target, only the distinct ones are folded (a sort of the positions), so
+    the plan stays O(N).
+    """
+    flat = target.reshape(-1)
+    size = flat.numel()
+    positions = positions.reshape(-1)
+    values = values.reshape(-1)
+    if positions.numel() == 0:
+        return target.clone()
+    if positions.numel() * _SPARSE_TARGETS >= size:
+        return fold_rows(positions, values, size, init=flat).view(target.shape)
+    bad = (positions < 0) | (positions >= size)
+    if bool(bad.any()):
+        at = int(torch.nonzero(bad)[0, 0])
+        raise index_range_error(tuple(positions.shape), at, int(positions[at]), size)
+    targets, inverse = torch.unique(positions, return_inverse=True)
+    summed = fold_rows(inverse, values, targets.numel(), init=flat[targets])
+    out = flat.clone()
+    out[targets] = summed
+    return out.view(target.shape)
+
+
+def wrap_negative(index: torch.Tensor, size: int) -> torch.Tensor:
+    """Negative indices (``-size <= i < 0``) as ``i + size``, as torch's indexing reads them."""
+    return torch.where(index < 0, index + size, index)
+
+
+# -- index_add ------------------------------------------------------------------------------------
+def index_add_shape_problem(
+    input: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor
+) -> str | None:
+    """What torch would refuse in ``index_add(input, dim, index, source)``, or None."""
+    nd = max(input.dim(), 1)
+    if not -nd <= dim < nd:
+        return f"dim {dim} is out of range for a tensor of {input.dim()} dimensions"
+    if index.dim() > 1:
+        return f"index must be a vector; got shape {tuple(index.shape)}"
+    d = dim % nd
+    in_shape = tuple(input.shape) or (1,)
+    src_shape = tuple(source.shape) or (1,)
+    if len(src_shape) != len(in_shape):
+        return (
+            f"source has {source.dim()} dimensions and input {input.dim()}: index_add needs the "
+            "same number"
+        )
+    if src_shape[d] != index.numel():
+        return (
+            f"source has {src_shape[d]} entries along dim {dim} and index {index.numel()}: "
+            "they must be equal"
+        )
+    for k, (a, b) in enumerate(zip(in_shape, src_shape, strict=True)):
+        if k != d and a != b:
+            return (
+                f"source of shape {tuple(source.shape)} does not fit input of shape "
+                f"{tuple(input.shape)} outside dim {dim} (dimension {k}: {b} != {a})"
+            )
+    return None
+
+
+def index_add(
+    input: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, alpha: Any = 1
+) -> torch.Tensor:
+    """``input.index_add(dim, index, source, alpha=alpha)``, exact.
+
+    Each term ``alpha * source[i]`` is rounded to the dtype as ``source *
+    alpha`` computes it (no product when ``alpha == 1``); every slice
+    ``input.select(dim, k)`` then gets the correctly rounded sum of its old
+    value and its terms.
+    """
+    if input.dim() == 0:
+        return index_add(input.reshape(1), 0, index, source.reshape(1), alpha).reshape(())
+    d = dim % input.dim()
+    terms = source.movedim(d, 0)
+    if alpha != 1:
+        terms = terms * alpha
+    out = fold_rows(index, terms, input.shape[d], init=input.movedim(d, 0))
+    return out.movedim(0, d).contiguous()
+
+
+def index_reduce_mean(
+    input: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, include_self: bool
+) -> torch.Tensor:
+    """``input.index_reduce(dim, index, source, "mean", include_self=...)``, exact.
+
+    Every slice that ``index`` names becomes the correctly rounded sum of its
+    terms (and its old value with ``include_self``), divided once by their
+    count; the other slices keep their value.
+    """
+    if input.dim() == 0:
+        return index_reduce_mean(
+            input.reshape(1), 0, index, source.reshape(1), include_self
+        ).reshape(())
+    d = dim % input.dim()
+    base = input if include_self else input.index_fill(d, index, 0)
+    summed = index_add(base, d, index, source)
+    K = input.shape[d]
+    ids = index.reshape(-1).to(torch.int64)
+    counts = torch.zeros(K, dtype=torch.int64, device=input.device)
+    counts.index_add_(0, ids, torch.ones_like(ids))
+    counts = (counts + int(include_self)).clamp(min=1).to(input.dtype)
+    shape = [1] * input.dim()
+    shape[d] = K
+    return summed / counts.view(shape)
+
+
+# -- scatter_add ----------------------------------------------------------------------------------
+def scatter_shape_problem(
+    input: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor
+) -> str | None:
+    """What torch would refuse in ``scatter_add(input, dim, index, src)``, or None."""
+    nd = max(input.dim(), 1)
+    if not -nd <= dim < nd:
+        return f"dim {dim} is out of range for a tensor of {input.dim()} dimensions"
+    if index.numel() == 0:
+        return None
+    dims = {max(t.dim(), 1) for t in (input, index, src)}
+    if len(dims) != 1:
+        return (
+            f"input, index and src must have the same number of dimensions; got "
+            f"{input.dim()}, {index.dim()} and {src.dim()}"
+        )
+    d = dim % nd
+    shapes = [tuple(t.shape) or (1,) for t in (input, index, src)]
+    for k, (a, i, s) in enumerate(zip(*shapes, strict=True)):
+        if i > s or (k != d and i > a):
+            return (
+                f"index of shape {tuple(index.shape)} is larger than src {tuple(src.shape)}"
+                f" or than input {tuple(input.shape)} outside dim {dim} (dimension {k})"
+            )
+    return None
+
+
+def _constant_along_trailing(idx: torch.Tensor) -> bool:
+    """True when ``idx[i, ...]`` is one value for each i (an index expanded along trailing dims)."""
+    if idx.dim() <= 1:
+        return True
+    if all(st == 0 or n == 1 for st, n in zip(idx.stride()[1:], idx.shape[1:], strict=True)):
+        return True
+    first = idx[(slice(None),) + (slice(0, 1),) * (idx.dim() - 1)]
+    return bool((idx == first).all())
+
+
+def scatter_add(
+    input: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor
+) -> torch.Tensor:
+    """``input.scatter_add(dim, index, src)``, exact.
+
+    Every element of ``input`` gets the correctly rounded sum of its old
+    value and the ``src`` elements that ``index`` sends to it (one rounding).
+    An index constant along the dimensions after ``dim`` (a vector of ids
+    expanded over the features, as graph libraries pass it) folds whole rows;
+    any other index folds element by element.
+    """
+    if index.numel() == 0:
+        return input.clone()
+    if input.dim() == 0:
+        return scatter_add(input.reshape(1), 0, index.reshape(1), src.reshape(1)).reshape(())
+    d = dim % input.dim()
+    idx = index.movedim(d, 0)
+    n, trailing = idx.shape[0], tuple(idx.shape[1:])
+    terms = src.movedim(d, 0)[tuple(slice(0, s) for s in idx.shape)]
+    out = input.movedim(d, 0).clone()
+    region = (slice(None), *(slice(0, s) for s in trailing))
+    K = out.shape[0]
+    if _constant_along_trailing(idx):
+        ids = idx[(slice(None),) + (0,) * len(trailing)]
+        out[region] = fold_rows(ids, terms.reshape((n, *trailing)), K, init=out[region])
+    else:
+        width = math.prod(trailing)
+        cols = torch.arange(width, device=idx.device).view(trailing)
+        positions = idx.to(torch.int64) * width + cols
+        out[region] = fold_positions(positions, terms.reshape(-1), out[region].contiguous())
+    return out.movedim(0, d).contiguous()
+
+
+def scatter_reduce(
+    input: torch.Tensor,
+    dim: int,
+    index: torch.Tensor,
+    src: torch.Tensor,
+    reduce: str,
+    include_self: bool = True,
+) -> torch.Tensor:
+    """``input.scatter_reduce(dim, index, src, reduce, include_self=...)``, "sum" and "mean", exact.
+
+    "sum": as :func:`scatter_add`; without ``include_self`` the elements
+    ``index`` names start from zero (as torch fills them with the sum's
+    identity). "mean": that correctly rounded sum, divided once by the
+    number of terms (plus one with ``include_self``); untouched elements keep
+    their value.
+    """
+    if reduce == "sum" and include_self:
+        return scatter_add(input, dim, index, src)
+    base = input if include_self else input.scatter(dim, index, 0)
+    summed = scatter_add(base, dim, index, src)
+    if reduce == "sum":
+        return summed
+    counts = torch.zeros(input.shape, dtype=torch.int64, device=input.device)
+    if index.numel():
+        counts.scatter_add_(dim, index, torch.ones_like(index, dtype=torch.int64))
+    counts = (counts + int(include_self)).clamp(min=1)
+    return summed / counts.to(input.dtype)
+
+
+# -- index_put / put (accumulate=True) ------------------------------------------------------------
+def index_put(
+    input: torch.Tensor, indices: Sequence[torch.Tensor | None], values: torch.Tensor
+) -> torch.Tensor:
+    """``input.index_put(indices, values, accumulate=True)``, exact (the backward of ``x[idx]``).
+
+    ``indices`` as ATen takes them: one entry per leading dimension, ``None``
+    for a full slice, integer (negative ones wrap) or boolean tensors. Every
+    element of ``input`` gets the correctly rounded sum of its old value and
+    every value sent to it.
+    """
+    first = indices[0] if len(indices) == 1 else None
+    if first is not None and first.dtype not in (torch.bool, torch.uint8) and input.dim() >= 1:
+        K = input.shape[0]
+        idx = wrap_negative(first.reshape(-1), K)
+        rows = tuple(input.shape[1:])
+        terms = values.broadcast_to((*first.shape, *rows)).reshape((idx.numel(), *rows))
+        return fold_rows(idx, terms, K, init=input)
+    where = torch.arange(input.numel(), device=input.device).view(input.shape)
+    positions = torch.ops.aten.index.Tensor(where, list(indices))
+    return fold_positions(positions, values.broadcast_to(positions.shape), input)
+
+
+def put(input: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """``input.put(index, source, accumulate=True)``, exact: flat positions, negative ones wrap."""
+    positions = wrap_negative(index.reshape(-1), input.numel())
+    return fold_positions(positions, source.reshape(-1), input)
+
+
+# -- embeddings -----------------------------------------------------------------------------------
+def embedding_terms(
+    grad: torch.Tensor,
+    ids: torch.Tensor,
+    num_weights: int,
+    padding_idx: int,
+    scale_grad_by_freq: bool,
+) -> torch.Tensor:
+    """The rows an embedding's backward folds: ``grad`` rows (N, ...) scaled and masked.
+
+    With ``scale_grad_by_freq`` each row is divided by how often its id
+    occurs in ``ids`` (rounded once); rows whose id is ``padding_idx`` (>= 0)
+    become zeros, so the padding row's gradient is ``+0.0``. ATen ops only
+    (the custom ops' backward is traced by ``torch.compile``).
+    """
+    terms = grad
+    trailing = (1,) * (grad.dim() - 1)
+    if scale_grad_by_freq:
+        counts = torch.zeros(num_weights, dtype=torch.int64, device=grad.device)
+        counts.index_add_(0, ids.to(torch.int64), torch.ones_like(ids, dtype=torch.int64))
+        terms = terms / counts[ids].to(grad.dtype).view((-1, *trailing))
+    if padding_idx >= 0:
+        terms = terms.masked_fill((ids == padding_idx).view((-1, *trailing)), 0)
+    return terms
+
+
+def embedding_backward(
+    grad: torch.Tensor,
+    indices: torch.Tensor,
+    num_weights: int,
+    padding_idx: int,
+    scale_grad_by_freq: bool,
+) -> torch.Tensor:
+    """``embedding_dense_backward``, exact: row k is the correctly rounded sum of its terms.
+
+    ``grad`` has shape ``indices.shape + (D,)``; the terms are
+    :func:`embedding_terms`'s; the result is ``(num_weights, D)`` in
+    ``grad``'s dtype.
+    """
+    ids = indices.reshape(-1)
+    rows = grad.reshape((ids.numel(), *grad.shape[indices.dim() :]))
+    terms = embedding_terms(rows, ids, num_weights, padding_idx, scale_grad_by_freq)
+    return fold_rows(ids, terms, num_weights)
+
+
+def bag_of_positions(
+    offsets: torch.Tensor, num_bags: int, n: int, end: int | None = None
+) -> torch.Tensor:
+    """The bag of each of ``n`` positions, for bags starting at ``offsets[:num_bags]``.
+
+    Positions from ``end`` on (the last offset, with ``include_last_offset``)
+    belong to no bag: -1, as are positions before the first offset.
+    """
+    starts = offsets[:num_bags].to(torch.int64)
+    positions = torch.arange(n, device=offsets.device, dtype=torch.int64)
+    bags = torch.searchsorted(starts, positions, right=True) - 1
+    if end is not None and end < n:
+        bags = bags.masked_fill(positions >= end, -1)
+    return bags
+
+
+def embedding_bag_backward(
+    grad: torch.Tensor,
+    indices: torch.Tensor,
+    bags: torch.Tensor,
+    bag_size: torch.Tensor,
+    maximum_indices: torch.Tensor,
+    num_weights: int,
+    scale_grad_by_freq: bool,
+    mode: int,
+    per_sample_weights: torch.Tensor | None,
+    padding_idx: int,
+) -> torch.Tensor:
+    """The weight gradient of ``embedding_bag``, exact (modes 0 sum, 1 mean, 2 max).
+
+    Sum and mean: position i (id ``indices[i]``, in bag ``bags[i]``)
+    contributes the term ``grad[bag]``, divided by the bag's size for mean,
+    times ``per_sample_weights[i]``, divided by the id's frequency with
+    ``scale_grad_by_freq`` (each step rounded as torch rounds it); padding
+    positions contribute nothing. Max: each bag's gradient goes to the row
+    that gave its maximum, column by column. Every row of the result is the
+    correctly rounded sum of its terms.
+    """
+    ids = indices.reshape(-1)
+    if mode != 2 and bool((bags < 0).any()):  # ids after the last offset belong to no bag
+        inside = bags >= 0
+        ids, bags = ids[inside], bags[inside]
+        if per_sample_weights is not None:
+            per_sample_weights = per_sample_weights.reshape(-1)[inside]
+    if mode == 2:
+        num_bags, width = grad.shape
+        full = (bag_size > 0).view(-1, 1).expand(num_bags, width)
+        cols = torch.arange(width, device=grad.device)
+        positions = (maximum_indices.to(torch.int64) * width + cols)[full]
+        target = grad.new_zeros((num_weights, width))
+        return fold_positions(positions, grad[full], target)
+    terms = grad[bags]
+    if mode == 1:
+        terms = terms / bag_size[bags].clamp(min=1).to(grad.dtype).view(-1, 1)
+    if per_sample_weights is not None:
+        terms = terms * per_sample_weights.reshape(-1, 1)
+    terms = embedding_terms(terms, ids, num_weights, padding_idx, scale_grad_by_freq)
+    return fold_rows(ids, terms, num_weights)
+
+
+def bincount(input: torch.Tensor, weights: torch.Tensor, minlength: int = 0) -> torch.Tensor:
+    """``torch.bincount(input, weights, minlength)``, exact.
+
+    As torch: float32 weights give float32 counts, other floating weights
+    float64; every bin is the correctly rounded sum of its weights.
+    """
+    out_dtype = torch.float32 if weights.dtype == torch.float32 else torch.float64
+    K = max(int(minlength), int(input.max()) + 1 if input.numel() else 0)
+    if K == 0:
+        return torch.zeros(0, dtype=out_dtype, device=weights.device)
+    return fold_rows(input, weights.reshape(-1).to(out_dtype), K)
+
+
+__all__ = [
+    "FLOATING",
+    "NAMES",
+    "bag_of_positions",
+    "bincount",
+    "embedding_backward",
+    "embedding_bag_backward",
+    "embedding_terms",
+    "fold_positions",
+    "fold_rows",
+    "index_add",
+    "index_add_shape_problem",
+    "index_put",
+    "index_reduce_mean",
+    "put",
+    "scatter_add",
+    "scatter_reduce",
+    "scatter_shape_problem",
+    "wrap_negative",
+]

@@ -1,0 +1,465 @@
+"""``exact_mode()``: every fold that reaches ATen, in the forward and the backward, made exact.
+
+Inside ``with bitfold.torch.exact_mode() as mode:`` a ``TorchDispatchMode``
+sees every ATen op that runs (the backward's too: autograd carries the mode
+to its threads) and sends the ops that fold, on floating CPU and CUDA
+tensors, to :mod:`bitfold.torch.folds` instead of ATen. Every element they
+produce is then the **correctly rounded sum of its old value (where the op
+adds into one) and all its terms**, one rounding: the same bits for any order
+of the contributions. Each term is computed as torch computes it (``alpha *
+source[i]`` rounded to the dtype; a bag's gradient row divided by its size,
+times its per-sample weight); a mean is that sum divided once by the count.
+In-place (``index_add_``) and ``out=`` forms write their result where ATen
+would. Every other op runs untouched.
+
+============================================  ===========================================
+ATen op (and its ``_`` / ``out=`` forms)       inside ``exact_mode()``
+============================================  ===========================================
+``scatter_add``                                exact (any dim; an index expanded along
+                                               the trailing dims folds whole rows)
+``scatter(..., reduce="add")``                 exact (tensor or scalar ``src``)
+``scatter_reduce`` "sum", "mean"               exact (``include_self`` either way)
+``index_add``                                  exact (any dim, ``alpha``)
+``index_reduce`` "mean"                        exact (``include_self`` either way)
+``index_put`` / ``_index_put_impl_`` /         exact with ``accumulate=True`` (the
+``_unsafe_index_put``                          backward of ``x[idx]``); without it, not
+                                               a sum: untouched
+``put`` with ``accumulate=True``               exact (the backward of ``x.take(idx)``)
+``embedding_dense_backward``                   exact (``padding_idx``,
+                                               ``scale_grad_by_freq``)
+``_embedding_bag_backward`` (dense),           exact (modes sum, mean and max,
+``_embedding_bag_dense_backward``              ``per_sample_weights``, ``padding_idx``)
+``bincount`` with floating ``weights``         exact (float32 or float64, as torch)
+the same ops on integer or bool tensors        untouched: integer sums are exact already
+``scatter_reduce`` / ``index_reduce`` "amax",  untouched: exact in any order already
+"amin"
+"prod" reductions, ``scatter(reduce=           untouched and recorded in ``mode.passed``:
+"multiply")``, complex dtypes, sparse          not sums of reals, or not on a plain CPU /
+gradients (``_embedding_bag_backward(sparse=   CUDA tensor; ``strict=True`` raises
+True)``, ``_coalesce``), other devices,        :class:`bitfold.FoldError` instead
+tensor subclasses
+everything else (``sum``, ``mm``, ...)         untouched
+============================================  ===========================================
+
+The forward sums of ``embedding_bag`` (``_embedding_bag``) and plain
+reductions (``sum``, ``mean``, matrix products) are not folds through an
+index: they are untouched, deterministic from run to run on one machine but
+not independent of the order of their terms. Use
+:class:`bitfold.torch.EmbeddingBag` for exact bag sums.
+
+``mode.counts`` counts the ops made exact by kind (``"index_put"``,
+``"embedding_dense_backward"``, ...), so a test can check that the mode saw
+a model's folds; ``mode.passed`` counts the folds left to ATen that are not
+exact (kind and reason).
+
+``torch.compile``: while a ``TorchDispatchMode`` is active, Dynamo compiles
+nothing and runs compiled functions eagerly (it skips every frame, PyTorch
+2.4 and later), so inside ``exact_mode()`` a compiled model runs op by op
+and its folds are exact; it is slower, never inexact. A graph compiled and
+run *outside* the mode keeps its own kernels: run the forward and the
+backward inside the mode: a backward inside the mode through a graph
+compiled outside it raises :class:`bitfold.FoldError`. For compiled exact training, use the drop-ins
+(:class:`bitfold.torch.Embedding`, :func:`bitfold.torch.index_add`, ...),
+custom operators that ``torch.compile`` keeps whole.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..errors import FoldError
+from . import folds
+from .folds import FLOATING
+
+aten = torch.ops.aten
+_INTEGER = (
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+)  # fmt: skip
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+class _Leave:
+    """A verdict: run ATen's op; ``reason`` (when set) is why a fold stays inexact."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str | None = None) -> None:
+        self.reason = reason
+
+
+_UNTOUCHED = _Leave()
+
+
+def _bind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The op's arguments by schema name, defaults filled in."""
+    bound: dict[str, Any] = {}
+    for i, arg in enumerate(func._schema.arguments):
+        if i < len(args) and not arg.kwarg_only:
+            bound[arg.name] = args[i]
+        elif arg.name in kwargs:
+            bound[arg.name] = kwargs[arg.name]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+    return bound
+
+
+def _written(func: Any) -> str | None:
+    """The argument an in-place or ``out=`` overload writes (``self``, ``out``), or None."""
+    for arg in func._schema.arguments:
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            return str(arg.name)
+    return None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _check(target: torch.Tensor, *tensors: Any) -> _Leave | None:
+    """None when the fold into ``target`` can be made exact; else the verdict to leave it."""
+    if target.dtype in _INTEGER:
+        return _UNTOUCHED  # integer sums are exact in any order
+    if target.dtype not in FLOATING:
+        return _Leave(f"{_dtype_name(target.dtype)}: bitfold folds float16 .. float64 only")
+    for t in (target, *tensors):
+        if isinstance(t, torch.Tensor) and (
+            type(t) not in _PLAIN
+            or t.layout != torch.strided
+            or t.device.type not in ("cpu", "cuda")
+        ):
+            return _Leave(
+                f"a {type(t).__name__} on {t.device} ({t.layout}): bitfold folds plain CPU "
+                "and CUDA tensors"
+            )
+    return None
+
+
+def _same_dtype(target: torch.Tensor, values: torch.Tensor) -> bool:
+    return isinstance(values, torch.Tensor) and values.dtype == target.dtype
+
+
+# -- one handler per kind of op: the exact result, or a verdict to leave it to ATen ---------------
+Handler = Callable[[dict[str, Any]], "torch.Tensor | _Leave"]
+
+
+def _scatter_add(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    x, dim, index, src = a["self"], a["dim"], a["index"], a["src"]
+    leave = _check(x, index, src)
+    if leave is not None:
+        return leave
+    if not _same_dtype(x, src) or folds.scatter_shape_problem(x, dim, index, src):
+        return _UNTOUCHED  # ATen raises its own error
+    return folds.scatter_add(x, dim, index, src)
+
+
+def _scatter(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    reduce = a.get("reduce")
+    if reduce is None:
+        return _UNTOUCHED  # a plain scatter writes, it does not sum
+    x, index = a["self"], a["index"]
+    if reduce != "add":
+        leave = _check(x, index)
+        return leave if leave is not None else _Leave(f"reduce={reduce!r}: a product, not a sum")
+    src = a.get("src")
+    if src is None:
+        src = torch.full(index.shape, a["value"], dtype=x.dtype, device=x.device)
+    return _scatter_add({"self": x, "dim": a["dim"], "index": index, "src": src})
+
+
+def _scatter_reduce(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    x, dim, index, src, reduce = a["self"], a["dim"], a["index"], a["src"], a["reduce"]
+    leave = _check(x, index, src)
+    if leave is not None:
+        return leave
+    if reduce in ("amax", "amin"):
+        return _UNTOUCHED  # a maximum is exact in any order
+    if reduce not in ("sum", "mean"):
+        return _Leave(f"reduce={reduce!r}: a product, not a sum")
+    if not _same_dtype(x, src) or folds.scatter_shape_problem(x, dim, index, src):
+        return _UNTOUCHED
+    return folds.scatter_reduce(x, dim, index, src, reduce, bool(a["include_self"]))
+
+
+def _index_add(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    x, dim, index, source = a["self"], a["dim"], a["index"], a["source"]
+    leave = _check(x, index, source)
+    if leave is not None:
+        return leave
+    if (
+        not isinstance(dim, int)
+        or not _same_dtype(x, source)
+        or folds.index_add_shape_problem(x, dim, index, source)
+    ):
+        return _UNTOUCHED
+    return folds.index_add(x, dim, index.reshape(-1), source, a.get("alpha", 1))
+
+
+def _index_reduce(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    x, dim, index, source, reduce = a["self"], a["dim"], a["index"], a["source"], a["reduce"]
+    leave = _check(x, index, source)
+    if leave is not None:
+        return leave
+    if reduce in ("amax", "amin"):
+        return _UNTOUCHED
+    if reduce != "mean":
+        return _Leave(f"reduce={reduce!r}: a product, not a sum")
+    if not _same_dtype(x, source) or folds.index_add_shape_problem(x, dim, index, source):
+        return _UNTOUCHED
+    return folds.index_reduce_mean(x, dim, index.reshape(-1), source, bool(a["include_self"]))
+
+
+def _index_put(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    if not a.get("accumulate", False):
+        return _UNTOUCHED  # a write, not a sum
+    x, indices, values = a["self"], a["indices"], a["values"]
+    leave = _check(x, values, *[i for i in indices if i is not None])
+    if leave is not None:
+        return leave
+    if not _same_dtype(x, values):
+        return _UNTOUCHED
+    return folds.index_put(x, indices, values)
+
+
+def _put(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    if not a.get("accumulate", False):
+        return _UNTOUCHED
+    x, index, source = a["self"], a["index"], a["source"]
+    leave = _check(x, index, source)
+    if leave is not None:
+        return leave
+    if not _same_dtype(x, source) or index.numel() != source.numel():
+        return _UNTOUCHED
+    return folds.put(x, index, source)
+
+
+def _embedding_dense_backward(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    grad, indices = a["grad_output"], a["indices"]
+    leave = _check(grad, indices)
+    if leave is not None:
+        return leave
+    return folds.embedding_backward(
+        grad, indices, int(a["num_weights"]), int(a["padding_idx"]), bool(a["scale_grad_by_freq"])
+    )
+
+
+def _embedding_bag_backward(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    grad, indices, psw = a["grad"], a["indices"], a.get("per_sample_weights")
+    if a.get("sparse", False):
+        return _Leave("a sparse gradient: its duplicates are summed when coalesced")
+    leave = _check(grad, indices, psw, a["bag_size"], a["maximum_indices"])
+    if leave is not None:
+        return leave
+    mode = int(a["mode"])
+    n = indices.numel()
+    if "offsets" in a:
+        offsets, num_bags = a["offsets"], grad.shape[0]
+        end = int(offsets[num_bags]) if offsets.numel() > num_bags else None
+        bags = folds.bag_of_positions(offsets, num_bags, n, end)
+    elif a["offset2bag"].numel() == n:
+        bags = a["offset2bag"]
+    else:
+        return _Leave("_embedding_bag_dense_backward without offset2bag")
+    return folds.embedding_bag_backward(
+        grad, indices, bags, a["bag_size"], a["maximum_indices"], int(a["num_weights"]),
+        bool(a["scale_grad_by_freq"]), mode, psw, int(a.get("padding_idx", -1)),
+    )  # fmt: skip
+
+
+def _bincount(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    x, weights = a["self"], a.get("weights")
+    if weights is None:
+        return _UNTOUCHED  # integer counts
+    leave = _check(weights, x)
+    if leave is not None:
+        return leave
+    if x.dim() != 1 or x.dtype not in _INTEGER or weights.shape != x.shape:
+        return _UNTOUCHED
+    if x.numel() and int(x.min()) < 0:
+        return _UNTOUCHED
+    return folds.bincount(x, weights, int(a.get("minlength", 0)))
+
+
+def _coalesce(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    x = a["self"]
+    if x.dtype in FLOATING:
+        return _Leave("a sparse tensor's duplicates are summed by torch")
+    return _UNTOUCHED
+
+
+#: overload packet -> (kind recorded in counts, handler)
+_RULES: dict[Any, tuple[str, Handler]] = {}
+for _kind, _handler, _packets in (
+    ("scatter_add", _scatter_add, (aten.scatter_add, aten.scatter_add_)),
+    ("scatter_add", _scatter, (aten.scatter, aten.scatter_)),
+    ("scatter_reduce", _scatter_reduce, (aten.scatter_reduce, aten.scatter_reduce_)),
+    ("index_add", _index_add, (aten.index_add, aten.index_add_)),
+    ("index_reduce", _index_reduce, (aten.index_reduce, aten.index_reduce_)),
+    (
+        "index_put",
+        _index_put,
+        (aten.index_put, aten.index_put_, aten._index_put_impl_, aten._unsafe_index_put),
+    ),
+    ("put", _put, (aten.put, aten.put_)),
+    ("embedding_dense_backward", _embedding_dense_backward, (aten.embedding_dense_backward,)),
+    (
+        "embedding_bag_backward",
+        _embedding_bag_backward,
+        (aten._embedding_bag_backward, aten._embedding_bag_dense_backward),
+    ),
+    ("bincount", _bincount, (aten.bincount,)),
+    ("coalesce", _coalesce, (aten._coalesce,)),
+):
+    for _packet in _packets:
+        _RULES[_packet] = (_kind, _handler)
+
+
+# -- graphs compiled outside the mode ----------------------------------------------------------
+#: the autograd node of a graph compiled by torch.compile (AOT autograd's CompiledFunction)
+_COMPILED_NODE = "CompiledFunctionBackward"
+_BACKWARDS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+
+
+def _compiled_node_in(roots: Any) -> str | None:
+    """The name of a compiled graph's node reachable from ``roots``' autograd graph, or None."""
+    if isinstance(roots, torch.Tensor):
+        roots = (roots,)
+    todo = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set[int] = set()
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.name().startswith(_COMPILED_NODE):
+            return str(node.name())
+        todo.extend(nxt for nxt, _ in node.next_functions)
+    return None
+
+
+class _CompiledBackwardGuard(TorchFunctionMode):
+    """Refuses a backward, inside the mode, through a graph that torch.compile compiled outside it.
+
+    Dynamo compiles nothing while a dispatch mode is active, so everything
+    compiled inside the mode runs op by op; but a forward compiled and run
+    outside the mode leaves compiled backward kernels (atomics included) that
+    no ATen op of the mode would see.
+    """
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func in _BACKWARDS and args:
+            name = _compiled_node_in(args[0])
+            if name is not None:
+                raise FoldError(
+                    f"exact_mode(): this backward runs through {name}, a graph torch.compile "
+                    "compiled outside the mode, whose kernels the mode cannot see (its sums "
+                    "would not be exact); run the forward inside exact_mode() too (torch.compile "
+                    "then runs it op by op), or use bitfold.torch's drop-in functions and modules"
+                )
+        return func(*args, **kwargs)
+
+
+class ExactMode(TorchDispatchMode):
+    """The dispatch mode behind :func:`exact_mode` (see the module docstring).
+
+    ``counts``: a ``Counter`` of the ops made exact, by kind. ``passed``: a
+    ``Counter`` of the folds left to ATen that are not exact, keyed
+    ``"kind: reason"``. ``strict=True`` raises :class:`bitfold.FoldError`
+    for those instead.
+    """
+
+    def __init__(self, *, strict: bool = False) -> None:
+        super().__init__()
+        self.strict = bool(strict)
+        self.counts: Counter[str] = Counter()
+        self.passed: Counter[str] = Counter()
+        self._guards: list[_CompiledBackwardGuard] = []
+
+    def __enter__(self) -> ExactMode:
+        guard = _CompiledBackwardGuard()
+        guard.__enter__()
+        self._guards.append(guard)
+        try:
+            super().__enter__()
+        except BaseException:
+            self._guards.pop().__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._guards.pop().__exit__(*exc)
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        rule = _RULES.get(func.overloadpacket)
+        if rule is None:
+            return func(*args, **kwargs)
+        kind, handler = rule
+        bound = _bind(func, args, kwargs)
+        result = handler(bound)
+        if isinstance(result, _Leave):
+            if result.reason is not None:
+                key = f"{kind}: {result.reason}"
+                if self.strict:
+                    raise FoldError(
+                        f"exact_mode(strict=True): {func} cannot be made exact ({result.reason})"
+                    )
+                self.passed[key] += 1
+            return func(*args, **kwargs)
+        self.counts[kind] += 1
+        written = _written(func)
+        if written is None:
+            return result
+        target = bound[written]
+        if target.shape != result.shape:
+            target.resize_(result.shape)
+        return target.copy_(result)
+
+    def __repr__(self) -> str:
+        return f"ExactMode(counts={dict(self.counts)}, passed={dict(self.passed)})"
+
+
+def exact_mode(*, strict: bool = False) -> ExactMode:
+    """A context manager inside which every fold that reaches ATen is exact, forward and backward.
+
+    ``with exact_mode() as mode:`` around a training step makes every
+    ``scatter_add``, ``index_add``, ``index_put(accumulate=True)``,
+    embedding and embedding-bag backward, ``scatter_reduce`` sum/mean (the
+    module docstring's table) the correctly rounded sum, the same bits for any
+    order of the contributions; every other op runs untouched.
+    ``mode.counts`` says how many ops of each kind it made exact;
+    ``mode.passed`` lists the folds it could not (complex, sparse, "prod");
+    ``strict=True`` raises :class:`bitfold.FoldError` for those.
+
+    >>> import torch, bitfold.torch as bt
+    >>> w = torch.zeros(3, requires_grad=True)
+    >>> with bt.exact_mode() as mode:
+    ...     w[torch.tensor([0, 2, 2])].sum().backward()
+    >>> w.grad.tolist(), mode.counts["index_put"]
+    ([1.0, 0.0, 2.0], 1)
+    """
+    return ExactMode(strict=strict)
+
+
+__all__ = ["ExactMode", "exact_mode"]
