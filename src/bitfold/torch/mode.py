@@ -53,12 +53,16 @@ a model's folds; ``mode.passed`` counts the folds left to ATen that are not
 exact (kind and reason).
 
 ``torch.compile``: while a ``TorchDispatchMode`` is active, Dynamo compiles
-nothing and runs compiled functions eagerly (it skips every frame, PyTorch
-2.4 and later), so inside ``exact_mode()`` a compiled model runs op by op
-and its folds are exact; it is slower, never inexact. A graph compiled and
-run *outside* the mode keeps its own kernels: run the forward and the
-backward inside the mode: a backward inside the mode through a graph
-compiled outside it raises :class:`bitfold.FoldError`. For compiled exact training, use the drop-ins
+nothing (PyTorch 2.13 skips every frame while a non-infra dispatch mode is
+on the stack), so inside ``exact_mode()`` a compiled model runs op by op and
+its folds are exact: slower, never inexact. Dynamo remembers the skip: a
+function whose first call ran inside the mode stays uncompiled until
+``torch._dynamo.reset()``. ``torch.compile(fullgraph=True)`` inside the mode
+raises PyTorch's own error ("non-infra torch dispatch mode present"). A
+graph compiled and run *outside* the mode keeps its own kernels (atomics
+included), so a backward run inside the mode through such a graph raises
+:class:`bitfold.FoldError`: run the forward and the backward inside the
+mode. For compiled exact training, use the drop-ins
 (:class:`bitfold.torch.Embedding`, :func:`bitfold.torch.index_add`, ...),
 custom operators that ``torch.compile`` keeps whole.
 """
