@@ -253,6 +253,24 @@ def test_functions_and_modules_under_torch_compile_match_eager():
     assert all(same_bits(a, b) for a, b in zip(*results, strict=True))
 
 
+def test_functions_on_empty_zero_dim_and_non_contiguous_tensors():
+    x = spread((3, 2), torch.float32, 17)
+    none = torch.zeros(0, dtype=torch.int64)
+    assert same_bits(bt.index_add(x, 0, none, torch.zeros(0, 2)), x)
+    assert same_bits(bt.scatter_add(x, 0, none.view(0, 2), torch.zeros(0, 2)), x)
+    assert same_bits(bt.segment_sum(torch.zeros(0, 2), none, 3), torch.zeros(3, 2))
+    s = torch.tensor(1.0)
+    assert bt.index_add(s, 0, torch.tensor([0]), torch.tensor(2.0)).item() == 3.0
+    assert bt.scatter_add(s, 0, torch.tensor(0), torch.tensor(2.0)).item() == 3.0
+    xt, src = spread((4, 6), torch.float32, 18).t(), spread((4, 5), torch.float32, 19).t()
+    i = torch.tensor([0, 3, 3, 1, 5])
+    close(bt.index_add(xt, 0, i, src), torch.index_add(xt, 0, i, src))
+    e = torch.randint(0, 4, (4, 5), generator=torch.Generator().manual_seed(20)).t()
+    close(bt.scatter_add(xt, 1, e, src), torch.scatter_add(xt, 1, e, src))
+    with pytest.raises(bitfold.IndexRangeError, match=r"index\[0, 1\] = 7 .*K = 4"):
+        bt.scatter_add(xt, 1, e.clone().index_fill_(1, torch.tensor([1]), 7), src)
+
+
 def test_function_refusals():
     x, i = torch.zeros(4, 3), torch.tensor([0, 1])
     with pytest.raises(bitfold.FoldTypeError, match="complex64"):
@@ -464,6 +482,14 @@ MODE_CASES = {
         0, E3, _x(6, 3, seed=21), "mean", include_self=False)),
     "index_add": ("index_add", lambda: _x(5, 3).index_add(0, I3, _x(6, 3, seed=21), alpha=2)),
     "index_add_": ("index_add", lambda: _x(3, 5).index_add_(1, I3, _x(3, 6, seed=21))),
+    "index_reduce mean incl": (
+        "index_reduce",
+        lambda: _x(5, 3).index_reduce(0, I3, _x(6, 3, seed=21), "mean"),
+    ),
+    "scatter_reduce sum incl": (
+        "scatter_reduce",
+        lambda: _x(5, 3).scatter_reduce(0, E3, _x(6, 3, seed=21), "sum"),
+    ),
     "index_reduce_ mean": ("index_reduce", lambda: _x(5, 3).index_reduce_(
         0, I3, _x(6, 3, seed=21), "mean", include_self=False)),
     "index_put": ("index_put", lambda: _x(5, 3).index_put((I3,), _x(6, 3, seed=21),

@@ -64,7 +64,7 @@ def fold_rows(
     plan = Fold(index.detach().reshape(-1), K)
     if init is None:
         return _engine_fold(plan, values, "exact", out_dtype=NAMES[values.dtype])
-    return _engine_fold(plan, values, "exact", init=init.detach())
+    return _engine_fold(plan, values, "exact", init=init.detach().contiguous())
 
 
 def fold_positions(
@@ -85,15 +85,21 @@ def fold_positions(
         return target.clone()
     if positions.numel() * _SPARSE_TARGETS >= size:
         return fold_rows(positions, values, size, init=flat).view(target.shape)
-    bad = (positions < 0) | (positions >= size)
-    if bool(bad.any()):
-        at = int(torch.nonzero(bad)[0, 0])
-        raise index_range_error(tuple(positions.shape), at, int(positions[at]), size)
+    check_range(positions, size)
     targets, inverse = torch.unique(positions, return_inverse=True)
     summed = fold_rows(inverse, values, targets.numel(), init=flat[targets])
     out = flat.clone()
     out[targets] = summed
     return out.view(target.shape)
+
+
+def check_range(index: torch.Tensor, size: int) -> None:
+    """Refuse an index outside ``[0, size)`` (:class:`bitfold.IndexRangeError`, naming it)."""
+    bad = (index < 0) | (index >= size)
+    if bool(bad.any()):
+        flat = index.reshape(-1)
+        at = int(torch.nonzero(bad.reshape(-1))[0, 0])
+        raise index_range_error(tuple(index.shape), at, int(flat[at]), size)
 
 
 def wrap_negative(index: torch.Tensor, size: int) -> torch.Tensor:
@@ -235,13 +241,19 @@ def scatter_add(
     idx = index.movedim(d, 0)
     n, trailing = idx.shape[0], tuple(idx.shape[1:])
     terms = src.movedim(d, 0)[tuple(slice(0, s) for s in idx.shape)]
-    out = input.movedim(d, 0).clone()
+    base = input.movedim(d, 0)
+    K = base.shape[0]
+    rows = _constant_along_trailing(idx)
+    if rows and trailing == tuple(base.shape[1:]):  # whole rows: no copy of the untouched part
+        ids = idx[(slice(None),) + (0,) * len(trailing)]
+        return fold_rows(ids, terms, K, init=base).movedim(0, d).contiguous()
+    out = base.clone()
     region = (slice(None), *(slice(0, s) for s in trailing))
-    K = out.shape[0]
-    if _constant_along_trailing(idx):
+    if rows:
         ids = idx[(slice(None),) + (0,) * len(trailing)]
         out[region] = fold_rows(ids, terms.reshape((n, *trailing)), K, init=out[region])
     else:
+        check_range(idx.movedim(0, d), K)  # before positions are flattened
         width = math.prod(trailing)
         cols = torch.arange(width, device=idx.device).view(trailing)
         positions = idx.to(torch.int64) * width + cols
@@ -430,6 +442,7 @@ __all__ = [
     "NAMES",
     "bag_of_positions",
     "bincount",
+    "check_range",
     "embedding_backward",
     "embedding_bag_backward",
     "embedding_terms",
