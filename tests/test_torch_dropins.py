@@ -572,6 +572,20 @@ def test_mode_embedding_bag_frequency_scaling_follows_the_documentation():
     assert table.grad.view(-1).tolist() == want.tolist()
 
 
+def test_ids_after_the_last_offset_belong_to_no_bag():
+    """torch 2.13's CPU backward gives their rows values (uninitialised memory); ours: zeros."""
+    ids, offsets = torch.tensor([1, 0, 5, 4, 3]), torch.tensor([0, 2, 3])
+    table = torch.ones(6, 1, requires_grad=True)
+    with bt.exact_mode():
+        F.embedding_bag(ids, table, offsets, mode="sum", include_last_offset=True).sum().backward()
+    assert table.grad.view(-1).tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+    table.grad = None
+    out = bt.embedding_bag(ids, table, offsets, mode="sum", include_last_offset=True)
+    out.sum().backward()
+    assert out.view(-1).tolist() == [2.0, 1.0]
+    assert table.grad.view(-1).tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+
+
 def test_mode_results_are_the_oracle_and_do_not_depend_on_the_order():
     """The backward of ``w[ids]`` (index_put) and the forward index_add, for permuted data."""
     ids = torch.randint(0, 7, (300,), generator=torch.Generator().manual_seed(50))

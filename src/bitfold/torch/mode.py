@@ -41,6 +41,14 @@ tensor subclasses
 everything else (``sum``, ``mm``, ...)         untouched
 ============================================  ===========================================
 
+Two places where the exact result follows torch's documentation rather than
+torch 2.13's CPU kernel: with ``scale_grad_by_freq`` the embedding-bag
+gradient divides each term by the frequency of *its* id (torch's CUDA kernel
+does; the CPU one divides some terms by another id's count,
+pytorch/pytorch#190063), and with ``include_last_offset`` the ids after the
+last offset belong to no bag and get no gradient (the CPU kernel, whose
+forward leaves them out, gives their rows values anyway).
+
 The forward sums of ``embedding_bag`` (``_embedding_bag``) and plain
 reductions (``sum``, ``mean``, matrix products) are not folds through an
 index: they are untouched, deterministic from run to run on one machine but
