@@ -54,6 +54,7 @@ from ..errors import DeviceError, FoldError
 from .progress import progress_bar
 from .seed_model import SEED_STEPS, SeedModel, train
 from .torch_env import passive_openmp_before_torch
+from .train_models import digits_data, digits_mlp, seed_layer
 
 HELP = "train a folded MLP twice per strategy and check that the runs are bit-identical"
 
@@ -133,23 +134,6 @@ def _layer_kwargs(strategy: str) -> dict[str, Any]:
     return {} if strategy == BASELINE else {"strategy": strategy}
 
 
-def _digits_data(seed: int) -> dict[str, np.ndarray]:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise FoldError(
-            "the digits model needs scikit-learn (pip install 'bitfold[train]' or "
-            "pip install scikit-learn); or use --model seed"
-        ) from None
-    X, y = load_digits(return_X_y=True)
-    X = (X / 16.0).astype(np.float32)
-    perm = np.random.default_rng(seed).permutation(len(y))
-    n_test = len(y) // 5
-    test, train = perm[:n_test], perm[n_test:]
-    return {"Xtr": X[train], "ytr": y[train].astype(np.int64), "Xte": X[test],
-            "yte": y[test].astype(np.int64)}
-
-
 def _check_positive(args: argparse.Namespace, *names: str) -> None:
     for name in names:
         val = getattr(args, name)
@@ -213,12 +197,7 @@ def _run_digits(torch: Any, args: argparse.Namespace, data: dict[str, np.ndarray
     FoldedLinear, Baseline = _layers(torch)
     cls = Baseline if strategy == BASELINE else FoldedLinear
     kw = _layer_kwargs(strategy)
-    torch.manual_seed(args.seed)
-    model = torch.nn.Sequential(
-        cls(64, args.hidden, args.buckets, seed=args.seed, **kw),
-        torch.nn.ReLU(),
-        cls(args.hidden, 10, args.buckets, seed=args.seed + 1, **kw),
-    ).to(device)
+    model = digits_mlp(torch, cls, args.hidden, args.buckets, args.seed, **kw).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     Xtr = torch.from_numpy(data["Xtr"]).to(device)
     ytr = torch.from_numpy(data["ytr"]).to(device)
@@ -255,19 +234,12 @@ def _run_seed(torch: Any, args: argparse.Namespace, strategy: str, device: Any, 
               bar: Any) -> dict[str, Any]:
     """The seed model (:mod:`bitfold.cli.seed_model`) as one ``FoldedLinear`` (or its autograd
     twin) trained with ``torch.optim.Adam``, through the seed model's one training loop."""
-    from ..plan import Fold
-
     spec = SeedModel(lr=args.lr, seed=args.seed)
     FoldedLinear, Baseline = _layers(torch)
     cls = Baseline if strategy == BASELINE else FoldedLinear
-    idx = spec.index().reshape(spec.D, spec.hid)  # the seed's map, W = v[idx] (D x hid)
-    plan = Fold(np.ascontiguousarray(idx.T), spec.K)  # FoldedLinear holds W.T: (hid, D)
-    layer = cls(spec.D, spec.hid, spec.K, bias=False, plan=plan, **_layer_kwargs(strategy))
-    v0, X0 = spec.start()
-    with torch.no_grad():
-        layer.shared_weight.copy_(torch.from_numpy(v0))
+    layer, X0 = seed_layer(torch, cls, spec, **_layer_kwargs(strategy))
     model = layer.to(device)
-    X = torch.from_numpy(X0).to(device)
+    X = X0.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, eps=1e-8)
     losses: list[Any] = []
     seconds: list[float] = []
@@ -411,7 +383,7 @@ def _main(torch: Any, args: argparse.Namespace, strategies: list[str]) -> int:
     recorder = _Recorder(args.record)
 
     if args.model == "digits":
-        data = _digits_data(args.seed)
+        data = digits_data(args.seed)
         description = (
             f"scikit-learn digits ({len(data['ytr'])} train / {len(data['yte'])} test), "
             f"MLP 64-{args.hidden}-10 of FoldedLinear layers with {args.buckets} buckets each, "

@@ -1,0 +1,64 @@
+"""The data and models of ``bitfold train``, shared by its single-process and data-parallel paths.
+
+* :func:`digits_data`: scikit-learn's bundled digits, scaled to [0, 1], on a
+  fixed 80/20 split drawn from ``numpy.random.default_rng(seed)``;
+* :func:`digits_mlp`: ``layer(64, hidden) -> ReLU -> layer(hidden, 10)``,
+  initialised from ``torch.manual_seed(seed)`` (``layer`` is
+  :class:`bitfold.torch.FoldedLinear` or a twin of it);
+* :func:`seed_layer`: the seed's model (:mod:`bitfold.cli.seed_model`) as one
+  ``FoldedLinear`` over the seed's own map, with the seed's initial weights.
+
+Both paths build the same model from the same arguments, so a run's
+starting point does not depend on how it is trained.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import FoldError
+from .seed_model import SeedModel
+
+
+def digits_data(seed: int) -> dict[str, np.ndarray]:
+    """Train and test arrays: ``Xtr``, ``ytr`` (1,437 images) and ``Xte``, ``yte`` (360)."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise FoldError(
+            "the digits model needs scikit-learn (pip install 'bitfold[train]' or "
+            "pip install scikit-learn); or use --model seed"
+        ) from None
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    perm = np.random.default_rng(seed).permutation(len(y))
+    n_test = len(y) // 5
+    test, train = perm[:n_test], perm[n_test:]
+    return {"Xtr": X[train], "ytr": y[train].astype(np.int64), "Xte": X[test],
+            "yte": y[test].astype(np.int64)}
+
+
+def digits_mlp(torch: Any, layer: Any, hidden: int, buckets: int, seed: int,
+               **kwargs: Any) -> Any:
+    """The digits MLP of two ``layer``s (``FoldedLinear`` or a twin), initialised from ``seed``."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        layer(64, hidden, buckets, seed=seed, **kwargs),
+        torch.nn.ReLU(),
+        layer(hidden, 10, buckets, seed=seed + 1, **kwargs),
+    )
+
+
+def seed_layer(torch: Any, layer: Any, spec: SeedModel, **kwargs: Any) -> tuple[Any, Any]:
+    """The seed model as one ``layer`` over the seed's map, with ``v0``; and its batch ``X``."""
+    from ..plan import Fold
+
+    idx = spec.index().reshape(spec.D, spec.hid)  # the seed's map, W = v[idx] (D x hid)
+    plan = Fold(np.ascontiguousarray(idx.T), spec.K)  # FoldedLinear holds W.T: (hid, D)
+    model = layer(spec.D, spec.hid, spec.K, bias=False, plan=plan, **kwargs)
+    v0, X0 = spec.start()
+    with torch.no_grad():
+        model.shared_weight.copy_(torch.from_numpy(v0))
+    return model, torch.from_numpy(X0)
