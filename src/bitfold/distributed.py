@@ -1,4 +1,4 @@
-"""Exact data-parallel gradients over ``torch.distributed``: the same bits on any number of processes.
+"""Exact data-parallel gradients over ``torch.distributed``: the same bits on any process count.
 
 With a fixed micro-batch size, each micro-batch's gradient is the same
 whatever process computes it; :class:`GradientSum` adds those gradients
@@ -118,7 +118,7 @@ def _fingerprint(params: list[torch.Tensor]) -> int:
 
 
 class GradientSum:
-    """Exact gradients summed over micro-batches and processes: ``add`` after each backward, ``reduce``.
+    """Exact gradients summed over micro-batches and processes: ``add``, then ``reduce``.
 
     ``add()`` takes every parameter's ``.grad`` exactly into its running sum
     and sets ``.grad`` to None (parameters without a gradient are skipped).

@@ -1,0 +1,197 @@
+"""``DenseSum`` (exact element-wise sums of arrays) and its wire, against the Fraction oracle.
+
+The wire is checked without processes here: several sums stand for ranks,
+their bounds are reduced with MAX, their words with SUM and their zero signs
+with MIN — exactly what :mod:`bitfold.distributed` asks torch.distributed to
+do — and the decoded result must equal one sum of everything.
+"""
+
+from __future__ import annotations
+
+import doctest
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from oracle import bucket_oracle, round_fraction
+
+import bitfold.dense
+from bitfold.dense import DenseSum, wire_layout
+from bitfold.kernels import dense as kernels
+
+UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def bits(a):
+    a = np.atleast_1d(np.asarray(a))
+    return a.view(UINT[a.dtype.itemsize])
+
+
+def oracle(arrays, out="float32", mean_over=1):
+    """Element by element: the exact sum (divided by mean_over) rounded once."""
+    n = arrays[0].size
+    want = np.empty(n, out)
+    for i in range(n):
+        terms = [float(a.reshape(-1)[i]) for a in arrays]
+        special = any(math.isnan(t) or math.isinf(t) for t in terms)
+        if mean_over == 1 or special:
+            value = bucket_oracle(terms, out)
+            if special and mean_over != 1:
+                value = value / mean_over  # NaN and infinities divide to themselves
+        else:
+            total = sum((Fraction(t) for t in terms), Fraction(0)) / mean_over
+            negzero = terms and all(t == 0 and math.copysign(1, t) < 0 for t in terms)
+            value = round_fraction(total, out) if total else (-0.0 if negzero else 0.0)
+        want[i] = value
+    nan = np.isnan(want)
+    want.view(UINT[want.itemsize])[nan] = bitfold.CANONICAL_NAN_BITS[out]
+    return want
+
+
+def test_docstring_examples():
+    result = doctest.testmod(bitfold.dense)
+    assert result.attempted > 0 and result.failed == 0
+
+
+# -- sums ---------------------------------------------------------------------------------------
+floats32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
+
+
+@given(st.integers(1, 6), st.integers(1, 30), st.data())
+def test_property_sums_equal_the_oracle(adds, n, data):
+    arrays = [np.array(data.draw(st.lists(floats32, min_size=n, max_size=n)), np.float32)
+              for _ in range(adds)]  # fmt: skip
+    s = DenseSum((n,))
+    for a in arrays:
+        s.add(a)
+    assert np.array_equal(bits(s.result()), bits(oracle(arrays)))
+
+
+@pytest.mark.parametrize("mean_over", [1, 3, 96])
+@pytest.mark.parametrize(("dtype", "out", "spread"), [
+    ("float32", "float32", 60), ("float32", "float32", 4), ("float16", "float32", 8),
+    ("float64", "float64", 300), ("float32", "float16", 10),
+])  # fmt: skip
+def test_sums_and_means_equal_the_oracle(dtype, out, spread, mean_over):
+    rng = np.random.default_rng(spread + mean_over)
+    n, adds = 200, 6
+    arrays = [(rng.standard_normal(n) * 2.0 ** rng.integers(-spread, spread, n)).astype(dtype)
+              for _ in range(adds)]  # fmt: skip
+    arrays[1][:5] = [-0.0, np.inf, np.nan, 0.0, -0.0]
+    for a in arrays:
+        a[10] = -0.0
+    s = DenseSum((n,), dtype)
+    for a in arrays:
+        s.add(a)
+    got = s.result(None if out == "float64" or dtype != "float32" else out, mean_over=mean_over)
+    assert np.array_equal(bits(got), bits(oracle(arrays, out, mean_over)))
+    assert bits(got)[10] == 1 << (8 * np.dtype(out).itemsize - 1)  # -0.0: every term was
+
+
+def test_split_and_merge_give_the_same_bits():
+    rng = np.random.default_rng(1)
+    arrays = [(rng.standard_normal((4, 25)) * 2.0 ** rng.integers(-40, 40, (4, 25)))
+              .astype(np.float32) for _ in range(7)]  # fmt: skip
+    whole = DenseSum((4, 25))
+    for a in arrays:
+        whole.add(a)
+    parts = [DenseSum((4, 25)) for _ in range(3)]
+    for i, a in enumerate(arrays):
+        parts[i % 3].add(a)
+    merged = DenseSum((4, 25)).merge(parts[2]).merge(parts[0]).merge(parts[1])
+    assert merged.adds == 7
+    assert np.array_equal(bits(merged.result()), bits(whole.result()))
+    assert merged.result().shape == (4, 25)
+
+
+def test_a_sum_of_nothing_is_positive_zero_and_results_keep_the_library():
+    assert bits(DenseSum((3,)).result()).tolist() == [0, 0, 0]
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    s = DenseSum((2,)).add(torch.tensor([1.0, 2.0])).add(torch.tensor([3.0, 4.0]))
+    assert isinstance(s.result(), torch.Tensor) and s.result().tolist() == [4.0, 6.0]
+    assert s.result(torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_the_limb_rows_grow_when_many_elements_need_them():
+    n = 5000
+    s = DenseSum((n,))
+    rng = np.random.default_rng(2)
+    arrays = [(rng.standard_normal(n) * 2.0 ** rng.integers(-100, 100, n)).astype(np.float32)
+              for _ in range(3)]  # fmt: skip
+    for a in arrays:
+        s.add(a)
+    assert s.slow_elements > n // 2 > 16  # far beyond the first allocation
+    assert np.array_equal(bits(s.result()), bits(oracle(arrays)))
+
+
+def test_refusals():
+    s = DenseSum((3,))
+    with pytest.raises(bitfold.ShapeError, match=r"shape \(3,\); got shape \(4,\)"):
+        s.add(np.ones(4, np.float32))
+    with pytest.raises(bitfold.FoldTypeError, match="float64"):
+        s.add(np.ones(3))
+    with pytest.raises(bitfold.FoldError, match="mean_over"):
+        s.result(mean_over=0)
+    with pytest.raises(bitfold.ShapeError, match="cannot merge"):
+        s.merge(DenseSum((2,)))
+
+
+# -- the wire -----------------------------------------------------------------------------------
+def _exchange(sums, ranks=None):
+    """What the collectives do: MAX the bounds, SUM the words, MIN the zero signs."""
+    ranks = ranks or len(sums)
+    bounds = np.maximum.reduce([s.bounds() for s in sums])
+    layout = wire_layout(bounds, sums[0].size, ranks, sums[0].format.limbs)
+    words = sum(s.encode(layout) for s in sums)
+    negzero = np.zeros(sums[0].size, np.int32)
+    zeros = sums[0].zero_elements(words, layout)
+    negzero[zeros] = np.minimum.reduce([s.negzero()[zeros] for s in sums])
+    return layout, words, negzero
+
+
+@pytest.mark.parametrize(("spread", "klass"), [(6, kernels.NARROW), (18, kernels.WIDE),
+                                               (40, kernels.WIDER), (90, kernels.FULL)])
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_the_wire_carries_the_exact_sum_in_every_class(spread, klass, world):
+    rng = np.random.default_rng(spread * world)
+    n, per_rank = 300, 2
+    arrays = [[(rng.standard_normal(n) * 2.0 ** rng.integers(-spread, spread, n))
+               .astype(np.float32) for _ in range(per_rank)] for _ in range(world)]  # fmt: skip
+    for r in range(world):
+        for a in arrays[r]:
+            a[:2] = [-0.0, -0.0 if r else 0.0]  # element 0: all -0.0; element 1: one +0.0
+    sums, whole = [], DenseSum((n,))
+    for r in range(world):
+        s = DenseSum((n,))
+        for a in arrays[r]:
+            s.add(a)
+            whole.add(a)
+        sums.append(s)
+    layout, words, negzero = _exchange(sums)
+    assert (layout.classes == klass).sum() >= layout.classes.size - 1
+    for mean in (1, 7):
+        got = sums[0].decode(words, layout, negzero, mean_over=mean)
+        assert np.array_equal(bits(got), bits(whole.result(mean_over=mean)))
+    assert bits(sums[0].decode(words, layout, negzero))[:2].tolist() == [0x80000000, 0]
+    per_element = layout.words * 8 / n
+    assert per_element <= {kernels.NARROW: 8.2, kernels.WIDE: 12.2, kernels.WIDER: 16.3,
+                           kernels.FULL: 121}[klass]  # fmt: skip
+
+
+def test_nan_and_infinity_go_full_on_every_rank():
+    a = np.array([1.0, 2.0, 3.0], np.float32)
+    b = np.array([np.inf, 2.0, -np.inf], np.float32)
+    sa, sb = DenseSum((3,)).add(a), DenseSum((3,)).add(b)
+    layout, words, negzero = _exchange([sa, sb])
+    assert layout.classes.tolist() == [kernels.FULL]
+    got = sa.decode(words, layout, negzero)
+    assert got.tolist() == [np.inf, 4.0, -np.inf]
+
+
+def test_too_many_ranks_for_the_lanes_go_full():
+    bounds = np.array([[10, 60]])  # (-lo, hi): lo = -10, 70 bits: wide for few ranks
+    assert wire_layout(bounds, 64, 4, 10).classes.tolist() == [kernels.WIDE]
+    assert wire_layout(bounds, 64, 1000, 10).classes.tolist() == [kernels.FULL]
