@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 
 import bitfold
+from bitfold.errors import DistributedError
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 dist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")
+GradientSum = pytest.importorskip("bitfold.distributed", reason="needs torch").GradientSum
 
 
 def _data():
@@ -44,3 +49,137 @@ def test_all_reduced_states_give_the_single_process_bits(tmp_path, world):
     idx, vals = _data()
     want = bitfold.Fold(idx, 50)(vals)
     np.testing.assert_array_equal(np.load(out).view(np.uint32), want.view(np.uint32))
+
+
+# -- GradientSum: the same bits for every world size ---------------------------------------------
+
+MICRO, N_MICRO = 6, 10  # 10 micro-batches a step: uneven over 3 and 4 ranks
+
+
+def _model(dtype):
+    from bitfold.torch import FoldedLinear
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        FoldedLinear(12, 24, buckets=40, seed=3), torch.nn.ReLU(), torch.nn.Linear(24, 3)
+    ).to(dtype)
+
+
+def _batches(dtype):
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(MICRO * N_MICRO, 12, generator=g) * torch.exp2(
+        torch.randint(-10, 10, (MICRO * N_MICRO, 12), generator=g).float()
+    )
+    return X.to(dtype), torch.randint(0, 3, (MICRO * N_MICRO,), generator=g)
+
+
+def _train_rank(rank, world, init, out, dtype_name, exact):
+    """Three SGD steps of 10 micro-batches dealt round-robin; rank 0 writes the digest."""
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    dtype = getattr(torch, dtype_name)
+    model, (X, y) = _model(dtype), _batches(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gs = GradientSum(model.parameters(), timeout=60)
+    for _step in range(3):
+        partial = [torch.zeros_like(p) for p in model.parameters()]
+        for j in range(rank, N_MICRO, world):
+            sl = slice(j * MICRO, (j + 1) * MICRO)
+            loss = torch.nn.functional.cross_entropy(model(X[sl]).float(), y[sl], reduction="sum")
+            loss.backward()
+            if exact:
+                gs.add()
+            else:
+                for acc, p in zip(partial, model.parameters(), strict=True):
+                    acc += p.grad
+                    p.grad = None
+        if exact:
+            gs.reduce(mean_over=MICRO * N_MICRO)
+        else:  # the usual way: float partial sums, a float all-reduce
+            for acc, p in zip(partial, model.parameters(), strict=True):
+                dist.all_reduce(acc)
+                p.grad = acc / (MICRO * N_MICRO)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write(bitfold.digest({k: v.float() for k, v in model.state_dict().items()}))
+    dist.destroy_process_group()
+
+
+def _digest_for(tmp_path, world, dtype_name="float32", exact=True):
+    out = tmp_path / f"digest-{world}-{dtype_name}-{exact}"
+    init = f"file://{tmp_path / f'rdv-{world}-{dtype_name}-{exact}'}"
+    torch.multiprocessing.spawn(_train_rank, args=(world, init, str(out), dtype_name, exact),
+                                nprocs=world, join=True)  # fmt: skip
+    return out.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("dtype_name", "worlds"), [("float32", (1, 2, 3, 4)),
+                                                    ("bfloat16", (1, 3))])
+def test_every_world_size_trains_the_same_bits(tmp_path, dtype_name, worlds):
+    digests = {w: _digest_for(tmp_path, w, dtype_name) for w in worlds}
+    assert len(set(digests.values())) == 1, digests
+
+
+@pytest.mark.slow
+def test_a_float_all_reduce_does_not(tmp_path):
+    digests = {w: _digest_for(tmp_path, w, exact=False) for w in (1, 2, 4)}
+    assert len(set(digests.values())) > 1, digests
+
+
+def _mismatch_rank(rank, world, init, out):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    params = [torch.nn.Parameter(torch.ones(3 + rank))]
+    params[0].grad = torch.ones(3 + rank)
+    gs = GradientSum(params, timeout=30).add()
+    try:
+        gs.reduce()
+        result = "reduced"
+    except DistributedError as err:
+        result = str(err)
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(result)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_different_parameter_lists_are_refused_before_any_reduction(tmp_path):
+    out = str(tmp_path / "mismatch")
+    torch.multiprocessing.spawn(_mismatch_rank, args=(2, f"file://{tmp_path / 'rdv'}", out),
+                                nprocs=2, join=True)  # fmt: skip
+    for rank in (0, 1):
+        assert "parameter lists differ between ranks" in open(f"{out}.{rank}").read()
+
+
+def _dying_rank(rank, world, init, out):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    params = [torch.nn.Parameter(torch.ones(4))]
+    params[0].grad = torch.ones(4)
+    gs = GradientSum(params, timeout=5).add()
+    if rank == 1:
+        os._exit(0)  # dies before the reduction
+    t0 = time.monotonic()
+    try:
+        gs.reduce()
+        result = "reduced"
+    except DistributedError as err:
+        result = f"{time.monotonic() - t0:.1f} {err}"
+    with open(out, "w") as f:
+        f.write(result)
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_a_dead_rank_stops_the_others_with_a_clear_error_within_the_timeout(tmp_path):
+    out = str(tmp_path / "dead")
+    ctx = torch.multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_dying_rank, args=(r, 2, f"file://{tmp_path / 'rdv'}", out))
+             for r in (0, 1)]  # fmt: skip
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    seconds, message = open(out).read().split(" ", 1)
+    assert float(seconds) < 30
+    assert "did not complete within 5 s" in message and "rank 0 of 2" in message
