@@ -6,7 +6,8 @@ contenders (:mod:`bitfold.cli.bench.contenders`) and writes into ``--out``:
 * ``results.json``: machine, settings, command line, cases and one row per
   (case, contender) (fields in :mod:`bitfold.cli.bench.measure`), peak memory
   (:mod:`bitfold.cli.bench.worker`), Numba cold and warm start-up
-  (:mod:`bitfold.cli.bench.startup`) and issue 3's goals;
+  (:mod:`bitfold.cli.bench.startup`) and the goals of issues 3 and 10
+  (:mod:`bitfold.cli.bench.goals`);
 * ``summary.md`` generated from it (:mod:`bitfold.cli.bench.report`);
 * PNG plots (:mod:`bitfold.cli.bench.plots`);
 
@@ -43,6 +44,7 @@ LIBRARIES = {
     "torch_scatter": ("torch-scatter", "torch_scatter"),
     "jax": ("jax",),
     "jaxlib": ("jaxlib",),
+    "numpy_groupies": ("numpy-groupies", "numpy_groupies"),
     "cupy": ("cupy", "cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x"),
     "matplotlib": ("matplotlib",),
     "tqdm": ("tqdm",),
@@ -212,6 +214,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "repeats": args.repeats or (5 if args.quick else 11),
         "budget_s": 1.0 if args.quick else 4.0,
+        "min_repeats": 3 if args.quick else 5,
         "scale": args.scale,
         "sweeps": sweeps,
         "contenders": contenders,
@@ -249,7 +252,6 @@ def _time_cases(cfg: dict[str, Any], cases: list[Any], progress: Any) -> list[di
     import numpy as np
 
     from ...plan import Fold
-    from .cases import make_inputs
     from .contenders import CONTENDERS, Inputs
     from .measure import failure, measure_case, reference
 
@@ -257,8 +259,7 @@ def _time_cases(cfg: dict[str, Any], cases: list[Any], progress: Any) -> list[di
     rows: list[dict] = []
     base = cfg["baseline"]
     for case in cases:
-        idx, values = make_inputs(case.spec)
-        inp = Inputs(idx, values, case.k, cfg["device"], cfg["memory_limit_bytes"])
+        inp = Inputs.from_spec(case.spec, cfg["device"], cfg["memory_limit_bytes"])
         try:
             ref = reference(inp)
         except Exception as err:  # the yardstick is optional; say why it is missing
@@ -277,6 +278,7 @@ def _time_cases(cfg: dict[str, Any], cases: list[Any], progress: Any) -> list[di
             inp,
             repeats=cfg["repeats"] * more,
             budget_s=cfg["budget_s"] * more,
+            min_repeats=cfg.get("min_repeats", 3),
             ref=ref,
             on_row=step,
         )
@@ -289,7 +291,7 @@ def _time_cases(cfg: dict[str, Any], cases: list[Any], progress: Any) -> list[di
                 r["bandwidth_gb_s"] = case.min_bytes / r["median_s"] / 1e9
                 r["ratio_to_baseline"] = r["median_s"] / b["median_s"] if b else None
         rows.extend(case_rows)
-        del inp, idx, values, ref
+        del inp, ref
     return rows
 
 
@@ -373,8 +375,9 @@ def machine() -> dict[str, Any]:
 
 
 def _case_record(c: Any) -> dict[str, Any]:
-    return {"id": c.id, **c.spec, "sweeps": list(c.sweeps), "min_bytes": c.min_bytes,
-            "input_bytes": c.n * (8 + c.value_itemsize)}  # fmt: skip
+    return {"id": c.id, **c.spec, "d": c.d, "kind": c.kind, "sweeps": list(c.sweeps),
+            "min_bytes": c.min_bytes, "input_bytes": c.n * (8 + c.width * c.value_itemsize),
+            "output_bytes": c.output_bytes}  # fmt: skip
 
 
 def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
@@ -382,7 +385,7 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     from ...repro.fingerprint import load_average
     from ..progress import progress_bar
     from .cases import build_cases, describe_sweep
-    from .report import goals
+    from .goals import goals
     from .startup import measure_startup
 
     t_start = time.perf_counter()

@@ -11,8 +11,14 @@ the same fold without the wait, for timers that wait on their own (CUDA
 events, graph capture).
 
 Peers accumulate in the value dtype, as they do natively (``np.bincount`` in
-float64); bitfold returns float32 sums for float16 values. Frameworks are
-imported only when a contender that needs them runs.
+float64); bitfold returns float32 sums for float16 and bfloat16 values.
+Frameworks are imported only when a contender that needs them runs.
+
+Each contender says which folds it serves (:attr:`Contender.kinds`: scalars,
+rows of shape (N, D); :attr:`Contender.dtypes`; ``devices``); on any other
+case it is recorded as skipped with the reason (:meth:`Contender.unavailable`).
+bfloat16 values reach bitfold and PyTorch as torch bfloat16 tensors and JAX as
+``jnp.bfloat16``; NumPy has no bfloat16, so the NumPy peers skip them.
 """
 
 from __future__ import annotations
@@ -29,6 +35,11 @@ import numpy as np
 from ...errors import FoldError
 from ..torch_env import deterministic_algorithms
 
+KINDS = ("scalar", "rows")
+#: The value dtypes a contender may serve; bfloat16 values are held in a float32 host array.
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+NUMPY_DTYPES = ("float16", "float32", "float64")
+
 
 class OutOfMemory(MemoryError):
     """A contender would need more memory (``needed`` bytes) than the benchmark allows."""
@@ -40,18 +51,48 @@ class OutOfMemory(MemoryError):
 
 @dataclass
 class Inputs:
-    """One case's index (int64) and values on the host, and conversions shared by contenders."""
+    """One case's index (int64) and values on the host, and conversions shared by contenders.
+
+    ``values`` has shape (N,) (scalars) or (N, D) (rows). ``dtype`` is the
+    case's value dtype; it differs from ``values.dtype`` only for bfloat16,
+    whose values are held as float32 (every one a bfloat16 number).
+    """
 
     idx: np.ndarray
     values: np.ndarray
     k: int
     device: str = "cpu"
     memory_limit: int = 1 << 32
+    dtype: str = ""
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.dtype:
+            self.dtype = np.dtype(self.values.dtype).name
+
+    @classmethod
+    def from_spec(
+        cls, spec: dict[str, Any], device: str = "cpu", memory_limit: int = 1 << 32
+    ) -> Inputs:
+        """The inputs of a case spec (:func:`bitfold.cli.bench.cases.make_inputs`)."""
+        from .cases import make_inputs
+
+        idx, values = make_inputs(spec)
+        return cls(idx, values, int(spec["k"]), device, memory_limit, str(spec["dtype"]))
 
     @property
     def n(self) -> int:
         return int(self.idx.size)
+
+    @property
+    def kind(self) -> str:
+        """``"rows"`` for values of shape (N, D), else ``"scalar"``."""
+        return "rows" if self.values.ndim == 2 else "scalar"
+
+    @property
+    def trailing(self) -> tuple[int, ...]:
+        """``(D,)`` for rows, ``()`` for scalars: the shape of one bucket's sum."""
+        return tuple(int(x) for x in self.values.shape[1:])
 
     def cached(self, key: str, build: Callable[[], Any]) -> Any:
         if key not in self._cache:
@@ -64,6 +105,8 @@ class Inputs:
 
         def convert() -> tuple[Any, Any]:
             i, v = torch.from_numpy(self.idx), torch.from_numpy(self.values)
+            if self.dtype == "bfloat16":
+                v = v.to(torch.bfloat16)  # exact: every value is a bfloat16 number
             if self.device == "cuda":
                 i, v = i.cuda(), v.cuda()
             return i, v
@@ -82,6 +125,8 @@ class Runner:
 
     fold: Callable[[], Any]
     build: Callable[[], None] | None = None
+    #: Facts about this run recorded in the contender's row (bitfold: the exact route taken).
+    info: dict[str, Any] = field(default_factory=dict)
 
     def setup(self) -> None:
         """Run ``build`` if there is one."""
@@ -107,16 +152,31 @@ class Contender:
     make: Callable[[Inputs], Runner]
     cuda_library: str | None = None  # what it imports on cuda, when not ``library``
     label: str = ""  # the short name reports print (``bitfold probe``); the name when empty
+    kinds: tuple[str, ...] = ("scalar",)  # the folds it serves: "scalar" (N,), "rows" (N, D)
+    dtypes: tuple[str, ...] = NUMPY_DTYPES  # the value dtypes it serves
+    #: (kind or dtype, why it is not served), for the reports' skip reasons.
+    not_served: tuple[tuple[str, str], ...] = ()
 
     @property
     def title(self) -> str:
         """:attr:`label`, or the name when there is none."""
         return self.label or self.name
 
-    def unavailable(self, device: str) -> str | None:
-        """Why this contender cannot run on ``device`` here, or None when it can."""
+    def unavailable(
+        self, device: str, kind: str = "scalar", dtype: str | None = None
+    ) -> str | None:
+        """Why this contender cannot fold ``kind`` (scalars, rows) of ``dtype`` values on
+        ``device`` here, or None when it can."""
         if device not in self.devices:
             return f"runs on {' or '.join(self.devices)} only, not on {device}"
+        notes = dict(self.not_served)
+        if kind not in self.kinds:
+            why = f" ({notes[kind]})" if kind in notes else ""
+            served = " and ".join({"scalar": "scalars", "rows": "rows"}[k] for k in self.kinds)
+            return f"folds {served} only, not {'rows' if kind == 'rows' else 'scalars'}{why}"
+        if dtype is not None and dtype not in self.dtypes:
+            why = f" ({notes[dtype]})" if dtype in notes else ""
+            return f"takes {', '.join(self.dtypes)} values, not {dtype}{why}"
         lib = (self.cuda_library or self.library) if device == "cuda" else self.library
         if lib != "bitfold" and importlib.util.find_spec(lib) is None:
             return f"{lib} is not installed" + (" (needed on cuda)" if device == "cuda" else "")
@@ -124,19 +184,46 @@ class Contender:
 
 
 # -- bitfold ---------------------------------------------------------------------------------
+def _bitfold_values(inp: Inputs) -> Any:
+    """What a user would pass: torch tensors on cuda and for bfloat16, else the NumPy array."""
+    return inp.torch()[1] if inp.device == "cuda" or inp.dtype == "bfloat16" else inp.values
+
+
+def exact_route(plan: Any, values: Any) -> str | None:
+    """The host route ``plan(values)`` takes for an exact fold (None off the host)."""
+    from ...backends import host
+    from ...dispatch import validate
+
+    if getattr(values, "is_cuda", False):
+        return None
+    return host.choose_route(plan, validate(plan, values))
+
+
 def _bitfold(strategy: str) -> Callable[[Inputs], Runner]:
     def make(inp: Inputs) -> Runner:
         from ...plan import Fold
 
-        values = inp.torch()[1] if inp.device == "cuda" else inp.values
+        values = _bitfold_values(inp)
         state: dict[str, Any] = {}
+        runner = Runner(lambda: state["plan"](values, strategy))
 
         def build() -> None:
             state["plan"] = Fold(inp.idx, inp.k)
+            if strategy == "exact":
+                runner.info["route"] = exact_route(state["plan"], values)
 
-        return Runner(lambda: state["plan"](values, strategy), build)
+        runner.build = build
+        return runner
 
     return make
+
+
+def _bitfold_new_plan(inp: Inputs) -> Runner:
+    """The plan built inside every call: ``bitfold.Fold(idx, K)(values)`` (ids change each step)."""
+    from ...plan import Fold
+
+    values = _bitfold_values(inp)
+    return Runner(lambda: Fold(inp.idx, inp.k)(values))
 
 
 # -- the seed's padded layout ----------------------------------------------------------------
@@ -192,12 +279,22 @@ def _padded(inp: Inputs) -> Runner:
 
 # -- numpy -----------------------------------------------------------------------------------
 def _add_at(inp: Inputs) -> Runner:
+    shape = (inp.k, *inp.trailing)
+
     def call() -> np.ndarray:
-        out = np.zeros(inp.k, inp.values.dtype)
+        out = np.zeros(shape, inp.values.dtype)
         np.add.at(out, inp.idx, inp.values)
         return out
 
     return Runner(call)
+
+
+def _groupies(inp: Inputs) -> Runner:
+    """numpy-groupies' Numba ``aggregate(idx, values, func="sum", size=K)``; axis 0 for rows."""
+    from numpy_groupies.aggregate_numba import aggregate
+
+    axis = {"axis": 0} if inp.kind == "rows" else {}
+    return Runner(lambda: aggregate(inp.idx, inp.values, func="sum", size=inp.k, **axis))
 
 
 def _bincount(inp: Inputs) -> Runner:
@@ -210,11 +307,20 @@ def _torch(op: str, deterministic: bool) -> Callable[[Inputs], Runner]:
         import torch
 
         idx, values = inp.torch()
-        zeros = lambda: torch.zeros(inp.k, dtype=values.dtype, device=values.device)  # noqa: E731
+        shape = (inp.k, *inp.trailing)
+        zeros = lambda: torch.zeros(shape, dtype=values.dtype, device=values.device)  # noqa: E731
         if op == "index_add":
             fold = lambda: zeros().index_add_(0, idx, values)  # noqa: E731
+        elif op == "scatter_add" and inp.kind == "rows":  # what graph libraries do: expand
+            fold = lambda: zeros().scatter_add_(0, idx[:, None].expand_as(values), values)  # noqa: E731
         elif op == "scatter_add":
             fold = lambda: zeros().scatter_add_(0, idx, values)  # noqa: E731
+        elif op == "embedding":  # forward and backward: the weight gradient of emb(idx)
+            emb = torch.nn.Embedding(*shape, dtype=values.dtype, device=values.device)
+
+            def fold() -> Any:
+                return torch.autograd.grad(emb(idx), emb.weight, values)[0]
+
         else:  # the autograd gradient of v[idx]; the forward gather is the input, not timed
             v = torch.zeros(inp.k, dtype=values.dtype, device=values.device, requires_grad=True)
             with deterministic_algorithms(torch, deterministic):
@@ -260,7 +366,8 @@ def _jax_segment_sum(inp: Inputs) -> Runner:
     if inp.values.dtype == np.float64:
         jax.config.update("jax_enable_x64", True)
     dev = jax.devices("gpu" if inp.device == "cuda" else "cpu")[0]
-    data = jax.device_put(inp.values, dev)
+    host = inp.values.astype(jax.numpy.bfloat16) if inp.dtype == "bfloat16" else inp.values
+    data = jax.device_put(host, dev)  # rows: segment_sum keeps the trailing dimension
     seg = jax.device_put(inp.idx.astype(np.int32), dev)
     fold = jax.jit(lambda d, s: jax.ops.segment_sum(d, s, num_segments=inp.k))
     return Runner(lambda: fold(data, seg))
@@ -296,53 +403,78 @@ def wait(out: Any) -> None:
 
 _BOTH = ("cpu", "cuda")
 _DET = "deterministic mode"
+_ALL = ("scalar", "rows")
+_NO_BF16 = ("bfloat16", "NumPy has no bfloat16")
+_ROWS_PEER = ("rows", "the bench times it on scalars; torch-embedding is the peer for rows")
 CONTENDERS: dict[str, Contender] = {
     c.name: c
     for c in [
         Contender("bitfold-exact", "bitfold", _BOTH, "exact",
                   "bitfold.Fold(idx, K)(values, 'exact')", _bitfold("exact"),
-                  cuda_library="torch", label="bitfold exact"),
+                  cuda_library="torch", label="bitfold exact", kinds=_ALL, dtypes=DTYPES),
+        Contender("bitfold-exact-new-plan", "bitfold", _BOTH, "exact",
+                  "bitfold.Fold(idx, K)(values): the plan built in every call", _bitfold_new_plan,
+                  cuda_library="torch", label="bitfold exact, plan in the call", kinds=_ALL,
+                  dtypes=DTYPES),
         Contender("bitfold-ordered", "bitfold", _BOTH, "fixed order",
                   "bitfold.Fold(idx, K)(values, 'ordered')", _bitfold("ordered"),
-                  cuda_library="torch", label="bitfold ordered"),
+                  cuda_library="torch", label="bitfold ordered", kinds=_ALL, dtypes=DTYPES),
         Contender("bitfold-atomic", "bitfold", _BOTH, "none",
                   "bitfold.Fold(idx, K)(values, 'atomic')", _bitfold("atomic"),
-                  cuda_library="torch", label="bitfold atomic"),
+                  cuda_library="torch", label="bitfold atomic", kinds=_ALL, dtypes=DTYPES),
         Contender("fixed-scatter", "numpy", _BOTH, "fixed order",
                   "the seed's FixedScatter: K x largest-bucket padded buffer", _padded,
-                  cuda_library="cupy", label="seed FixedScatter"),
+                  cuda_library="cupy", label="seed FixedScatter",
+                  not_served=(("rows", "the seed's padded layout is for scalars"), _NO_BF16)),
         Contender("numpy-add-at", "numpy", ("cpu",), "none",
-                  "np.add.at(zeros(K), idx, values)", _add_at, label="np.add.at"),
+                  "np.add.at(zeros((K,) + trailing), idx, values)", _add_at, label="np.add.at",
+                  kinds=_ALL, not_served=(_NO_BF16,)),
         Contender("numpy-bincount", "numpy", ("cpu",), "none",
                   "np.bincount(idx, weights=values) (float64 sums)", _bincount,
-                  label="np.bincount"),
+                  label="np.bincount",
+                  not_served=(("rows", "np.bincount takes 1-d weights"), _NO_BF16)),
+        Contender("numpy-groupies", "numpy_groupies", ("cpu",), "none",
+                  "numpy_groupies.aggregate_numba.aggregate(idx, values, func='sum', size=K) "
+                  "(axis=0 for rows)", _groupies, label="numpy-groupies numba",
+                  kinds=_ALL, not_served=(_NO_BF16,)),
         Contender("torch-index-add", "torch", _BOTH, "none",
-                  "zeros(K).index_add_(0, idx, values)", _torch("index_add", False),
-                  label="torch index_add_"),
+                  "zeros((K,) + trailing).index_add_(0, idx, values)",
+                  _torch("index_add", False), label="torch index_add_", kinds=_ALL,
+                  dtypes=DTYPES),
         Contender("torch-index-add-det", "torch", _BOTH, _DET,
                   "index_add_ under use_deterministic_algorithms(True)",
-                  _torch("index_add", True), label="torch index_add_ deterministic"),
+                  _torch("index_add", True), label="torch index_add_ deterministic",
+                  kinds=_ALL, dtypes=DTYPES),
         Contender("torch-scatter-add", "torch", _BOTH, "none",
-                  "zeros(K).scatter_add_(0, idx, values)", _torch("scatter_add", False),
-                  label="torch scatter_add_"),
+                  "zeros((K,) + trailing).scatter_add_(0, idx (expanded along D for rows), "
+                  "values)", _torch("scatter_add", False), label="torch scatter_add_",
+                  kinds=_ALL, dtypes=DTYPES),
         Contender("torch-scatter-add-det", "torch", _BOTH, _DET,
                   "scatter_add_ under use_deterministic_algorithms(True)",
-                  _torch("scatter_add", True), label="torch scatter_add_ deterministic"),
+                  _torch("scatter_add", True), label="torch scatter_add_ deterministic",
+                  kinds=_ALL, dtypes=DTYPES),
+        Contender("torch-embedding", "torch", _BOTH, "none",
+                  "nn.Embedding(K, D): forward emb(idx) and backward of an (N, D) output "
+                  "gradient to the weight gradient", _torch("embedding", False),
+                  label="torch nn.Embedding fwd+bwd", kinds=("rows",), dtypes=DTYPES,
+                  not_served=(("scalar", "an embedding looks up rows"),)),
         Contender("torch-autograd", "torch", _BOTH, "none",
                   "autograd gradient of v[idx] (index_put_ accumulate)",
-                  _torch("autograd", False), label="torch autograd v[idx]"),
+                  _torch("autograd", False), label="torch autograd v[idx]", dtypes=DTYPES,
+                  not_served=(_ROWS_PEER,)),
         Contender("torch-autograd-det", "torch", _BOTH, _DET,
                   "autograd gradient of v[idx] under use_deterministic_algorithms(True)",
-                  _torch("autograd", True), label="torch autograd v[idx] deterministic"),
+                  _torch("autograd", True), label="torch autograd v[idx] deterministic",
+                  dtypes=DTYPES, not_served=(_ROWS_PEER,)),
         Contender("torch-scatter-segment-csr", "torch_scatter", _BOTH, "fixed order",
                   "torch_scatter.segment_csr(values[order], indptr)", _segment_csr,
-                  label="torch_scatter segment_csr"),
+                  label="torch_scatter segment_csr", kinds=_ALL, dtypes=DTYPES),
         Contender("jax-segment-sum", "jax", _BOTH, "none",
-                  "jax.jit(jax.ops.segment_sum)(values, idx, K)", _jax_segment_sum,
-                  label="jax segment_sum"),
+                  "jax.jit(jax.ops.segment_sum)(values, idx, K) (trailing dimensions kept)",
+                  _jax_segment_sum, label="jax segment_sum", kinds=_ALL, dtypes=DTYPES),
         Contender("cupy-scatter-add", "cupy", ("cuda",), "none",
                   "cupyx.scatter_add(zeros(K), idx, values)", _cupy_scatter_add,
-                  label="cupyx.scatter_add"),
+                  label="cupyx.scatter_add", not_served=(("bfloat16", "CuPy has no bfloat16"),)),
     ]
 }  # fmt: skip
 

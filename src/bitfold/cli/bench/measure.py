@@ -2,7 +2,12 @@
 
 The repeats are interleaved: round r times one call of every contender still
 running, so a burst of other work on the machine slows all of them alike and
-the ratio to the baseline stays fair. A contender leaves the rounds once it
+the ratio to the baseline stays fair. The order of a round is rotated by one
+each round, so that no contender always runs right after the same one: a slow
+contender that churns memory (``np.add.at`` of rows allocates and frees a
+(K, D) table in hundreds of milliseconds) slows whichever call comes next, and
+measured on 2 cores that cost up to 7x on the one contender that always
+followed it. A contender leaves the rounds once it
 has ``min_repeats`` and its first call plus repeats have used ``budget_s``.
 
 The record of a contender is a plain dict (one row of ``results.json``):
@@ -12,6 +17,8 @@ The record of a contender is a plain dict (one row of ``results.json``):
   (library or device not available here);
 * ``setup_s``: building what depends on the index only (a plan, a sort);
   None for contenders that keep nothing between calls;
+* ``route`` (``bitfold-exact`` on the host): the exact route ``plan(values)``
+  takes, from :func:`bitfold.backends.host.choose_route`;
 * ``first_call_s``: the first fold of this case, which includes any
   compilation not yet done in this process (Numba, XLA);
 * ``times_s``, ``median_s`` and ``min_s``: the timed repeats after the first
@@ -61,7 +68,7 @@ def _start(name: str, inp: Inputs, ref: np.ndarray | None) -> tuple[dict[str, An
     """Make, set up and call a contender once: its row, and its runner (None if it stopped)."""
     row: dict[str, Any] = {"contender": name, "status": "ok", "reason": None}
     c = CONTENDERS[name]
-    why = c.unavailable(inp.device)
+    why = c.unavailable(inp.device, inp.kind, inp.dtype)
     if why:
         return {**row, "status": "skipped", "reason": why}, None
     try:
@@ -69,6 +76,7 @@ def _start(name: str, inp: Inputs, ref: np.ndarray | None) -> tuple[dict[str, An
         t0 = time.perf_counter()
         runner.setup()
         row["setup_s"] = None if runner.build is None else time.perf_counter() - t0
+        row.update(runner.info)
         t0 = time.perf_counter()
         first = runner.call()
         row["first_call_s"] = time.perf_counter() - t0
@@ -116,8 +124,10 @@ def measure_case(
     floor = min(min_repeats, repeats)
     gc.disable()  # no collection pauses inside the timed rounds
     try:
-        for _ in range(repeats):
-            for name, (row, runner) in list(running.items()):
+        for r in range(repeats):
+            order = list(running.items())
+            shift = r % len(order) if order else 0
+            for name, (row, runner) in order[shift:] + order[:shift]:
                 try:
                     t0 = time.perf_counter()
                     out = runner.call()

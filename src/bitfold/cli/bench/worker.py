@@ -129,7 +129,6 @@ def _emit(**event: Any) -> None:
 
 def worker_main(spec: dict[str, Any]) -> None:
     """Run every job of ``spec`` (see the module docstring), printing one line per event."""
-    from .cases import make_inputs
     from .contenders import CONTENDERS, Inputs
     from .measure import failure
 
@@ -154,18 +153,16 @@ def worker_main(spec: dict[str, Any]) -> None:
             if key != json.dumps(case, sort_keys=True):
                 inp = None
                 gc.collect()
-                idx, values = make_inputs(case)
-                inp = Inputs(idx, values, int(case["k"]), device, limit)
+                inp = Inputs.from_spec(case, device, limit)
                 key = json.dumps(case, sort_keys=True)
             assert inp is not None
-            why = CONTENDERS[name].unavailable(device)
+            why = CONTENDERS[name].unavailable(device, inp.kind, inp.dtype)
             if why:
                 result = {"status": "skipped", "reason": why}
             else:
                 if mode == "memory" and (name, case["dtype"], case["k"]) not in warmed:
                     small = {**case, "n": min(int(case["n"]), 4096)}
-                    i, v = make_inputs(small)
-                    _digest_job(name, Inputs(i, v, int(case["k"]), device, limit))
+                    _digest_job(name, Inputs.from_spec(small, device, limit))
                     warmed.add((name, case["dtype"], case["k"]))
                 result = job_fn(name, inp)
         except Exception as err:
