@@ -3,7 +3,13 @@
 * ``time_vs_n.png``: median time against N per contender, log-log;
 * ``ratio_vs_k.png``: time as a multiple of the atomic baseline against K;
 * ``memory_vs_skew.png``: peak memory above the inputs (bytes/element) by skew;
-* ``seed_bars.png``: median time of every contender at the seed configuration.
+* ``seed_bars.png``: median time of every contender at the seed configuration;
+* ``time_vs_k.png``: median time against K (scalars, up to 10^7), log-log;
+* ``rows_bars.png``: median time of every contender on each fold of rows (issue 10's shapes);
+* ``time_vs_d.png``: median time against the row width D at a fixed N x D;
+* ``dtype_bars.png``: median time of every contender for each value dtype;
+* ``memory_vs_k.png``: bitfold-exact's plan plus one fold, bytes per index entry above the
+  inputs and the output, against K for each map of the memory sweep.
 
 A plot whose sweep was not run is not written.
 """
@@ -13,7 +19,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .report import MEMORY_GOAL_BYTES_PER_ELEMENT, cases_of, contenders_in, row, seed_case
+from .goals import MEMORY_GOAL_BYTES_PER_ELEMENT, MEMORY_GOAL_BYTES_PER_ENTRY, output_bytes, row
+from .report import cases_of, contenders_in, seed_case
 
 _DPI = 100
 
@@ -21,6 +28,7 @@ _DPI = 100
 #: Fixed colours so a contender looks the same in every plot; bitfold-exact is black.
 COLOURS = {
     "bitfold-exact": "black",
+    "bitfold-exact-new-plan": "dimgray",
     "bitfold-ordered": "tab:blue",
     "bitfold-atomic": "tab:cyan",
     "fixed-scatter": "tab:brown",
@@ -31,6 +39,8 @@ COLOURS = {
     "torch-autograd": "tab:purple",
     "torch-scatter-segment-csr": "tab:pink",
     "jax-segment-sum": "tab:green",
+    "torch-embedding": "indigo",
+    "numpy-groupies": "yellowgreen",
     "cupy-scatter-add": "gold",
 }
 
@@ -189,6 +199,80 @@ def _seed_bars(res: dict[str, Any], path: str) -> bool:
     return True
 
 
+def _group_bars(
+    res: dict[str, Any], sweep: str, label: Any, path: str, title: str, xlabel: str
+) -> bool:
+    """Median time of every contender (bars) on each case of ``sweep`` (groups), log scale."""
+    import matplotlib.pyplot as plt
+
+    cases = cases_of(res, sweep)
+    if not cases:
+        return False
+    names = [n for n in contenders_in(res)
+             if any(_ok(row(res, c["id"], n), "median_s") for c in cases)]  # fmt: skip
+    if not names:
+        return False
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(cases) + 3), 5.2))
+    ax.set_yscale("log")
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        for i, c in enumerate(cases):
+            r = row(res, c["id"], name)
+            x = i - 0.4 + (j + 0.5) * width
+            y = _ok(r, "median_s")
+            if y is not None:
+                ax.bar(x, y * 1e3, width, **_bar_style(name))
+            elif r is not None and r["status"] != "skipped":
+                ax.text(x, 0.02, r["status"].upper(), rotation=90, fontsize=6, ha="center",
+                        va="bottom", color=_style(name)["color"],
+                        transform=ax.get_xaxis_transform())  # fmt: skip
+    handles = [plt.Rectangle((0, 0), 1, 1, **_bar_style(n)) for n in names]
+    ax.legend(handles, names, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_xticks(range(len(cases)), [label(c) for c in cases], fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("median time per fold (ms, log)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, axis="y", which="both", alpha=0.25)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+    return True
+
+
+def _memory_vs_k(res: dict[str, Any], path: str) -> bool:
+    """bitfold-exact's bytes per index entry above inputs and output, against K, per map."""
+    import matplotlib.pyplot as plt
+
+    cases = cases_of(res, "memory")
+    pts: dict[str, list[tuple[int, float]]] = {}
+    for c in cases:
+        peak = _ok(row(res, c["id"], "bitfold-exact"), "peak_bytes")
+        if peak is not None:
+            pts.setdefault(c["skew"], []).append((c["k"], (peak - output_bytes(c)) / c["n"]))
+    if not pts:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    for skew, xy in pts.items():
+        xs, ys = zip(*sorted(xy), strict=True)
+        ax.plot(xs, ys, marker="o", label=skew)
+    goal = MEMORY_GOAL_BYTES_PER_ENTRY
+    ax.axhline(goal, color="black", linestyle=":", linewidth=1)
+    ax.text(min(x for xy in pts.values() for x, _ in xy), goal * 1.02, f"goal: {goal:g} B",
+            fontsize=7, va="bottom")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_ylim(bottom=0, top=max(goal, *(y for xy in pts.values() for _, y in xy)) * 1.2)
+    ax.set_xlabel("K (buckets, log)")
+    ax.set_ylabel("bytes per index entry above inputs and output")
+    ax.set_title(f"bitfold-exact: plan + one fold, N = {cases[0]['n']:,} {cases[0]['dtype']}",
+                 fontsize=10)  # fmt: skip
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+    return True
+
+
 def write_plots(res: dict[str, Any], out_dir: str) -> list[str]:
     """Write every plot whose data is present; returns the file names written."""
     import matplotlib
@@ -209,6 +293,24 @@ def write_plots(res: dict[str, Any], out_dir: str) -> list[str]:
         ),
         "memory_vs_skew.png": lambda p: _memory_bars(res, p),
         "seed_bars.png": lambda p: _seed_bars(res, p),
+        "time_vs_k.png": lambda p: _lines(
+            res, "k", "k", "median_s", 1e3, p,
+            xlabel="K (buckets, log)", ylabel="median time per fold (ms, log)",
+            title=res["sweeps"].get("k", ""),
+        ),
+        "rows_bars.png": lambda p: _group_bars(
+            res, "rows", lambda c: f"{c['n']:,} x {c['d']}\n→ {c['k']:,}\n{c['skew']}", p,
+            "Folds of rows (N x D values into K rows of D)", "(N x D) → K, index map",
+        ),
+        "time_vs_d.png": lambda p: _lines(
+            res, "d", "d", "median_s", 1e3, p,
+            xlabel="row width D (log; N x D fixed)", ylabel="median time per fold (ms, log)",
+            title=res["sweeps"].get("d", ""),
+        ),
+        "dtype_bars.png": lambda p: _group_bars(
+            res, "dtype", lambda c: c["dtype"], p, res["sweeps"].get("dtype", ""), "value dtype",
+        ),
+        "memory_vs_k.png": lambda p: _memory_vs_k(res, p),
     }  # fmt: skip
     for name, fn in jobs.items():
         if fn(os.path.join(out_dir, name)):

@@ -1,4 +1,4 @@
-"""Reading ``results.json``: the stdout table, the goals of issue 3, and ``summary.md``.
+"""Reading ``results.json``: the stdout table and ``summary.md`` (goals: :mod:`.goals`).
 
 Everything here is a function of the results dict alone, so the summary can
 be regenerated from a saved ``results.json`` (``bitfold bench --from-json``).
@@ -10,13 +10,21 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...repro.fingerprint import summary
+from .goals import (
+    MEMORY_GOAL_BYTES_PER_ELEMENT,
+    MEMORY_GOAL_BYTES_PER_ENTRY,
+    goal_lines,
+    goals,
+    output_bytes,
+    row,
+)
 
-#: Issue 3's goals.
-SEED_RATIO_GOAL = 1.0  # exact at most 1.0x np.add.at at the seed configuration
-MEMORY_GOAL_BYTES_PER_ELEMENT = 48.0  # plan + exact fold above the inputs, Zipf(1.3) 3M -> 100k
+__all__ = ["MEMORY_GOAL_BYTES_PER_ELEMENT", "MEMORY_GOAL_BYTES_PER_ENTRY", "goal_lines", "goals",
+           "row", "summary_markdown", "text_table"]  # fmt: skip
 
-#: The sweep parameter each sweep varies (None: a single point).
-VARIES = {"seed": None, "memory": None, "n": "n", "k": "k", "skew": "skew", "dtype": "dtype"}
+#: The sweep parameter each sweep varies (None: several parameters, or a single point).
+VARIES = {"seed": None, "memory": None, "rows": None, "n": "n", "k": "k", "skew": "skew",
+          "dtype": "dtype", "d": "d"}  # fmt: skip
 
 
 # -- lookups ---------------------------------------------------------------------------------
@@ -24,16 +32,9 @@ def cases_of(res: dict[str, Any], sweep: str) -> list[dict[str, Any]]:
     """The cases a sweep visited, in the order of its varying parameter."""
     cases = [c for c in res["cases"] if sweep in c["sweeps"]]
     key = VARIES.get(sweep)
-    if key in ("n", "k"):
-        cases.sort(key=lambda c: c[key])
+    if key in ("n", "k", "d"):
+        cases.sort(key=lambda c: c.get(key) or 0)
     return cases
-
-
-def row(res: dict[str, Any], case_id: str, contender: str) -> dict[str, Any] | None:
-    for r in res["results"]:
-        if r["case"] == case_id and r["contender"] == contender:
-            return r
-    return None
 
 
 def contenders_in(res: dict[str, Any]) -> list[str]:
@@ -42,10 +43,6 @@ def contenders_in(res: dict[str, Any]) -> list[str]:
 
 def seed_case(res: dict[str, Any]) -> dict[str, Any] | None:
     return next(iter(cases_of(res, "seed")), None)
-
-
-def memory_case(res: dict[str, Any]) -> dict[str, Any] | None:
-    return next(iter(cases_of(res, "memory")), None)
 
 
 # -- formatting ------------------------------------------------------------------------------
@@ -76,7 +73,8 @@ def status_cell(r: dict[str, Any] | None, value: str) -> str:
 
 
 def case_title(c: dict[str, Any]) -> str:
-    return f"N = {c['n']:,}, K = {c['k']:,}, {c['skew']}, {c['dtype']}"
+    rows = f", D = {c['d']:,}" if c.get("d") else ""
+    return f"N = {c['n']:,}{rows}, K = {c['k']:,}, {c['skew']}, {c['dtype']}"
 
 
 # -- stdout table ----------------------------------------------------------------------------
@@ -130,77 +128,6 @@ def text_table(res: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-# -- goals -----------------------------------------------------------------------------------
-def goals(res: dict[str, Any]) -> dict[str, Any]:
-    """Issue 3's measurements: seed ratio, Zipf memory per element, Numba cold/warm start."""
-    out: dict[str, Any] = {}
-    seed = seed_case(res)
-    if seed is not None:
-        get = lambda name: row(res, seed["id"], name)  # noqa: E731
-        med = lambda r: r.get("median_s") if r and r["status"] == "ok" else None  # noqa: E731
-        exact, base, sa = med(get("bitfold-exact")), med(get("numpy-add-at")), None
-        sa = med(get("torch-scatter-add"))
-        out["seed"] = {
-            "case": seed["id"],
-            "exact_ms": None if exact is None else exact * 1e3,
-            "add_at_ms": None if base is None else base * 1e3,
-            "scatter_add_ms": None if sa is None else sa * 1e3,
-            "exact_vs_add_at": exact / base if exact and base else None,
-            "exact_vs_scatter_add": exact / sa if exact and sa else None,
-            "goal": f"exact <= {SEED_RATIO_GOAL}x np.add.at",
-        }
-        ratio = out["seed"]["exact_vs_add_at"]
-        out["seed"]["met"] = None if ratio is None else ratio <= SEED_RATIO_GOAL
-    mem = memory_case(res)
-    if mem is not None:
-        r = row(res, mem["id"], "bitfold-exact")
-        bpe = r.get("bytes_per_element") if r else None
-        out["memory"] = {
-            "case": mem["id"],
-            "bytes_per_element": bpe,
-            "peak_bytes": r.get("peak_bytes") if r else None,
-            "goal": f"plan + exact fold < {MEMORY_GOAL_BYTES_PER_ELEMENT:g} bytes/element "
-            "above the inputs",
-            "met": None if bpe is None else bpe < MEMORY_GOAL_BYTES_PER_ELEMENT,
-        }
-    st = res.get("startup") or {}
-    if st.get("status") == "ok":
-        out["startup"] = {
-            "cold_process_s": st["cold"]["process_s"],
-            "warm_process_s": st["warm"]["process_s"],
-            "cold_steps_s": st["cold"]["total_steps_s"],
-            "warm_steps_s": st["warm"]["total_steps_s"],
-        }
-    return out
-
-
-def goal_lines(g: dict[str, Any]) -> list[str]:
-    lines = []
-    met = {True: "met", False: "NOT met", None: "not measured"}
-    if "seed" in g:
-        s = g["seed"]
-        lines.append(
-            f"seed configuration: exact {_num(s['exact_ms'], '{:.2f}')} ms, np.add.at "
-            f"{_num(s['add_at_ms'], '{:.2f}')} ms ({_num(s['exact_vs_add_at'])}x; goal "
-            f"<= {SEED_RATIO_GOAL}x: {met[s['met']]}), torch scatter_add_ "
-            f"{_num(s['scatter_add_ms'], '{:.2f}')} ms ({_num(s['exact_vs_scatter_add'])}x)"
-        )
-    if "memory" in g:
-        m = g["memory"]
-        lines.append(
-            f"Zipf(1.3) memory: plan + exact fold {_num(m['bytes_per_element'], '{:.1f}')} "
-            f"bytes/element above the inputs (goal < {MEMORY_GOAL_BYTES_PER_ELEMENT:g}: "
-            f"{met[m['met']]})"
-        )
-    if "startup" in g:
-        s = g["startup"]
-        lines.append(
-            f"Numba start-up: cold {s['cold_process_s']:.1f} s, warm (cached) "
-            f"{s['warm_process_s']:.1f} s per fresh process"
-        )
-    return lines
-
-
 # -- summary.md ------------------------------------------------------------------------------
 def _md_table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> list[str]:
     header = list(header)
@@ -213,6 +140,64 @@ def _point(case: dict[str, Any], key: str | None) -> str:
     if key in ("n", "k"):
         return f"{case[key]:,}"
     return str(case[key]) if key else case["id"]
+
+
+#: (sweep, section title, what each cell shows), in the order of summary.md.
+SWEEP_TABLES = (
+    ("rows", "Folds of rows: median time (ms)", "median"),
+    ("d", "Median time (ms) against the row width D (N x D fixed)", "median"),
+    ("n", "Median time (ms) against N", "median"),
+    ("k", "Median time (ms) against K", "median"),
+    ("k", "Time as a multiple of `{base}` against K", "ratio"),
+    ("dtype", "Median time (ms) against the value dtype", "median"),
+    ("skew", "Peak memory above the inputs (bytes/element) against skew", "memory"),
+    ("memory", "Plan plus one fold: peak memory above the inputs and the output "
+               "(bytes per index entry)", "entry"),
+)  # fmt: skip
+
+
+def _column(case: dict[str, Any], sweep: str) -> str:
+    """A case's column heading in its sweep's table."""
+    if sweep == "rows":
+        return f"{case['n']:,} x {case['d']:,} → {case['k']:,} {case['skew']}"
+    if sweep == "memory":
+        return f"{case['skew']} K = {case['k']:,}"
+    return _point(case, VARIES.get(sweep))
+
+
+def _cell(r: dict[str, Any] | None, case: dict[str, Any], metric: str) -> str:
+    if r is None:
+        return "—"
+    if metric == "median":
+        v = _ms(r.get("median_s"))
+    elif metric == "ratio":
+        v = _num(r.get("ratio_to_baseline"))
+    elif metric == "memory":
+        v = _num(r.get("bytes_per_element"), "{:.1f}")
+    else:  # bytes per index entry above the inputs and the output
+        peak = r.get("peak_bytes")
+        v = "—" if peak is None else f"{(peak - output_bytes(case)) / max(1, case['n']):.1f}"
+    return status_cell(r, v)
+
+
+def _sweep_table(
+    res: dict[str, Any], sweep: str, cases: list[dict[str, Any]], title: str, metric: str
+) -> list[str]:
+    """One summary.md section: a contender per line, a case per column, and the exact routes."""
+    out = [f"## {title}", "", f"{res['sweeps'].get(sweep, '')}", ""]
+    rows = []
+    for contender in contenders_in(res):
+        cells = [_cell(row(res, c["id"], contender), c, metric) for c in cases]
+        if any(x not in ("skipped", "—") for x in cells):
+            rows.append([f"`{contender}`", *cells])
+    key = VARIES.get(sweep)
+    out += _md_table([key or "case", *(_column(c, sweep) for c in cases)], rows)
+    routes = [(row(res, c["id"], "bitfold-exact") or {}).get("route") for c in cases]
+    if any(routes) and metric != "ratio":
+        out += ["", "`bitfold-exact` took the exact route: "
+                + ", ".join(f"{_column(c, sweep)}: {r or '—'}"
+                            for c, r in zip(cases, routes, strict=True))]  # fmt: skip
+    return [*out, ""]
 
 
 def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
@@ -235,14 +220,23 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         f"- load average (1, 5, 15 min) at start {m.get('load_average_at_start') or '—'}, "
         f"at end {m.get('load_average') or '—'} (other work competing for the cores)",
         f"- timing: median of up to {s['repeats']} repeats after a first call (3x as many at "
-        "the seed configuration), interleaved across contenders; ratios against "
+        f"the seed configuration; at least {s.get('min_repeats', 3)} unless a contender "
+        "failed), interleaved across contenders; ratios against "
         f"`{base}` in the same run; bandwidth counts N values + N int32 indices read and K sums "
         "written; peak memory is above the inputs, setup plus one call, in a fresh process",
         "",
     ]
     g = goals(res)
     if g:
-        out += ["## Goals (issue 3)", ""] + [f"- {line}" for line in goal_lines(g)] + [""]
+        out += [
+            "## Goals",
+            "",
+            "Issue 10's goals (1 to 5) are ratios of medians measured in this run on the same "
+            "inputs (or peak memory, goal 5); ✗ marks a case that misses its goal.",
+            "",
+            *(f"- {line}" for line in goal_lines(g)),
+            "",
+        ]
     seed = seed_case(res)
     if seed is not None:
         out += [f"## The seed configuration ({case_title(seed)})", ""]
@@ -274,32 +268,10 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
             rows,
         )  # fmt: skip
         out.append("")
-    for sweep, (title, metric) in {
-        "n": ("Median time (ms) against N", "median"),
-        "k": (f"Time as a multiple of `{base}` against K", "ratio"),
-        "skew": ("Peak memory above the inputs (bytes/element) against skew", "memory"),
-        "dtype": ("Median time (ms) against the value dtype", "median"),
-    }.items():
+    for sweep, title, metric in SWEEP_TABLES:
         cases = cases_of(res, sweep)
-        if not cases:
-            continue
-        key = VARIES[sweep]
-        out += [f"## {title}", "", f"{res['sweeps'].get(sweep, '')}", ""]
-        rows = []
-        for name in contenders_in(res):
-            cells = []
-            for c in cases:
-                r = row(res, c["id"], name)
-                if metric == "median":
-                    v = _ms(r.get("median_s")) if r else "—"
-                elif metric == "ratio":
-                    v = _num(r.get("ratio_to_baseline")) if r else "—"
-                else:
-                    v = _num(r.get("bytes_per_element"), "{:.1f}") if r else "—"
-                cells.append(status_cell(r, v))
-            if any(x not in ("skipped", "—") for x in cells):
-                rows.append([f"`{name}`", *cells])
-        out += [*_md_table([key or "case", *(_point(c, key) for c in cases)], rows), ""]
+        if cases:
+            out += _sweep_table(res, sweep, cases, title.format(base=base), metric)
     skipped = sorted(
         {(r["contender"], r["reason"]) for r in res["results"] if r["status"] == "skipped"}
     )
