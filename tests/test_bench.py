@@ -1,24 +1,49 @@
 """``bitfold bench``: outputs and their schema, refusals before any work, failures recorded.
 
 No timing assertions: these tests check what the benchmark writes and
-records, on tiny inputs (``--scale``), never how fast anything is.
+records, on tiny inputs (``--scale``), never how fast anything is. The second
+half covers issue 10: which cases the rows, D, K and memory sweeps visit, that
+every contender folds what it claims to fold (and skips the rest with a
+reason), how the goals are judged from a results dict, and what the report
+writes for rows and dtypes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bitfold import cli
+from bitfold.cli.bench import cases as bench_cases
 from bitfold.cli.bench import command as bench
 from bitfold.cli.bench import startup as bench_startup
 from bitfold.cli.bench import worker as bench_worker
-from bitfold.cli.bench.cases import SEED_K, SEED_N, SWEEPS, build_cases, make_inputs
-from bitfold.cli.bench.contenders import CONTENDERS, Contender, OutOfMemory, PaddedScatter, Runner
+from bitfold.cli.bench.cases import (
+    D_SWEEP_VALUES,
+    ROW_SHAPES,
+    SEED_K,
+    SEED_N,
+    SWEEPS,
+    build_cases,
+    make_inputs,
+    round_to_bfloat16,
+)
+from bitfold.cli.bench.contenders import (
+    CONTENDERS,
+    Contender,
+    Inputs,
+    OutOfMemory,
+    PaddedScatter,
+    Runner,
+)
+from bitfold.cli.bench.goals import ISSUE10, goal_lines, goals
 
 STATUSES = {"ok", "failed", "oom", "skipped"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -33,9 +58,6 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, str]:
         "--sweeps", "seed,skew,memory", "--contenders", "bitfold,numpy",
         "--memory-limit", "0.01", "--skip", "startup", "--out", out,
     ]  # fmt: skip
-    import contextlib
-    import io
-
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = cli.main(argv)
@@ -53,8 +75,8 @@ def test_results_json_schema(tiny_run: tuple[str, dict, str]) -> None:
     assert m["cpu"] and m["cpu_affinity"] >= 1 and m["libraries"]["numpy"] == np.__version__
     assert res["command"].startswith("bitfold bench --quick")
     assert res["settings"]["baseline"] == "numpy-add-at"
-    names = ["numpy-add-at", "bitfold-exact", "bitfold-ordered", "bitfold-atomic",
-             "numpy-bincount", "fixed-scatter"]  # fmt: skip
+    names = ["numpy-add-at", "bitfold-exact", "bitfold-exact-new-plan", "bitfold-ordered",
+             "bitfold-atomic", "numpy-bincount", "fixed-scatter"]  # fmt: skip
     assert res["settings"]["contenders"] == names
     # every case has exactly one row per contender
     case_ids = [c["id"] for c in res["cases"]]
@@ -70,7 +92,8 @@ def test_results_json_schema(tiny_run: tuple[str, dict, str]) -> None:
         assert 1 <= r["repeats"] == len(r["times_s"]) <= (2 * bench.SEED_EXTRA if seed else 2)
         assert r["min_s"] <= r["median_s"]
         assert r["median_s"] > 0 and r["first_call_s"] > 0
-        has_setup = r["contender"].startswith("bitfold-") or r["contender"] == "fixed-scatter"
+        has_setup = r["contender"] in ("bitfold-exact", "bitfold-ordered", "bitfold-atomic",
+                                       "fixed-scatter")  # fmt: skip
         assert (r["setup_s"] >= 0) if has_setup else (r["setup_s"] is None)
         assert r["digest"].startswith("sha256:")
         assert isinstance(r["identical_repeats"], bool)
@@ -110,12 +133,13 @@ def test_padded_scatter_over_the_limit_is_recorded_as_oom(
 ) -> None:
     _, res, _ = tiny_run
     hot = [r for r in res["results"] if r["contender"] == "fixed-scatter" and ",hot," in r["case"]]
-    assert len(hot) == 1 and hot[0]["status"] == "oom"
-    assert "memory limit" in hot[0]["reason"]
-    assert hot[0]["oom_needed_bytes"] > res["settings"]["memory_limit_bytes"]
-    # ... and the rest of that case still ran
-    others = [r for r in res["results"] if r["case"] == hot[0]["case"] and r is not hot[0]]
-    assert all(r["status"] == "ok" for r in others)
+    assert hot and all(r["status"] == "oom" for r in hot)
+    for r in hot:
+        assert "memory limit" in r["reason"]
+        assert r["oom_needed_bytes"] > res["settings"]["memory_limit_bytes"]
+        # ... and the rest of that case still ran
+        others = [x for x in res["results"] if x["case"] == r["case"] and x is not r]
+        assert all(x["status"] == "ok" for x in others)
 
 
 def test_files_plots_summary_and_table(tiny_run: tuple[str, dict, str]) -> None:
@@ -293,9 +317,9 @@ def test_cases_are_shared_between_sweeps() -> None:
     seed = next(c for c in cases if "seed" in c.sweeps)
     assert (seed.n, seed.k, seed.skew, seed.dtype) == (SEED_N, SEED_K, "uniform", "float32")
     assert {"seed", "n", "k", "dtype"} <= set(seed.sweeps)
-    memory = next(c for c in cases if "memory" in c.sweeps)
-    assert (memory.n, memory.k, memory.skew) == (3_000_000, 100_000, "zipf1.3")
-    assert "skew" in memory.sweeps
+    memory = [c for c in cases if "memory" in c.sweeps]
+    issue3 = [c for c in memory if (c.n, c.k, c.skew) == (3_000_000, 100_000, "zipf1.3")]
+    assert len(issue3) == 1 and "skew" in issue3[0].sweeps
 
 
 def test_padded_scatter_sums_every_bucket() -> None:
@@ -449,3 +473,259 @@ def test_what_each_contender_needs_on_cuda(monkeypatch) -> None:
     assert "cuda only" in CONTENDERS["cupy-scatter-add"].unavailable("cpu")
     assert baseline_for("cpu") == "numpy-add-at"
     assert baseline_for("cuda") == "torch-scatter-add"  # cupy missing: torch's atomic scatter
+
+
+# -- issue 10: rows, K up to 10^7, bfloat16, new peers, goals -------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+OLD_RESULTS = ROOT / "benchmarks" / "results" / "2026-12-02-cpu-2core" / "results.json"
+
+
+# -- cases -----------------------------------------------------------------------------------
+def test_the_cases_of_earlier_runs_keep_their_ids_and_specs() -> None:
+    """Old results stay comparable: every case of the 2026-12-02 run is still built as it was."""
+    with open(OLD_RESULTS) as f:
+        old = json.load(f)["cases"]
+    new = {c.id: c for c in build_cases(list(SWEEPS), quick=False)}
+    for case in old:
+        assert case["id"] in new, case["id"]
+        spec = new[case["id"]].spec
+        assert spec == {k: case[k] for k in ("n", "k", "skew", "dtype")}
+        assert "d" not in spec
+
+
+def test_rows_d_k_and_memory_sweeps() -> None:
+    full = build_cases(list(SWEEPS), quick=False)
+    rows = [c for c in full if "rows" in c.sweeps]
+    uniform = {(c.n, c.d, c.k) for c in rows if c.skew == "uniform"}
+    assert uniform == set(ROW_SHAPES)
+    assert any(c.skew == "zipf1.3" for c in rows)
+    assert all(c.kind == "rows" and c.spec["d"] == c.d for c in rows)
+    d = [c for c in full if "d" in c.sweeps]
+    assert {c.d for c in d} >= {1, 768} and all(c.n * c.d <= D_SWEEP_VALUES for c in d)
+    assert all(D_SWEEP_VALUES - c.n * c.d < c.d for c in d)  # N x D as fixed as D allows
+    assert max(c.k for c in full if "k" in c.sweeps) == 10_000_000
+    memory = [c for c in full if "memory" in c.sweeps]
+    assert {(c.skew, c.k) for c in memory} >= {
+        (s, k) for s in ("uniform", "zipf1.3", "hot") for k in (100_000, 10_000_000)
+    }
+    quick = build_cases(list(SWEEPS), quick=True)
+    assert max(c.k for c in quick if "k" in c.sweeps) <= 1_000_000
+    assert {c.dtype for c in quick if "dtype" in c.sweeps} == set(bench_cases.DTYPES)
+    assert "bfloat16" in bench_cases.DTYPES
+
+
+def test_a_case_of_rows_has_its_own_id_and_sizes() -> None:
+    c = bench_cases.Case(1000, 50, "uniform", "float32", d=8)
+    s = bench_cases.Case(1000, 50, "uniform", "float32")
+    assert c.id == "n=1000,d=8,k=50,uniform,float32" and s.id == "n=1000,k=50,uniform,float32"
+    assert c.output_bytes == 50 * 8 * 4 and s.output_bytes == 50 * 4
+    assert c.min_bytes == 1000 * (8 * 4 + 4) + 50 * 8 * 4
+    assert bench_cases.Case(10, 5, "uniform", "bfloat16").value_itemsize == 2
+    assert bench_cases.Case(10, 5, "uniform", "float64", d=3).output_bytes == 5 * 3 * 8
+
+
+def test_rows_share_the_scalar_index_draw() -> None:
+    spec = {"n": 5000, "k": 300, "skew": "zipf1.3", "dtype": "float32"}
+    idx, v = make_inputs(spec)
+    idx_rows, rows = make_inputs({**spec, "d": 7})
+    assert np.array_equal(idx, idx_rows)
+    assert v.shape == (5000,) and rows.shape == (5000, 7) and rows.dtype == np.float32
+
+
+def test_bfloat16_values_are_bfloat16_numbers_held_in_float32() -> None:
+    spec = {"n": 4000, "k": 10, "skew": "uniform", "dtype": "bfloat16"}
+    _, v = make_inputs(spec)
+    _, v32 = make_inputs({**spec, "dtype": "float32"})
+    assert v.dtype == np.float32
+    assert not np.any(v.view(np.uint32) & 0xFFFF)  # only bfloat16's 8 bits of precision
+    assert np.all(np.abs(v - v32) <= np.abs(v32) * 2.0**-8)
+    # to nearest, ties to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7
+    halves = np.array([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, -(1 + 2**-8)], np.float32)
+    want = np.array([1.0, 1 + 2**-6, 1 + 2**-7, -1.0], np.float32)
+    assert np.array_equal(round_to_bfloat16(halves), want)
+    torch = pytest.importorskip("torch")
+    same = torch.from_numpy(v32).to(torch.bfloat16).float().numpy()
+    assert np.array_equal(round_to_bfloat16(v32).view(np.uint32), same.view(np.uint32))
+
+
+# -- contenders ------------------------------------------------------------------------------
+SERVED = [("scalar", "float32"), ("rows", "float32"), ("scalar", "bfloat16"),
+          ("rows", "float64"), ("scalar", "float16")]  # fmt: skip
+_TOL = {"float16": 0.05, "bfloat16": 2.0, "float32": 1e-4, "float64": 1e-10}
+
+
+@pytest.mark.parametrize(("kind", "dtype"), SERVED)
+@pytest.mark.parametrize("name", list(CONTENDERS))
+def test_every_contender_folds_what_it_serves_and_says_why_not(
+    name: str, kind: str, dtype: str
+) -> None:
+    c = CONTENDERS[name]
+    spec = {"n": 600, "k": 40, "skew": "zipf1.3", "dtype": dtype, **({"d": 3} if kind == "rows"
+                                                                        else {})}  # fmt: skip
+    inp = Inputs.from_spec(spec)
+    assert (inp.kind, inp.dtype) == (kind, dtype)
+    why = c.unavailable("cpu", kind, dtype)
+    served = "cpu" in c.devices and kind in c.kinds and dtype in c.dtypes
+    if not served:
+        assert why, f"{name} neither serves {kind} {dtype} nor says why"
+        if "cpu" not in c.devices:
+            assert "not on cpu" in why
+        elif kind not in c.kinds:
+            assert ("not rows" if kind == "rows" else "not scalars") in why
+        else:
+            assert f"not {dtype}" in why
+        return
+    if why:  # served, but its library is missing here
+        assert "not installed" in why
+        pytest.skip(why)
+    runner = c.make(inp)
+    runner.setup()
+    from bitfold.arrays import to_numpy
+
+    got = to_numpy(runner.call()).astype(np.float64)
+    want = np.zeros((40, *inp.trailing))
+    np.add.at(want, inp.idx, inp.values.astype(np.float64))
+    assert got.shape == want.shape
+    assert np.max(np.abs(got - want)) <= _TOL[dtype], name
+    if name == "bitfold-exact":
+        from bitfold.backends.host import ROUTES
+
+        assert runner.info["route"] in ROUTES
+        assert (runner.info["route"] == "buckets") == (kind == "rows")
+
+
+def test_the_numpy_peers_skip_bfloat16_and_the_rows_peers_are_there() -> None:
+    for name in ("numpy-add-at", "numpy-bincount", "fixed-scatter", "numpy-groupies"):
+        assert "NumPy has no bfloat16" in CONTENDERS[name].unavailable("cpu", "scalar", "bfloat16")
+    for name in ("torch-index-add", "torch-index-add-det", "torch-scatter-add", "torch-embedding",
+                 "numpy-add-at", "jax-segment-sum", "numpy-groupies", "bitfold-exact",
+                 "bitfold-exact-new-plan"):  # fmt: skip
+        assert "rows" in CONTENDERS[name].kinds, name
+    assert "an embedding looks up rows" in CONTENDERS["torch-embedding"].unavailable("cpu")
+    assert "1-d weights" in CONTENDERS["numpy-bincount"].unavailable("cpu", "rows", "float32")
+
+
+def test_the_plan_in_the_call_contender_builds_nothing_ahead() -> None:
+    inp = Inputs.from_spec({"n": 300, "k": 20, "skew": "uniform", "dtype": "float32", "d": 2})
+    runner = CONTENDERS["bitfold-exact-new-plan"].make(inp)
+    assert runner.build is None
+    first, second = runner.call(), runner.call()
+    assert np.array_equal(first.view(np.uint32), second.view(np.uint32))
+
+
+# -- goals -----------------------------------------------------------------------------------
+def _case(n: int, k: int, sweeps: list[str], *, d: int = 0, skew: str = "uniform",
+          dtype: str = "float32") -> dict:  # fmt: skip
+    c = bench_cases.Case(n, k, skew, dtype, d, tuple(sweeps))
+    return {"id": c.id, **c.spec, "d": d, "sweeps": sweeps, "output_bytes": c.output_bytes}
+
+
+def _ok(case: dict, name: str, ms: float, **extra) -> dict:
+    return {"case": case["id"], "contender": name, "status": "ok", "median_s": ms / 1e3, **extra}
+
+
+def _results() -> dict:
+    k5 = _case(1000, 100_000, ["k"])
+    k7 = _case(1000, 10_000_000, ["k"])
+    small_k = _case(1000, 10_000, ["k"])  # below 10^5: not part of goal 1
+    rows = _case(500, 50_000, ["rows"], d=64)
+    zipf_rows = _case(500, 50_000, ["rows"], d=64, skew="zipf1.3")  # the goal is on uniform
+    bf16 = _case(1000, 433, ["dtype"], dtype="bfloat16")
+    mem = _case(1000, 10_000_000, ["memory"], skew="hot")
+    results = [
+        _ok(k5, "bitfold-exact", 8.0, route="float-stream"), _ok(k5, "torch-scatter-add", 10.0),
+        _ok(k7, "bitfold-exact", 15.0), _ok(k7, "torch-scatter-add", 10.0),
+        _ok(small_k, "bitfold-exact", 50.0), _ok(small_k, "torch-scatter-add", 1.0),
+        _ok(rows, "bitfold-exact", 9.0), _ok(rows, "torch-index-add", 10.0),
+        _ok(rows, "bitfold-exact-new-plan", 19.0),
+        _ok(zipf_rows, "bitfold-exact", 90.0), _ok(zipf_rows, "torch-index-add", 10.0),
+        _ok(bf16, "bitfold-exact", 3.0),
+        {"case": bf16["id"], "contender": "torch-scatter-add", "status": "skipped",
+         "reason": "torch is not installed"},
+        # 40 bytes per entry above the inputs, plus the 40 MB output
+        _ok(mem, "bitfold-exact", 1.0, peak_bytes=40 * 1000 + 40_000_000),
+    ]  # fmt: skip
+    return {"cases": [k5, k7, small_k, rows, zipf_rows, bf16, mem], "results": results}
+
+
+def test_goals_are_judged_case_by_case() -> None:
+    got = {g["key"]: g for g in goals(_results())["issue10"]}
+    k = got["k-scalar"]
+    assert [p["label"] for p in k["points"]] == ["K = 100,000", "K = 10,000,000"]
+    assert [p["met"] for p in k["points"]] == [True, False]
+    assert k["met"] is False and k["worst"] == pytest.approx(1.5)
+    assert k["missed_by"] == pytest.approx(0.5)
+    assert k["points"][0]["route"] == "float-stream"
+    assert got["rows"]["met"] is True and len(got["rows"]["points"]) == 1
+    assert got["rows-new-plan"]["met"] is True  # 1.9x against a limit of 2.0x
+    assert got["rows-new-plan"]["points"][0]["value"] == pytest.approx(1.9)
+    half = got["half"]
+    assert half["met"] is None and "torch-scatter-add skipped" in half["points"][0]["missing"]
+    mem = got["memory"]
+    assert mem["points"][0]["value"] == pytest.approx(40.0)  # the output is not counted
+    assert mem["met"] is True
+    assert "float64" not in got and "seed" not in got  # no case of theirs ran
+
+
+def test_goal_lines_say_met_or_by_how_much_it_was_missed() -> None:
+    lines = goal_lines(goals(_results()))
+    k = next(line for line in lines if line.startswith("goal 1,"))
+    assert "K = 10,000,000: 1.50x (15 vs 10 ms) ✗" in k
+    assert k.endswith("MISSED by 50% (worst 1.50x)")
+    rows = next(line for line in lines if line.startswith("goal 2, exact fold of rows, plan built"))
+    assert rows.endswith("→ met") and "(500, 64, 50,000): 0.90x" in rows
+    half = next(line for line in lines if line.startswith("goal 3,"))
+    assert "bfloat16: not measured (torch-scatter-add skipped" in half
+    assert half.endswith("not measured on every case")
+    mem = next(line for line in lines if line.startswith("goal 5,"))
+    assert "hot N = 1,000 K = 10,000,000: 40.0 B" in mem and mem.endswith("→ met")
+
+
+def test_every_issue10_goal_has_its_limit() -> None:
+    limits = {g.key: g.limit for g in ISSUE10}
+    assert limits == {"k-scalar": 1.0, "rows": 1.0, "rows-new-plan": 2.0, "half": 1.0,
+                      "float64": 1.5, "seed": 1.0, "memory": 48.0}  # fmt: skip
+
+
+# -- report ----------------------------------------------------------------------------------
+TINY = {
+    "rows": ("tiny rows", [(300, 2000, "uniform", "float32", 16)],
+             [(300, 2000, "uniform", "float32", 16)]),
+    "dtype": ("tiny dtypes", [(2000, 50, "uniform", d) for d in ("float32", "bfloat16")],
+              [(2000, 50, "uniform", d) for d in ("float32", "bfloat16")]),
+}  # fmt: skip
+
+
+def test_report_of_rows_and_dtypes(tmp_path, monkeypatch) -> None:
+    for name, sweep in TINY.items():
+        monkeypatch.setitem(SWEEPS, name, sweep)
+    out = tmp_path / "out"
+    argv = ["bench", "--quick", "--repeats", "2", "--sweeps", "rows,dtype",
+            "--contenders", "bitfold-exact,bitfold-exact-new-plan,torch-index-add,"
+            "torch-scatter-add,numpy-bincount", "--skip", "memory,threads,startup",
+            "--out", str(out)]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(argv) == 0
+    with open(out / "results.json") as f:
+        res = json.load(f)
+    rows_case = next(c for c in res["cases"] if "rows" in c["sweeps"])
+    assert rows_case["d"] == 16 and rows_case["kind"] == "rows"
+    assert rows_case["output_bytes"] == 2000 * 16 * 4
+    by = {(r["case"], r["contender"]): r for r in res["results"]}
+    assert by[rows_case["id"], "bitfold-exact"]["route"] == "buckets"
+    assert by[rows_case["id"], "numpy-bincount"]["status"] == "skipped"
+    bf16 = next(c for c in res["cases"] if c["dtype"] == "bfloat16")
+    assert by[bf16["id"], "numpy-add-at"]["status"] == "skipped"  # the baseline, too
+    assert by[bf16["id"], "bitfold-exact"]["status"] == "ok"
+    assert by[bf16["id"], "bitfold-exact"]["max_abs_diff_vs_exact"] < 1e-4
+    assert {g["key"] for g in res["goals"]["issue10"]} == {"rows", "rows-new-plan", "half"}
+    summary = (out / "summary.md").read_text()
+    assert "## Folds of rows: median time (ms)" in summary
+    assert "300 x 16 → 2,000 uniform" in summary
+    assert "`bitfold-exact` took the exact route: 300 x 16 → 2,000 uniform: buckets" in summary
+    assert "- goal 2, exact fold of rows, plan built once" in summary
+    assert "not bfloat16 (NumPy has no bfloat16)" in summary  # the skip is visible
+    for png in ("rows_bars.png", "dtype_bars.png"):
+        assert (out / png).read_bytes()[:8] == PNG_MAGIC
+        assert f"![{png}]({png})" in summary
+    assert not os.path.exists(out / "time_vs_k.png")  # the k sweep did not run
