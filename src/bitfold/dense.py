@@ -255,12 +255,14 @@ class DenseSum:
         target = FLOATS[out_name]
         shift = 16 if out_name == "bfloat16" else 0
         out_bits = np.empty(stop - start, np.int32 if shift else target.signed_bits_dtype)
+        fast = out_name in ("float32", "float64")
+        out_f = out_bits.view(out_name) if fast else np.empty(1)
         if stop - start >= (1 << 16):
             start_thread_pool()
         kernels.decode(
             words, layout.classes, layout.lo, layout.offsets, layout.block, self.size,
             self.format.unit_exp, self.format.limbs, negzero, int(mean_over), start, stop,
-            out_bits,
+            out_f, out_bits, fast,
             (self.format.unit_exp, target.precision, target.exponent_bits, target.subnormal_exp,
              target.canonical_nan, shift),
         )  # fmt: skip

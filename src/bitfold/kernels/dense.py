@@ -25,6 +25,8 @@ of the words is exact.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -33,7 +35,6 @@ from .ieee import (
     add_exact_sum,
     bit_length,
     checked_add,
-    float_parts,
     normalise,
     round_row,
     round_scaled,
@@ -49,6 +50,8 @@ NARROW, WIDE, WIDER, FULL = 0, 1, 2, 3
 NO_LO, NO_HI = 1 << 20, -(1 << 20)
 #: ``hi`` of an element that met a NaN or an infinity: its block goes FULL.
 SPECIAL_HI = 1 << 19
+#: Independent chunks of blocks a parallel kernel cuts the work into.
+CHUNKS = 64
 #: Limbs below the value that a division keeps (2^128: far below any rounding position).
 QUOTIENT_EXTRA_LIMBS = 4
 
@@ -84,12 +87,28 @@ def add_values(fast, values, bits, slow_of, slow, used, adds, unit, dec, wide): 
 
 
 # -- bounds ---------------------------------------------------------------------------------------
+_DEBRUIJN = np.int64(0x03F79D71B4CB0A89)
+_CTZ_TABLE = np.array([0] * 64, np.int64)
+for _i in range(64):
+    _CTZ_TABLE[((((1 << _i) * 0x03F79D71B4CB0A89) & ((1 << 64) - 1)) >> 58)] = _i
+
+
 @njit(cache=True, nogil=True)
 def _trailing_zeros(v):  # pragma: no cover - compiled
-    tz = 0
-    while (v >> tz) & 1 == 0:
-        tz += 1
-    return tz
+    """Trailing zero bits of a non-zero int64 (a de Bruijn multiply, no loop)."""
+    low = v & -v
+    return _CTZ_TABLE[np.uint64(np.uint64(low) * np.uint64(_DEBRUIJN)) >> np.uint64(58)]
+
+
+@njit(cache=True, nogil=True)
+def _double_parts(b):  # pragma: no cover - compiled
+    """A finite float64's bits (int64) as ``(negative, M, e)``, value ``±M·2^e``."""
+    ef = (b >> 52) & 0x7FF
+    m = b & 0xFFFFFFFFFFFFF
+    if ef:
+        m |= np.int64(1) << 52
+        return b < 0, m, ef - 1075
+    return b < 0, m, np.int64(-1074)
 
 
 @njit(cache=True, nogil=True)
@@ -107,21 +126,25 @@ def magnitude(row, L, mag):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def element_bounds(x, slow_row, unit, mag):  # pragma: no cover - compiled
-    """``(lo, hi)`` of one element: a multiple of ``2^lo`` below ``2^hi`` in magnitude.
+def fast_bounds(x_bits):  # pragma: no cover - compiled
+    """``(lo, hi)`` of an exact float64 (its bits): a multiple of ``2^lo`` below ``2^hi``.
 
-    ``slow_row`` is its limb row when ``x`` is NaN (not fast). A zero gives
-    ``(NO_LO, NO_HI)``; a NaN or an infinity ``hi = SPECIAL_HI``.
+    A zero gives ``(NO_LO, NO_HI)``. Scalars only: no array crosses the call.
     """
-    if x == x:
-        _, m, e = float_parts(x)
-        if m == 0:
-            return NO_LO, NO_HI
-        return e + _trailing_zeros(m), e + bit_length(m)
+    _, m, e = _double_parts(x_bits)
+    if m == 0:
+        return NO_LO, NO_HI
+    top = 53 if m >> 52 else bit_length(m)  # normal doubles: the hidden bit is the top
+    return e + _trailing_zeros(m), e + top
+
+
+@njit(cache=True, nogil=True)
+def slow_bounds(row, unit, mag):  # pragma: no cover - compiled
+    """``(lo, hi)`` of a limb row; ``hi = SPECIAL_HI`` when it met a NaN or an infinity."""
     L = mag.shape[0]
-    if slow_row[L + 2] or slow_row[L + 3] or slow_row[L + 4]:
+    if row[L + 2] or row[L + 3] or row[L + 4]:
         return NO_LO, SPECIAL_HI
-    magnitude(slow_row, L, mag)
+    magnitude(row, L, mag)
     lo = NO_LO
     hi = NO_HI
     for j in range(L):
@@ -140,96 +163,130 @@ def block_bounds(fast, slow_of, slow, block, unit, out):  # pragma: no cover - c
     """``out[b] = (-lo, hi)`` over every element of block ``b`` (``block`` elements a block)."""
     n = fast.shape[0]
     L = slow.shape[1] - 5
-    for b in prange(out.shape[0]):
-        mag = np.empty(L, np.int64)
-        lo = NO_LO
-        hi = NO_HI
-        for i in range(b * block, min(n, (b + 1) * block)):
-            r = max(slow_of[i], 0)
-            a, z = element_bounds(fast[i], slow[r], unit, mag)
-            lo = min(lo, a)
-            hi = max(hi, z)
-        out[b, 0] = -lo
-        out[b, 1] = hi
+    fast_bits = fast.view(np.int64)
+    B = out.shape[0]
+    for c in prange(CHUNKS):
+        mag = np.empty(L, np.int64)  # scratch once a chunk of blocks, not once a block
+        for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
+            lo = NO_LO
+            hi = NO_HI
+            for i in range(b * block, min(n, (b + 1) * block)):
+                if fast[i] == fast[i]:
+                    a, z = fast_bounds(fast_bits[i])
+                else:
+                    a, z = slow_bounds(slow[slow_of[i]], unit, mag)
+                lo = min(lo, a)
+                hi = max(hi, z)
+            out[b, 0] = -lo
+            out[b, 1] = hi
 
 
 # -- words ----------------------------------------------------------------------------------------
 @njit(cache=True, nogil=True)
-def _add_shifted(v, p, w):  # pragma: no cover - compiled
-    """Add ``v·2^p`` (``0 <= v < 2^53``; bits below 2^0 are zero) into the 56-bit/rest words."""
+def _split(v, p, w0, w1):  # pragma: no cover - compiled
+    """``(w0, w1) + v·2^p`` (``0 <= v < 2^53``; bits below 2^0 are zero), carried."""
     if p < 0:
         v >>= -p
         p = 0
     if p >= WIDE_LOW_BITS:
-        w[1] += v << (p - WIDE_LOW_BITS)
+        w1 += v << (p - WIDE_LOW_BITS)
     else:
         keep = WIDE_LOW_BITS - p
-        w[0] += (v & ((np.int64(1) << keep) - 1)) << p
-        w[1] += v >> keep
-    w[1] += w[0] >> WIDE_LOW_BITS
-    w[0] &= (np.int64(1) << WIDE_LOW_BITS) - 1
+        w0 += (v & ((np.int64(1) << keep) - 1)) << p
+        w1 += v >> keep
+    w1 += w0 >> WIDE_LOW_BITS
+    w0 &= (np.int64(1) << WIDE_LOW_BITS) - 1
+    return w0, w1
 
 
 @njit(cache=True, nogil=True)
-def element_words(x, slow_row, unit, lo, w, mag):  # pragma: no cover - compiled
-    """The element's exact value in units of ``2^lo`` as words ``w = (low 56 bits, rest)``."""
-    w[0] = 0
-    w[1] = 0
-    if x == x:
-        neg, m, e = float_parts(x)
-        _add_shifted(m, e - lo, w)
-    else:
-        L = mag.shape[0]
-        neg = magnitude(slow_row, L, mag)
-        for j in range(L):
-            if mag[j] != 0:
-                _add_shifted(mag[j], unit + 32 * j - lo, w)
-    if neg and (w[0] != 0 or w[1] != 0):  # two's complement across the two words
-        if w[0] != 0:
-            w[0] = (np.int64(1) << WIDE_LOW_BITS) - w[0]
-            w[1] = -w[1] - 1
+def _signed(neg, w0, w1):  # pragma: no cover - compiled
+    """Two's complement of ``(w0, w1)`` across the two words when ``neg``."""
+    if neg and (w0 != 0 or w1 != 0):
+        if w0 != 0:
+            return (np.int64(1) << WIDE_LOW_BITS) - w0, -w1 - 1
+        return w0, -w1
+    return w0, w1
+
+
+@njit(cache=True, nogil=True)
+def fast_words(x_bits, lo):  # pragma: no cover - compiled
+    """An exact float64 (its bits) in units of ``2^lo`` as ``(low 56 bits, rest)``."""
+    neg, m, e = _double_parts(x_bits)
+    w0, w1 = _split(m, e - lo, np.int64(0), np.int64(0))
+    return _signed(neg, w0, w1)
+
+
+@njit(cache=True, nogil=True)
+def slow_words(row, unit, lo, mag):  # pragma: no cover - compiled
+    """A limb row's value in units of ``2^lo`` as ``(low 56 bits, rest)``."""
+    L = mag.shape[0]
+    neg = magnitude(row, L, mag)
+    w0 = np.int64(0)
+    w1 = np.int64(0)
+    for j in range(L):
+        if mag[j] != 0:
+            w0, w1 = _split(mag[j], unit + 32 * j - lo, w0, w1)
+    return _signed(neg, w0, w1)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes, lo, offsets,
+                  words, mag, row):  # fmt: skip  # pragma: no cover - compiled
+    n = fast.shape[0]
+    W = slow.shape[1]
+    L = W - 5
+    pos = offsets[b]
+    count = min(n, (b + 1) * block) - b * block
+    for i in range(b * block, b * block + count):
+        r = max(slow_of[i], 0)
+        if classes[b] == FULL:
+            if fast[i] == fast[i]:
+                row[:] = 0
+                add_exact_sum(row, L, fast[i], adds, unit)
+                words[pos : pos + W] = row
+            else:
+                words[pos : pos + W] = slow[r]
+            pos += W
+            continue
+        if classes[b] == NARROW and fast[i] == fast[i]:  # the common case: one shift
+            neg, m, e = _double_parts(fast_bits[i])
+            x = m << (e - lo[b]) if e >= lo[b] else m >> (lo[b] - e)
+            words[pos] = -x if neg else x
+            pos += 1
+            continue
+        if fast[i] == fast[i]:
+            w0, w1 = fast_words(fast_bits[i], lo[b])
         else:
-            w[1] = -w[1]
+            w0, w1 = slow_words(slow[r], unit, lo[b], mag)
+        if classes[b] == WIDER:
+            words[pos] = w0
+            words[pos + 1] = w1
+            pos += 2
+        elif classes[b] == WIDE:  # high bits in its own word, 24 low bits in a shared lane
+            j = i - b * block
+            words[pos] = (w0 >> LANE_BITS) + (w1 << (WIDE_LOW_BITS - LANE_BITS))
+            lane = w0 & ((np.int64(1) << LANE_BITS) - 1)
+            words[offsets[b] + count + j // 2] += lane << (32 * (j % 2))
+            pos += 1
+        else:
+            words[pos] = (w1 << WIDE_LOW_BITS) + w0
+            pos += 1
 
 
 @njit(cache=True, parallel=True)
 def encode(fast, slow_of, slow, adds, unit, block, classes, lo, offsets, words):
     # pragma: no cover - compiled
     """Write every element's words at ``offsets[b]`` + its place in block ``b`` (module doc)."""
-    n = fast.shape[0]
     W = slow.shape[1]
-    L = W - 5
-    for b in prange(classes.shape[0]):
-        mag = np.empty(L, np.int64)
+    fast_bits = fast.view(np.int64)
+    B = classes.shape[0]
+    for c in prange(CHUNKS):
+        mag = np.empty(W - 5, np.int64)  # scratch once a chunk of blocks, not once a block
         row = np.empty(W, np.int64)
-        w = np.empty(2, np.int64)
-        pos = offsets[b]
-        count = min(n, (b + 1) * block) - b * block
-        for i in range(b * block, min(n, (b + 1) * block)):
-            r = max(slow_of[i], 0)
-            if classes[b] == FULL:
-                if fast[i] == fast[i]:
-                    row[:] = 0
-                    add_exact_sum(row, L, fast[i], adds, unit)
-                    words[pos : pos + W] = row
-                else:
-                    words[pos : pos + W] = slow[r]
-                pos += W
-                continue
-            element_words(fast[i], slow[r], unit, lo[b], w, mag)
-            if classes[b] == WIDER:
-                words[pos] = w[0]
-                words[pos + 1] = w[1]
-                pos += 2
-            elif classes[b] == WIDE:  # high bits in its own word, 24 low bits in a shared lane
-                j = i - b * block
-                words[pos] = (w[0] >> LANE_BITS) + (w[1] << (WIDE_LOW_BITS - LANE_BITS))
-                lane = w[0] & ((np.int64(1) << LANE_BITS) - 1)
-                words[offsets[b] + count + j // 2] += lane << (32 * (j % 2))
-                pos += 1
-            else:
-                words[pos] = (w[1] << WIDE_LOW_BITS) + w[0]
-                pos += 1
+        for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
+            _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes, lo,
+                          offsets, words, mag, row)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
@@ -270,73 +327,93 @@ def divide_row(row, L, n, dst, mag):  # pragma: no cover - compiled
         dst[L + E + c] = row[L + c]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, mean_over, start,
+                  stop, out_f, out_bits, fast, target, row, quot, mag):  # fmt: skip
+    # pragma: no cover - compiled
+    _, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
+    E = QUOTIENT_EXTRA_LIMBS
+    W = L + 5
+    c = classes[b]
+    width = W if c == FULL else (2 if c == WIDER else 1)
+    count = min(n, (b + 1) * block) - b * block
+    # a narrow sum below 2^53 times 2^lo is an exact float64: one cast rounds it
+    direct = fast and mean_over == 1 and c == NARROW and -1022 <= lo[b] <= 970
+    scale = math.ldexp(1.0, lo[b]) if direct else 1.0
+    for i in range(max(start, b * block), min(stop, (b + 1) * block)):
+        j = i - b * block
+        pos = offsets[b] + j * width
+        if direct and abs(words[pos]) < (1 << 53) and words[pos] != 0:
+            out_f[i - start] = np.float64(words[pos]) * scale
+            continue
+        if c == FULL:
+            rl = L
+            row[:W] = words[pos : pos + W]
+            u = unit
+        else:  # a small row: 32-bit limbs of w0 + w1·2^56, unit 2^lo
+            rl = 4
+            if c == WIDER:
+                w0 = words[pos]
+                w1 = words[pos + 1]
+            elif c == WIDE:  # X = high·2^24 + lane
+                lane = (words[offsets[b] + count + j // 2] >> (32 * (j % 2))) & 0xFFFFFFFF
+                high = words[pos]
+                w0 = lane + ((high & ((1 << 32) - 1)) << LANE_BITS)
+                w1 = high >> 32
+            else:
+                w0 = words[pos] & ((1 << WIDE_LOW_BITS) - 1)
+                w1 = words[pos] >> WIDE_LOW_BITS
+            if w0 == 0 and w1 == 0:
+                out_bits[i - start] = round_scaled(0, 0, negzero[i], precision, exp_bits,
+                                                   subnormal_exp, out_shift)  # fmt: skip
+                continue
+            if mean_over == 1 and c == NARROW and abs(words[pos]) < (1 << 62):
+                s = words[pos]
+                out_bits[i - start] = round_scaled(abs(s), lo[b], s < 0, precision, exp_bits,
+                                                   subnormal_exp, out_shift)  # fmt: skip
+                continue
+            row[0] = w0 & 0xFFFFFFFF  # w0 + w1·2^56 = row[0] + row[1]·2^32 + row[2]·2^64
+            row[1] = (w0 >> 32) + ((w1 & 0xFF) << 24)
+            row[2] = w1 >> 8
+            row[3] = 0
+            row[4] = 1  # n_terms
+            row[5] = 1  # n_not_negzero (a zero sum was handled above)
+            row[6] = 0
+            row[7] = 0
+            row[8] = 0
+            u = lo[b]
+        if mean_over == 1:
+            out_bits[i - start] = round_row(row, rl, 0, u, precision, exp_bits, subnormal_exp,
+                                            nan_bits, out_shift, mag)  # fmt: skip
+        else:
+            divide_row(row, rl, mean_over, quot, mag)
+            out_bits[i - start] = round_row(
+                quot, rl + E, 0, u - 32 * E, precision, exp_bits, subnormal_exp, nan_bits,
+                out_shift, mag,
+            )  # fmt: skip
+
+
 @njit(cache=True, parallel=True)
 def decode(words, classes, lo, offsets, block, n, unit, L, negzero, mean_over, start, stop,
-           out_bits, target):  # fmt: skip  # pragma: no cover - compiled
+           out_f, out_bits, fast, target):  # fmt: skip  # pragma: no cover - compiled
     """Round elements ``start .. stop-1`` of the reduced words once into ``out_bits``.
 
     ``negzero[i]`` (1: every term on every rank was -0.0) signs a zero sum;
     ``mean_over`` > 1 divides the exact sum by it first (one rounding).
-    ``target`` as in :func:`bitfold.kernels.buckets.fold_buckets`.
+    ``target`` as in :func:`bitfold.kernels.buckets.fold_buckets`; ``fast``
+    when the output is float32 or float64 (``out_f``, the same memory as
+    ``out_bits``), whose narrow sums are cast straight from a float64.
     """
-    _, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
     E = QUOTIENT_EXTRA_LIMBS
-    W = L + 5
-    for b in prange(start // block, (stop + block - 1) // block):
-        row = np.zeros(W + E, np.int64)
-        quot = np.zeros(W + E, np.int64)
+    b0 = start // block
+    B = (stop + block - 1) // block - b0
+    for c in prange(CHUNKS):
+        row = np.zeros(L + 5 + E, np.int64)  # scratch once a chunk of blocks
+        quot = np.zeros(L + 5 + E, np.int64)
         mag = np.empty(L + E, np.int64)
-        c = classes[b]
-        width = W if c == FULL else (2 if c == WIDER else 1)
-        count = min(n, (b + 1) * block) - b * block
-        for i in range(max(start, b * block), min(stop, (b + 1) * block)):
-            j = i - b * block
-            pos = offsets[b] + j * width
-            if c == FULL:
-                rl = L
-                row[:W] = words[pos : pos + W]
-                u = unit
-            else:  # a small row: 32-bit limbs of w0 + w1·2^56, unit 2^lo
-                rl = 4
-                if c == WIDER:
-                    w0 = words[pos]
-                    w1 = words[pos + 1]
-                elif c == WIDE:  # X = high·2^24 + lane
-                    lane = (words[offsets[b] + count + j // 2] >> (32 * (j % 2))) & 0xFFFFFFFF
-                    high = words[pos]
-                    w0 = lane + ((high & ((1 << 32) - 1)) << LANE_BITS)
-                    w1 = high >> 32
-                else:
-                    w0 = words[pos] & ((1 << WIDE_LOW_BITS) - 1)
-                    w1 = words[pos] >> WIDE_LOW_BITS
-                if w0 == 0 and w1 == 0:
-                    out_bits[i - start] = round_scaled(0, 0, negzero[i], precision, exp_bits,
-                                                       subnormal_exp, out_shift)  # fmt: skip
-                    continue
-                if mean_over == 1 and c == NARROW and abs(words[pos]) < (1 << 62):
-                    s = words[pos]
-                    out_bits[i - start] = round_scaled(abs(s), lo[b], s < 0, precision, exp_bits,
-                                                       subnormal_exp, out_shift)  # fmt: skip
-                    continue
-                row[0] = w0 & 0xFFFFFFFF  # w0 + w1·2^56 = row[0] + row[1]·2^32 + row[2]·2^64
-                row[1] = (w0 >> 32) + ((w1 & 0xFF) << 24)
-                row[2] = w1 >> 8
-                row[3] = 0
-                row[4] = 1  # n_terms
-                row[5] = 1  # n_not_negzero (a zero sum was handled above)
-                row[6] = 0
-                row[7] = 0
-                row[8] = 0
-                u = lo[b]
-            if mean_over == 1:
-                out_bits[i - start] = round_row(row, rl, 0, u, precision, exp_bits, subnormal_exp,
-                                                nan_bits, out_shift, mag)  # fmt: skip
-            else:
-                divide_row(row, rl, mean_over, quot, mag)
-                out_bits[i - start] = round_row(
-                    quot, rl + E, 0, u - 32 * E, precision, exp_bits, subnormal_exp, nan_bits,
-                    out_shift, mag,
-                )  # fmt: skip
+        for b in range(b0 + B * c // CHUNKS, b0 + B * (c + 1) // CHUNKS):
+            _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, mean_over,
+                          start, stop, out_f, out_bits, fast, target, row, quot, mag)  # fmt: skip
 
 
 @njit(cache=True)
