@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DeviceError, FoldError
+from . import parallel
 from .progress import progress_bar
 from .seed_model import SEED_STEPS, SeedModel, train
 from .torch_env import passive_openmp_before_torch
@@ -78,16 +79,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--epochs", type=int, default=d["epochs"],
                         help=f"epochs per run, digits model (default {d['epochs']})")
-    parser.add_argument("--steps", type=int, default=SEED_DEFAULTS["steps"],
-                        help=f"optimiser steps per run, seed model (default "
-                        f"{SEED_DEFAULTS['steps']})")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"optimiser steps per run: seed model (default "
+                        f"{SEED_DEFAULTS['steps']}); with --world-size, either model (default "
+                        f"{parallel.DEFAULT_STEPS}; a resumed run counts the saved steps)")
     parser.add_argument("--hidden", type=int, default=d["hidden"],
                         help=f"hidden units, digits model (default {d['hidden']})")
     parser.add_argument("--buckets", type=int, default=d["buckets"],
                         help=f"shared parameters per folded layer, digits model "
                         f"(default {d['buckets']})")
     parser.add_argument("--batch", type=int, default=d["batch"],
-                        help=f"batch size, digits model (default {d['batch']})")
+                        help=f"batch size, digits model (default {d['batch']}); with "
+                        "--world-size, the global batch of every step")
     parser.add_argument("--lr", type=float, default=None,
                         help=f"Adam learning rate (default {d['lr']:g} for digits, "
                         f"{SEED_DEFAULTS['lr']:g} for seed)")
@@ -106,6 +109,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="also write the results as JSON to PATH ('-' for stdout)")
     parser.add_argument("--record", metavar="DIR", default=None,
                         help="write a JSON-lines run manifest per run into DIR")
+    dp = parser.add_argument_group(
+        "data-parallel training (exact gradient sums: the same bits for every world size)")
+    dp.add_argument("--world-size", metavar="W[,W...]", default=None,
+                    help="train on W local processes (gloo) instead of comparing strategies; "
+                    "several, like 1,2,4, train once each and compare their digests. Under "
+                    "torchrun, this process is one rank (WORLD_SIZE from the environment)")
+    dp.add_argument("--micro-batch", type=int, default=8,
+                    help="examples per micro-batch, a divisor of the global batch (default 8); "
+                    "a step's micro-batches are dealt round-robin to the ranks")
+    dp.add_argument("--reduce", choices=("exact", "plain"), default="exact",
+                    help="exact: bitfold.distributed.GradientSum (default); plain: float32 "
+                    "torch.distributed.all_reduce, the baseline")
+    dp.add_argument("--timeout", type=float, default=300.0,
+                    help="seconds a rank waits for the others in a collective before the run "
+                    "stops with an error (default 300)")
+    dp.add_argument("--save", metavar="DIR", default=None,
+                    help="write DIR/checkpoint.pt (model, optimiser, data order, random state) "
+                    "at the end, atomically")
+    dp.add_argument("--save-every", type=int, default=None, metavar="N",
+                    help="with --save, also write the checkpoint every N steps")
+    dp.add_argument("--resume", metavar="DIR", default=None,
+                    help="continue the run saved in DIR (same options; any world size) up to "
+                    "--steps")
+    dp.add_argument("--fault", default=None, help=argparse.SUPPRESS)  # RANK:STEP:kill|hang, tests
 
 
 # -- models ---------------------------------------------------------------------------------------
@@ -343,12 +370,17 @@ def _print_report(result: dict[str, Any], file: Any = None) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Train every strategy ``--repeats`` times; print (and optionally save) the comparison."""
-    _check_positive(args, "epochs", "steps", "hidden", "buckets", "batch", "repeats", "threads")
+    _check_positive(args, "epochs", "steps", "hidden", "buckets", "batch", "repeats", "threads",
+                    "micro_batch", "save_every")
     _check_inputs(args)
     # PyTorch's OpenMP workers spin after every parallel region; on a small machine they take
     # the cores from bitfold's Numba kernels (about 10 ms lost per fold on 2 cores). Passive
     # waiting changes no result, only the time; an explicit setting is kept.
     passive_openmp_before_torch()
+    if parallel.requested(args):
+        return parallel.main(args)
+    if args.steps is None:
+        args.steps = SEED_DEFAULTS["steps"]
     try:
         import torch
     except ImportError:

@@ -1,0 +1,170 @@
+"""Start the ranks of a data-parallel run: W local processes, or this process under ``torchrun``.
+
+:func:`torchrun_rank` reads the environment that ``torchrun`` (or any
+launcher following its convention) sets: ``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT``; the rank then joins the group with
+``init_method="env://"`` and runs in this process.
+
+:func:`run_local` spawns ``world_size`` fresh Python processes
+(``multiprocessing``'s *spawn* start method) that meet through a file
+rendezvous in a temporary folder, runs ``target(rank, world_size,
+init_method, job)`` in each, and collects what every rank returned or
+raised. When a rank fails, the launcher waits for the others to stop on
+their own (they raise within their collectives' timeout: a rank that died
+is noticed within it, one that raised at once, sooner) and then stops what
+is left, so a run never hangs and never returns a partial result: any
+failure is one :class:`bitfold.errors.FoldError` naming what happened to
+each rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import DistributedError, FoldError
+
+#: Seconds the launcher waits for the other ranks after one raised an error itself.
+GRACE = 5.0
+_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_rank() -> tuple[int, int] | None:
+    """``(rank, world_size)`` when a launcher such as ``torchrun`` started this process."""
+    if not all(k in os.environ for k in _ENV):
+        return None
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except ValueError:
+        raise FoldError(
+            f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} must be "
+            "integers (they are set by torchrun)"
+        ) from None
+
+
+def _child(target: Callable[..., dict[str, Any]], rank: int, world_size: int, init: str,
+           job: Any, out: str) -> None:
+    """A spawned rank: run ``target`` and leave its result or its error in the file ``out``."""
+    try:
+        result = {"ok": target(rank, world_size, init, job)}
+        code = 0
+    except BaseException as err:  # every failure is reported to the launcher
+        if not isinstance(err, FoldError | KeyboardInterrupt):
+            traceback.print_exc()
+        text = str(err).strip() or type(err).__name__
+        result = {"error": text, "type": type(err).__name__,
+                  "refusal": isinstance(err, FoldError) and not isinstance(err, DistributedError)}
+        code = 1
+    tmp = f"{out}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(result, f)
+    os.replace(tmp, out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        os._exit(code)  # leave at once: a broken process group must not hang the exit
+
+
+def _exit_story(code: int | None) -> str:
+    if code is None:
+        return "did not stop"
+    if code < 0:
+        try:
+            return f"died (killed by signal {signal.Signals(-code).name})"
+        except ValueError:
+            return f"died (killed by signal {-code})"
+    return f"died (exit status {code}) without reporting an error"
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _wait(procs: list[Any], files: list[Path], timeout: float) -> list[str | None]:
+    """Wait for every process; after a failure, stop the ones left. Returns who was stopped."""
+    deadline = None
+    stopped: list[str | None] = [None] * len(procs)
+    while any(p.is_alive() for p in procs):
+        if deadline is None:
+            failed = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if failed:  # a rank that died unreported leaves the others their whole timeout
+                died = any(_read(files[i]) is None for i in failed)
+                deadline = time.monotonic() + (timeout + GRACE if died else GRACE)
+        elif time.monotonic() > deadline:
+            for i, p in enumerate(procs):
+                if p.is_alive():
+                    p.terminate()
+                    stopped[i] = ("still running after the others had stopped (hung?); stopped by "
+                                  "the launcher")  # fmt: skip
+            break
+        time.sleep(0.1)
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return stopped
+
+
+def _failure(world_size: int, stories: list[tuple[int, str, bool]]) -> FoldError:
+    """One error for a failed run: a plain refusal (bad option) as it is; otherwise every rank."""
+    if stories and all(refusal for _, _, refusal in stories) and stories[0][0] == 0:
+        return FoldError(stories[0][1])
+    first = [s for s in stories if s[1].startswith(("died", "still running"))]
+    ordered = first + [s for s in stories if s not in first]
+    lines = [f"rank {r}: {text if len(text) < 600 else text[:600] + '...'}"
+             for r, text, _ in ordered]  # fmt: skip
+    return DistributedError(
+        f"the run on {world_size} processes stopped:\n  " + "\n  ".join(lines)
+    )
+
+
+def run_local(target: Callable[..., dict[str, Any]], world_size: int, job: Any,
+              timeout: float) -> list[dict[str, Any]]:
+    """Run ``target`` on ``world_size`` spawned processes; every rank's result, by rank."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    folder = Path(tempfile.mkdtemp(prefix="bitfold-train-"))
+    init = (folder / "rendezvous").as_uri()
+    files = [folder / f"rank{r}.json" for r in range(world_size)]
+    procs = [ctx.Process(target=_child, name=f"bitfold-train-rank{r}",
+                         args=(target, r, world_size, init, job, str(files[r])))
+             for r in range(world_size)]  # fmt: skip
+    try:
+        for p in procs:
+            p.start()
+        stopped = _wait(procs, files, timeout)
+        results: list[dict[str, Any]] = []
+        stories: list[tuple[int, str, bool]] = []
+        for r, p in enumerate(procs):
+            got = _read(files[r])
+            if got is not None and "ok" in got:
+                results.append(got["ok"])
+            elif got is not None:
+                refusal = bool(got["refusal"])
+                text = got["error"] if refusal else f"{got['type']}: {got['error']}"
+                stories.append((r, text, refusal))
+            else:
+                stories.append((r, stopped[r] or _exit_story(p.exitcode), False))
+        if stories:
+            raise _failure(world_size, stories)
+        return results
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        shutil.rmtree(folder, ignore_errors=True)
