@@ -107,3 +107,15 @@ def check_config(saved: dict[str, Any], current: dict[str, Any], where: str) -> 
             + "); resume with the options it was saved with (only --steps, --world-size, "
             "--timeout, --save and --save-every may change)"
         )
+
+
+def resume_state(torch: Any, where: str, config: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The checkpoint of ``where``, checked: same configuration, not past ``steps``."""
+    state = load(torch, where)
+    check_config(state.get("config", {}), config, where)
+    if int(state["step"]) > steps:
+        raise FoldError(
+            f"--resume {where!r}: the checkpoint is at step {state['step']}, past --steps {steps}; "
+            "--steps counts every step of the run, resumed or not"
+        )
+    return state

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FoldError
+from .checkpoints import resume_state
 from .data_order import micro_batch_shares
 from .launch import run_local, torchrun_rank
 from .parallel_rank import RankJob, run_rank
@@ -202,6 +203,10 @@ def main(args: argparse.Namespace) -> int:
     steps = args.steps or DEFAULT_STEPS
     job = RankJob(config=cfg, steps=steps, timeout=float(args.timeout), save=args.save,
                   save_every=args.save_every, resume=args.resume, fault=args.fault)  # fmt: skip
+    if args.resume and launched is None:  # refuse a wrong checkpoint before starting processes
+        import torch
+
+        resume_state(torch, args.resume, cfg, steps)
     runs = []
     if launched is not None:
         result = _one_rank(launched[0], launched[1], job)

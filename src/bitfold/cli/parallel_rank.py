@@ -120,14 +120,7 @@ def _resume(dist: Any, torch: Any, job: RankJob, rank: int) -> dict[str, Any]:
     box: list[Any] = [None]
     if rank == 0:
         try:
-            state = checkpoints.load(torch, job.resume)
-            checkpoints.check_config(state["config"], job.config, job.resume)
-            if int(state["step"]) > job.steps:
-                raise FoldError(
-                    f"--resume {job.resume!r}: the checkpoint is at step {state['step']}, past "
-                    f"--steps {job.steps}; --steps counts every step of the run, resumed or not"
-                )
-            box[0] = state
+            box[0] = checkpoints.resume_state(torch, job.resume, job.config, job.steps)
         except FoldError as err:
             box[0] = str(err)
     _collective("the checkpoint broadcast", job, lambda: dist.broadcast_object_list(box, src=0))

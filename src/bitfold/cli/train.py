@@ -165,7 +165,7 @@ def _check_positive(args: argparse.Namespace, *names: str) -> None:
     for name in names:
         val = getattr(args, name)
         if val is not None and val < 1:
-            raise FoldError(f"--{name} must be a positive integer; got {val}")
+            raise FoldError(f"--{name.replace('_', '-')} must be a positive integer; got {val}")
 
 
 def _check_inputs(args: argparse.Namespace) -> None:
