@@ -164,14 +164,14 @@ def _print(result: dict[str, Any], out: Any) -> None:
          f"{cfg['lr']:g}, seed {cfg['seed']}, {cfg['threads']} thread(s) per rank, torch "
          f"{result['environment']['versions'].get('torch')}")  # fmt: skip
     emit()
-    emit(f"  {'world size':>10}  {'micro-batches per rank':>22}  {'final loss':>11}  "
+    emit(f"  {'world size':>10}  {'micro-batches per rank':>22}  {'final loss':>12}  "
          f"{'test acc':>8}  {'s/step':>6}  digest")  # fmt: skip
     for r in runs:
         acc = "-" if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}"
         share = "+".join(map(str, r["micro_batches_per_rank"]))
         share = share if len(share) <= 22 else share[:19] + "..."
         agree = "" if r["ranks_agree"] else "  (ranks disagree!)"
-        emit(f"  {r['world_size']:>10}  {share:>22}  {r['final_loss']:>11.8f}  {acc:>8}  "
+        emit(f"  {r['world_size']:>10}  {share:>22}  {r['final_loss']:>12.9g}  {acc:>8}  "
              f"{r['seconds_per_step']:>6.3f}  {r['digest']}{agree}")  # fmt: skip
     emit()
     n = result["distinct_digests"]

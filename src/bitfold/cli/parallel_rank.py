@@ -72,8 +72,8 @@ def _collective(what: str, job: RankJob, call: Callable[[], Any]) -> Any:
     except RuntimeError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise DistributedError(
-            f"{what} did not complete within {job.timeout:g} s on rank {dist.get_rank()} of "
-            f"{dist.get_world_size()}: a rank died, hung or left the group ({first})"
+            f"{what} failed on rank {dist.get_rank()} of {dist.get_world_size()} (collectives "
+            f"wait at most {job.timeout:g} s): a rank died, hung or left the group ({first})"
         ) from err
 
 

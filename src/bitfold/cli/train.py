@@ -34,6 +34,13 @@ timings only, never results. ``--json -`` writes the JSON alone to stdout
 ``--record DIR`` writes one JSON-lines manifest per run
 (:mod:`bitfold.repro.manifest`: the digests of every gradient, then every
 parameter, at every step) for ``bitfold diff``.
+
+With ``--world-size W`` (or ``--save DIR`` / ``--resume DIR``, or under
+``torchrun``) the command trains data-parallel instead
+(:mod:`bitfold.cli.parallel`): one model, fixed micro-batches dealt to W
+processes, gradients summed exactly over all of them, the same digest for
+every W; ``--world-size 1,2,4`` trains once per world size and compares.
+Without those options nothing here changes.
 """
 
 from __future__ import annotations
@@ -57,7 +64,8 @@ from .seed_model import SEED_STEPS, SeedModel, train
 from .torch_env import passive_openmp_before_torch
 from .train_models import digits_data, digits_mlp, seed_layer
 
-HELP = "train a folded MLP twice per strategy and check that the runs are bit-identical"
+HELP = ("train a folded MLP twice per strategy and check that the runs are bit-identical; "
+        "--world-size W: data-parallel, the same bits for every W")
 
 #: the framework's own fold, the baseline every strategy is compared with
 BASELINE = "autograd"
