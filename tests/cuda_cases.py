@@ -21,11 +21,12 @@ tolerance.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 import pytest
-from oracle import exact_fold_oracle, ordered_fold_reference
+from oracle import FORMATS, exact_fold_oracle, ordered_fold_reference
 
 import bitfold
 
@@ -50,6 +51,9 @@ from bitfold.backends import cuda as gpu  # noqa: E402
 from bitfold.kernels import cuda as kernels  # noqa: E402
 
 device_only = pytest.mark.skipif(not DEVICE, reason=NEEDS_DEVICE)
+# The simulator adds to uint32 shared words with NumPy scalars, which warn on the wraparound
+# that the hardware's 32-bit atomics perform silently (the exact kernels rely on it).
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in scalar add")
 
 # several blocks and a grid-stride loop even on small inputs; tiny on the simulator
 LAUNCHES = (
@@ -232,6 +236,140 @@ def test_exact_is_the_same_for_every_launch_shape_and_run():
     results = {_fold(plan, vals, launch=s, exact_path=p).tobytes() for s in shapes
                for p in ("shared", "global")}  # fmt: skip
     assert results == {plan(vals).tobytes()}
+
+
+# -- float64 values rounded to narrower outputs, at the rounding boundaries ---------------------
+def _boundary_buckets(out: str) -> list[list[float]]:
+    """Buckets of float64 terms whose exact sums sit on, just below and just above the points
+    where rounding to ``out`` changes: ties, the subnormal floor and the overflow threshold."""
+    precision, sub_exp, emax = FORMATS[out]
+    ulp = 2.0 ** (1 - precision)  # of 1.0
+    half, tiny = ulp / 2, 2.0**-1000  # tiny: far below any output's precision, exact in float64
+    top = (2 - ulp) * 2.0**emax  # the largest finite value
+    top_half = 2.0 ** (emax - precision)  # half an ulp of it
+    smallest = 2.0**sub_exp
+    return [
+        [1.0, half], [1.0, half, tiny], [1.0, half, -tiny], [1.0 + ulp, half],
+        [-1.0, -half, -tiny], [-1.0 - ulp, -half], [3.0, -2.0, half, -half, half],
+        [smallest / 2], [smallest / 2, tiny], [-smallest / 2], [-smallest / 2, -tiny],
+        [smallest * 1.5], [smallest * 2.5], [smallest, -smallest / 2, -tiny],
+        [top, top_half], [top, top_half, -tiny], [-top, -top_half, tiny],
+        [2.0**emax, 2.0**emax, -top], [1e300, -1e300, half], [1e300, -(2.0**-1074)],
+        [-0.0, -0.0], [-0.0, 0.0], [],
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("out", ["float16", "bfloat16", "float32"])
+def test_float64_values_round_to_narrower_outputs_at_the_boundaries(out):
+    buckets = _boundary_buckets(out)
+    K = len(buckets)
+    idx = np.array([k for k, b in enumerate(buckets) for _ in b])
+    vals = np.array([t for b in buckets for t in b], np.float64)
+    perm = np.random.default_rng(len(out)).permutation(idx.size)  # interleave the buckets
+    idx, vals = idx[perm], vals[perm]
+    plan = bitfold.Fold(idx, K)
+    want = exact_fold_oracle(idx, vals, K, out)
+    _assert_bits_equal(plan(vals, out_dtype=out), want, f"CPU float64 -> {out} vs oracle")
+    for path in ("shared", "global", "buckets"):
+        for launch in LAUNCHES:
+            got = _fold(plan, vals, out_dtype=out, launch=launch, exact_path=path)
+            _assert_bits_equal(got, want, f"GPU {path} {launch} float64 -> {out}")
+
+
+# -- one bucket and a skewed map, every launch shape -----------------------------------------------
+SHAPES = (
+    [kernels.LaunchShape(32, 1), kernels.LaunchShape(32, 3), kernels.LaunchShape(64, 2, 2),
+     kernels.LaunchShape(96, 5)]
+    if SIM
+    else [kernels.LaunchShape(t, b, m) for t, b, m in
+          [(32, 1, 1), (64, 7, 1), (256, 264, 132), (256, 1056, 132), (1024, 66, 66)]]
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mapping", ["K=1", "zipf"])
+def test_one_bucket_and_a_zipf_map_equal_the_cpu_for_every_launch_shape(mapping, dtype):
+    """K = 1 (every value on one limb run) and Zipf(1.2) (a few huge buckets), all paths."""
+    rng = np.random.default_rng(12)
+    n = N_TINY if SIM else N_LARGE
+    K = 1 if mapping == "K=1" else 40
+    idx = np.zeros(n, np.int64) if K == 1 else np.minimum(rng.zipf(1.2, n) - 1, K - 1)
+    vals = _wide_values(rng, n, np.dtype(dtype), spread=20)
+    vals[: n // 3] = np.abs(vals[: n // 3])  # long runs of one sign, and of one limb
+    vals[5:9] = [-0.0, -0.0, 0.0, -0.0]
+    plan = bitfold.Fold(idx, K)
+    want = plan(vals)
+    _assert_bits_equal(want, exact_fold_oracle(idx, vals, K, want.dtype.name), "CPU vs oracle")
+    for path in ("shared", "global", "buckets"):
+        for launch in SHAPES:
+            got = _fold(plan, vals, launch=launch, exact_path=path)
+            _assert_bits_equal(got, want, f"GPU {path} {launch}")
+
+
+# -- the shared-memory guard, the scratch state, bfloat16 bits ------------------------------------
+def test_a_shared_path_that_cannot_fit_is_refused():
+    K = 3000
+    fmt = kernels.SOURCES["float32"][1]
+    nbytes = kernels.shared_bytes(K, fmt)
+    limit = kernels.SHARED_LIMIT_BYTES  # the simulator's device: no opt-in
+    assert nbytes > limit
+    rng = np.random.default_rng(2)
+    idx = rng.integers(0, K, N_TINY)
+    vals = _wide_values(rng, N_TINY)
+    plan = bitfold.Fold(idx, K)
+    with pytest.raises(bitfold.FoldError, match=f"needs {nbytes:,} bytes .* allows {limit:,}"):
+        _fold(plan, vals, exact_path="shared")
+    _assert_bits_equal(_fold(plan, vals), plan(vals), "auto (the bucket kernel) vs CPU")
+    state = cuda.to_device(np.zeros((K, fmt.width), np.int64))
+    with pytest.raises(ValueError, match=f"needs {nbytes:,} bytes"):
+        kernels.launch_exact(cuda.to_device(plan.index), cuda.to_device(vals).view(np.uint32),
+                             "float32", state, cuda.to_device(plan.counts), cuda.default_stream(),
+                             path="shared")  # fmt: skip
+
+
+def test_the_scratch_state_is_left_zeroed_and_a_dirty_one_is_cleaned_first():
+    rng = np.random.default_rng(4)
+    K = 17
+    idx = rng.integers(0, K, N_TINY)
+    vals = _wide_values(rng, N_TINY)
+    plan = bitfold.Fold(idx, K)
+    first = _fold(plan, vals, exact_path="shared")
+    entry = plan._prepared[("numba-cuda", 0)]
+    (scratch,) = [b for key, b in entry.scratch.items() if key[0] == "exact-state"]
+    assert not scratch.dirty
+    assert not scratch.array.copy_to_host().any(), "the rounding kernel leaves the state zeroed"
+    # a fold interrupted between its launches leaves a dirty state: the next one zeroes it first
+    scratch.array.copy_to_device(np.full(tuple(scratch.array.shape), 12345, np.int64))
+    scratch.dirty = True
+    _assert_bits_equal(_fold(plan, vals, exact_path="shared"), first, "after a dirty state")
+    assert len(entry.scratch) == 1, "one scratch state for one plan, device and stream"
+
+
+def test_bfloat16_bits_are_decoded_in_the_kernels():
+    """bfloat16 patterns read as uint16: the state and the bucket sums of the widened float32."""
+    rng = np.random.default_rng(8)
+    K = 11
+    idx = rng.integers(0, K, N_TINY)
+    raw = (_wide_values(rng, N_TINY, spread=30).view(np.uint32) >> 16).astype(np.uint16)
+    raw[:5] = [0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x0001]  # -0, +inf, -inf, NaN, a subnormal
+    idx[:5] = [0, 1, 1, 2, 3]
+    widened = (raw.astype(np.uint32) << 16).view(np.float32)  # exact
+    plan = bitfold.Fold(idx, K)
+    cpu = plan.accumulator("float32", kernel="limbs").add(widened)
+    fmt = kernels.SOURCES["bfloat16"][1]
+    for path in ("shared", "global"):
+        state = cuda.to_device(np.zeros((K, fmt.width), np.int64))
+        kernels.launch_exact(cuda.to_device(plan.index), cuda.to_device(raw), "bfloat16", state,
+                             cuda.to_device(plan.counts), cuda.default_stream(),
+                             shape=LAUNCHES[0], path=path)  # fmt: skip
+        np.testing.assert_array_equal(state.copy_to_host(), cpu.state, err_msg=path)
+    want = plan(widened, out_dtype="bfloat16")  # the float32 holding the bfloat16 sums
+    bits = cuda.to_device(raw.reshape(-1, 1))
+    out = cuda.device_array((K, 1), np.int32)
+    kernels.launch_buckets(bits, bits, cuda.to_device(plan.order), cuda.to_device(plan.offsets),
+                           "bfloat16", "bfloat16", out, cuda.default_stream(),
+                           widen_bfloat16=True)  # fmt: skip
+    _assert_bits_equal(out.copy_to_host().view(np.float32).reshape(K), want, "buckets bf16")
 
 
 # -- rows and large K: one thread an element ------------------------------------------------------
@@ -430,9 +568,8 @@ def test_a_state_or_cached_plan_on_another_device_is_refused(monkeypatch):
         gpu.exact_state(plan, vals, state)
     entry = plan._prepared[("numba-cuda", 0)]
     monkeypatch.setitem(
-        plan._prepared, ("numba-cuda", 0), gpu.DevicePlan(1, entry.index, entry.counts,
-                                                       entry.order, entry.offsets, entry.launch)
-    )  # fmt: skip
+        plan._prepared, ("numba-cuda", 0), dataclasses.replace(entry, device=1)
+    )
     with pytest.raises(bitfold.DeviceError, match="cached for CUDA device 1"):
         cuda_fold(plan, vals)
 

@@ -17,6 +17,7 @@ FORMATS = {
     "float16": (11, -24, 15),
     "float32": (24, -149, 127),
     "float64": (53, -1074, 1023),
+    "bfloat16": (8, -133, 127),
 }
 CANONICAL_NAN = {"float16": 0x7E00, "float32": 0x7FC00000, "float64": 0x7FF8000000000000}
 UINT = {"float16": np.uint16, "float32": np.uint32, "float64": np.uint64}
@@ -69,17 +70,22 @@ def bucket_oracle(terms: list[float], out: str = "float32") -> float:
 
 
 def exact_fold_oracle(index, values, K: int, out: str = "float32") -> np.ndarray:
-    """The exact fold by definition: Fraction sums per bucket, each rounded once to ``out``."""
+    """The exact fold by definition: Fraction sums per bucket, each rounded once to ``out``.
+
+    A ``"bfloat16"`` result is returned as the float32 array holding it.
+    """
     idx = np.asarray(index).reshape(-1)
     vals = np.asarray(values).reshape(-1)
     buckets: list[list[float]] = [[] for _ in range(K)]
     for k, v in zip(idx.tolist(), vals.astype(np.float64).tolist(), strict=True):
         buckets[k].append(v)
     res = np.array([bucket_oracle(b, out) for b in buckets], dtype=np.float64)
+    # bfloat16 results come as the float32 holding them (NumPy has no bfloat16)
+    held = "float32" if out == "bfloat16" else out
     with np.errstate(over="ignore", invalid="ignore"):
-        result = res.astype(out)
+        result = res.astype(held)
     nan = np.isnan(result)
-    result.view(UINT[out])[nan] = CANONICAL_NAN[out]
+    result.view(UINT[held])[nan] = CANONICAL_NAN[held]
     return result
 
 

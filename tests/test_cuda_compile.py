@@ -1,13 +1,23 @@
-"""Compile every GPU kernel for compute capability 9.0 (H100/H200) and check its PTX.
+"""Compile every GPU kernel for compute capability 9.0 (H100/H200): check its PTX and its SASS.
 
-Passing the simulator does not prove a kernel compiles; this does, without a
-GPU: ``numba.cuda.compile_ptx(..., cc=(9, 0))`` through NVVM (the
-``numba-cuda[cu13]`` extra), then nvJitLink assembles the PTX into an sm_90
-cubin, as numba-cuda does when it loads a kernel on a device. Each kernel's
-PTX must hold the instructions the design relies on: native 64-bit integer
-atomics in shared and global memory for ``exact`` (not compare-and-swap
-loops), float atomics for ``atomic``, plain round-to-nearest additions for
-``ordered``, and no flush-to-zero anywhere (subnormals are values too).
+Passing the simulator does not prove a kernel compiles, nor what the hardware
+will execute; this does, without a GPU: ``numba.cuda.compile_ptx(..., cc=(9,
+0))`` through NVVM (the ``numba-cuda[cu13]`` extra), then nvJitLink assembles
+the PTX into an sm_90 cubin, as numba-cuda does when it loads a kernel on a
+device, and ``nvdisasm`` (the ``nvidia-cuda-nvdisasm`` wheel) prints its
+machine code. The PTX must hold the instructions the design relies on; the
+SASS decides what they became:
+
+* no exact kernel has a compare-and-swap loop (``CAS``, ``ATOMS.CAST.SPIN``):
+  PTX's ``atom.shared.add.u64`` is such a loop on sm_90, so ``exact_shared``
+  builds its 64-bit limbs from native 32-bit shared atomics (``ATOMS.ADD``)
+  and merges them with native 64-bit global atomics (``ATOMG.E.ADD.64``);
+* the float32 atomic of the ``atomic`` strategy (``ATOMG.E.ADD.F32.FTZ``,
+  documented) is the only instruction that flushes a *value* to zero. The
+  one other ``.FTZ`` that ptxas emits is ``F2I.FTZ.U32.TRUNC`` inside its
+  unsigned integer division (the reciprocal estimate of the divisor, after
+  ``I2F.U32.RP`` and ``MUFU.RCP``): its operand is ``1/divisor``, never a
+  value, and the exact kernels have no division at all.
 
 numba-cuda compiles a device function that a kernel calls for the *current*
 device; with no GPU here, the compile tells it the current device is the
@@ -19,6 +29,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import subprocess
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -38,9 +50,10 @@ else:
 
 # (name pattern, instructions that must appear, instructions that must not)
 EXPECTED = [
-    (r"exact_shared", ["atom.shared.add.u64", "atom.global.add.u64", ".extern .shared"],
-     ["atom.shared.cas", "atom.global.cas", ".f32", ".f64"]),
-    (r"exact_global", ["atom.global.add.u64"], ["atom.shared", "atom.global.cas", ".f32", ".f64"]),
+    (r"exact_shared", ["atom.shared.add.u32", "atom.global.add.u64", ".extern .shared"],
+     ["atom.shared.add.u64", "atom.shared.cas", "atom.global.cas", ".f32", ".f64", "div."]),
+    (r"exact_global", ["atom.global.add.u64"],
+     ["atom.shared", "atom.global.cas", ".f32", ".f64", "div."]),
     (r"round\[", ["st.global"], ["atom.", "cvt.rn", ".f32", ".f64"]),
     (r"settle\[", ["shr.s64"], ["atom.", ".f32", ".f64"]),
     (r"ordered\[", [], ["atom.", "fma.", "call"]),
@@ -53,6 +66,7 @@ EXPECTED = [
     (r"atomic\[\w+->float32\]", ["atom.global.add.f32"], []),
     (r"atomic\[\w+->float64\]", ["atom.global.add.f64"], []),
     (r"buckets\[", ["st.global", "add.f64", "sub.f64"], ["atom.", "fma."]),
+    (r"gather_rows", ["st.global"], ["atom.", "add.f", "fma."]),
     (r"cast_f32_to_f16", ["cvt.rn.f16.f32"], ["atom."]),
     (r"zero_fill", ["st.global"], ["atom."]),
 ]  # fmt: skip
@@ -66,7 +80,16 @@ def _targets():
     return [pytest.param(t, id=t[0]) for t in kernels.compile_targets()]
 
 
+_PTX: dict[tuple[object, tuple], str] = {}  # one compile a kernel, for both checks
+
+
 def _compile_ptx(fn, sig):
+    if (fn, sig) not in _PTX:
+        _PTX[fn, sig] = _compile_ptx_now(fn, sig)
+    return _PTX[fn, sig]
+
+
+def _compile_ptx_now(fn, sig):
     from numba import cuda
     from numba.cuda import dispatcher
 
@@ -98,6 +121,43 @@ def _assemble(ptx: str) -> tuple[bytes, str]:
         nvjitlink.destroy(handle)
 
 
+# (kernel name pattern, SASS opcodes that must appear, opcode fragments that must not)
+SASS_EXPECTED = [
+    (r"exact_", [], ["CAS", "SPIN", "FTZ", "MUFU"]),
+    (r"exact_shared", ["ATOMS.ADD", "ATOMG.E.ADD.64"], ["ATOMS.ADD.64"]),
+    (r"exact_global", ["ATOMG.E.ADD.64"], ["ATOMS"]),
+    (r"round\[|settle\[", [], ["ATOM", "RED", "FTZ"]),
+    (r"atomic\[\w+->float32\]", ["ATOMG.E.ADD.F32.FTZ.RN"], ["CAS"]),
+    (r"atomic\[\w+->float64\]", ["ATOMG.E.ADD.F64.RN"], ["CAS", "ADD.F64.FTZ"]),
+]
+#: The only FTZ opcodes allowed: the float32 atomic (of ``atomic`` kernels) and the
+#: reciprocal step of ptxas's unsigned integer division.
+FTZ_ALLOWED = {"ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU", "F2I.FTZ.U32.TRUNC.NTZ"}
+DIVISION = ("I2F.U32.RP", "MUFU.RCP")
+
+
+def _nvdisasm() -> str | None:
+    """The ``nvdisasm`` of the ``nvidia-cuda-nvdisasm`` wheel, or None."""
+    spec = importlib.util.find_spec("nvidia")
+    for root in spec.submodule_search_locations if spec else []:
+        for found in sorted(Path(root).glob("cu*/bin/nvdisasm")):
+            return str(found)
+    return None
+
+
+def _sass_opcodes(cubin: bytes, tmp_path: Path) -> list[str]:
+    """The opcodes (with modifiers) of an sm_90 cubin's machine code, in order."""
+    tool = _nvdisasm()
+    assert tool, "nvdisasm missing: pip install nvidia-cuda-nvdisasm (in the cuda extra)"
+    path = tmp_path / "kernel.cubin"
+    path.write_bytes(cubin)
+    sass = subprocess.run([tool, "-c", str(path)], capture_output=True, text=True, check=True)
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)",
+                     sass.stdout, re.M)  # fmt: skip
+    assert ops, f"no instructions read from nvdisasm's output:\n{sass.stdout[:2000]}"
+    return ops
+
+
 def _instructions(ptx: str) -> str:
     """The PTX without comments and the (long, mangled) names."""
     body = re.sub(r"//[^\n]*", "", ptx)
@@ -123,6 +183,29 @@ def test_kernel_compiles_for_cc90_with_the_instructions_it_relies_on(target):
     assert "error" not in log.lower(), log
 
 
+@pytest.mark.parametrize("target", _targets())
+def test_kernel_machine_code_has_no_cas_loop_and_flushes_no_value(target, tmp_path):
+    """The sm_90 SASS: what the hardware runs (see the module docstring for the rules)."""
+    name, fn, sig = target
+    cubin, _log = _assemble(_compile_ptx(fn, sig))
+    ops = _sass_opcodes(cubin, tmp_path)
+    text = " ".join(ops)
+    for pattern, must, must_not in SASS_EXPECTED:
+        if not re.search(pattern, name):
+            continue
+        for op in must:
+            assert any(o.startswith(op) for o in ops), f"{name}: expected {op} in the SASS"
+        for frag in must_not:
+            bad = sorted({o for o in ops if frag in o})
+            assert not bad, f"{name}: did not expect {bad} in the SASS"
+    flushes = sorted({o for o in ops if "FTZ" in o} - FTZ_ALLOWED)
+    assert not flushes, f"{name}: flush-to-zero in {flushes}"
+    if "F2I.FTZ.U32.TRUNC.NTZ" in ops:  # only as the reciprocal of an integer division
+        assert all(d in text for d in DIVISION), f"{name}: F2I.FTZ outside a division"
+    if any(o.startswith("ATOMG.E.ADD.F32.FTZ") for o in ops):
+        assert name.startswith("atomic["), f"{name}: a float32 atomic outside 'atomic'"
+
+
 def test_cuda_backend_loads_when_required():
     """With BITFOLD_REQUIRE_CUDA=1, a missing or broken numba-cuda fails instead of skipping."""
     if not REQUIRED:
@@ -132,7 +215,7 @@ def test_cuda_backend_loads_when_required():
     from bitfold.kernels import cuda as kernels
 
     _name, fn, sig = kernels.compile_targets()[0]
-    assert "atom.shared.add.u64" in _compile_ptx(fn, sig)
+    assert "atom.shared.add.u32" in _compile_ptx(fn, sig)
     if DEVICE:
         from numba import cuda
 

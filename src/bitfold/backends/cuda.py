@@ -8,30 +8,42 @@ stream the values' library is using: torch's current stream of that device,
 CuPy's current stream, the numba array's own stream, or the ``stream`` entry
 of the interface (the default stream when it has none). Nothing waits for
 the host: the call returns once the work is queued, and every step (the
-zeroing, the accumulation, the rounding) is a kernel, so the call may be
-captured in a CUDA graph after a first, warm-up call (which compiles the
-kernels and uploads the plan).
+accumulation, the rounding) is a kernel, so the call may be captured in a
+CUDA graph after a first, warm-up call (which compiles the kernels, uploads
+the plan and allocates the scratch buffers).
 
 The plan's index data (index, counts, sorted order and offsets) is uploaded
 once per device, the first time the plan meets that device, through
-:meth:`bitfold.Fold.prepared` under the key ``("numba-cuda", device)``.
+:meth:`bitfold.Fold.prepared` under the key ``("numba-cuda", device)``; no
+later call copies anything between host and device. Scratch buffers (the
+exact state of a scalar fold, the gathered values of an ordered fold) are
+allocated once per plan, device, stream and shape and reused: the exact
+rounding kernel leaves its state zeroed for the next call, so a call is two
+launches (accumulate, round) and one allocation, the result's, made by the
+values' own library (torch's caching allocator and CuPy's memory pool can be
+used during graph capture; numba device arrays and other
+``__cuda_array_interface__`` objects get a driver allocation, which cannot).
+Calls that share a plan, a device and a stream are serialised by a lock
+around their launches.
 
 Numeric contracts: see :mod:`bitfold.kernels.cuda`. In short, ``exact``
 gives the same bits as on the CPU (the correctly rounded sum), ``ordered``
 the same bits as the CPU ``ordered`` strategy (NaN results as the canonical
 NaN), ``atomic`` whatever the float atomics give.
 
-Values in bfloat16 (torch only) are widened to float32 first (exact) by
-torch; every other dtype is read in place. Validation happens before this
+Values in bfloat16 (torch only) are read as their 16-bit patterns by the
+exact kernels (no copy); ``ordered`` and ``atomic`` widen them to float32
+first (exact) with torch. Every other dtype is read in place. Validation happens before this
 module is reached (:mod:`bitfold.dispatch`); only what is particular to
 device memory (contiguity, the device of a state) is checked here.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,7 +58,7 @@ if TYPE_CHECKING:
 
 NAME = "cuda"
 
-_BITS_OF = {"float32": np.uint32, "float16": np.uint16, "float64": np.int64}
+_BITS_OF = {"float32": np.uint32, "float16": np.uint16, "bfloat16": np.uint16, "float64": np.int64}
 
 
 def _cuda() -> Any:
@@ -69,9 +81,25 @@ class DeviceValues:
     kind: str  # "torch", "cupy" or "numba": the kind of array results are returned as
     device: int
     stream: Any  # numba stream object (or 0 for the default stream)
-    array: Any  # flat numba device array of the values (float16, float32 or float64)
+    array: Any  # flat numba device array: float16/32/64 values, or bfloat16's uint16 bits
     dtype: str  # dtype name of the values as given (bfloat16 included)
     keep: Any = None  # converted copy that ``array`` points into, kept alive
+    stream_key: int = 0  # the stream's handle (0: the default stream), for scratch buffers
+
+    @property
+    def bits(self) -> Any:
+        """The values' bit patterns (the view the exact kernels decode)."""
+        return self.array.view(_BITS_OF[self.dtype])
+
+    def floats(self) -> Any:
+        """The values as a numba float array: bfloat16 widened to float32 (exact, by torch)."""
+        if self.dtype != "bfloat16":
+            return self.array
+        import torch
+
+        wide = self.keep.view(torch.bfloat16).float()
+        self.keep = (self.keep, wide)
+        return _cuda().as_cuda_array(wide, sync=False)
 
 
 def _host_error(values: Any) -> DeviceError:
@@ -141,6 +169,7 @@ def device_values(values: Any) -> DeviceValues:
         dv = _numba_values(values, arr, kind="numba")
         dv.device = dev
         dv.stream = _numba_stream(iface.get("stream"))
+        dv.stream_key = int(iface.get("stream") or 0)
         return dv
     raise _host_error(values)
 
@@ -157,8 +186,19 @@ def _numba_values(original: Any, arr: Any, kind: str) -> DeviceValues:
         )
     stream = getattr(arr, "stream", 0) or _numba_stream(None)
     return DeviceValues(
-        kind, _numba_array_device(arr), stream, arr.reshape(int(arr.size)), name, keep=original
+        kind, _numba_array_device(arr), stream, arr.reshape(int(arr.size)), name, keep=original,
+        stream_key=_stream_handle(stream),
     )
+
+
+def _stream_handle(stream: Any) -> int:
+    """The integer handle of a numba stream (0 for the default stream or the simulator's)."""
+    handle = getattr(stream, "handle", None)
+    value = getattr(handle, "value", handle)
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):  # the simulator's streams: one queue, no handle
+        return 0
 
 
 def _torch_values(values: Any) -> DeviceValues:
@@ -167,16 +207,17 @@ def _torch_values(values: Any) -> DeviceValues:
     if values.device.type != "cuda":
         raise _host_error(values)
     name = dtype_name(values)
-    t = values.detach()
+    t = values.detach().contiguous().reshape(-1)
     if t.dtype == torch.bfloat16:
-        t = t.float()  # exact widening
-    t = t.contiguous().reshape(-1)
+        t = t.view(torch.int16)  # the bits, read by the exact kernels; numba has no bfloat16
     dev = int(t.device.index)
     cuda = _cuda()
     with cuda.gpus[dev]:
         arr = cuda.as_cuda_array(t, sync=False)
-    stream = _numba_stream(torch.cuda.current_stream(t.device).cuda_stream)
-    return DeviceValues("torch", dev, stream, arr, name, keep=t)
+    if name == "bfloat16":
+        arr = arr.view(np.uint16)
+    handle = int(torch.cuda.current_stream(t.device).cuda_stream)
+    return DeviceValues("torch", dev, _numba_stream(handle), arr, name, keep=t, stream_key=handle)
 
 
 def _cupy_values(values: Any) -> DeviceValues:
@@ -187,10 +228,10 @@ def _cupy_values(values: Any) -> DeviceValues:
     cuda = _cuda()
     with cupy.cuda.Device(dev):
         a = cupy.ascontiguousarray(values).reshape(-1)
-        stream = _numba_stream(cupy.cuda.get_current_stream().ptr)
+        handle = int(cupy.cuda.get_current_stream().ptr)
     with cuda.gpus[dev]:
         arr = cuda.as_cuda_array(a, sync=False)
-    return DeviceValues("cupy", dev, stream, arr, name, keep=a)
+    return DeviceValues("cupy", dev, _numba_stream(handle), arr, name, keep=a, stream_key=handle)
 
 
 # -- results, allocated in the values' library -----------------------------------------------
@@ -233,6 +274,33 @@ class DevicePlan:
     order: Any
     offsets: Any
     launch: Any  # kernels.LaunchShape sized for the device
+    limits: Any  # kernels.DeviceLimits of the device
+    scratch: dict[Any, Scratch] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def buffer(self, dv: DeviceValues, name: str, shape: tuple[int, ...], dtype: Any) -> Scratch:
+        """A scratch buffer for ``dv``'s stream, allocated (zeroed) the first time only."""
+        key = (name, dv.stream_key, tuple(shape), np.dtype(dtype).str)
+        with self.lock:
+            found = self.scratch.get(key)
+            if found is None:
+                array = _cuda().to_device(np.zeros(shape, dtype), stream=dv.stream)
+                found = self.scratch[key] = Scratch(array)
+            return found
+
+
+@dataclass
+class Scratch:
+    """A device buffer reused by the calls of one plan on one device and stream.
+
+    ``dirty`` is set while a fold uses it, so a fold interrupted between its
+    launches leaves a buffer that the next one zeroes first; ``lock``
+    serialises the launches of calls from several host threads.
+    """
+
+    array: Any
+    dirty: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def device_plan(plan: Fold, device: int) -> DevicePlan:
@@ -244,15 +312,15 @@ def device_plan(plan: Fold, device: int) -> DevicePlan:
     def upload() -> DevicePlan:
         cuda = _cuda()
         kernels = _kernels()
-        sm = getattr(cuda.get_current_device(), "MULTIPROCESSOR_COUNT", None)
-        launch = kernels.LaunchShape(max_blocks=2 * int(sm)) if sm else kernels.LaunchShape()
+        limits = kernels.device_limits(cuda.get_current_device())
         return DevicePlan(
             int(device),
             cuda.to_device(plan.index),
             cuda.to_device(plan.counts),
             cuda.to_device(plan.order),
             cuda.to_device(plan.offsets),
-            launch,
+            kernels.LaunchShape(max_blocks=2 * limits.sms),
+            limits,
         )
 
     entry = plan.prepared(("numba-cuda", int(device)), upload)
@@ -291,59 +359,88 @@ def fold_exact(
     ``exact_path`` is ``"auto"``, ``"shared"`` or ``"global"`` (per-block or
     global integer limbs, scalar folds only) or ``"buckets"`` (one thread an
     output element, summing its bucket in registers: rows, and scalar folds
-    whose limbs would not fit in shared memory). ``launch`` (a
+    whose limbs would not fit in shared memory). ``"auto"`` takes
+    ``"shared"`` for scalar folds whose K buckets' limbs fit in a block's
+    shared memory (up to the device's opt-in limit: 227 KB on an H100/H200,
+    2,400 buckets of float32 values, 420 of float64), else ``"buckets"``; a
+    ``"shared"`` path that does not fit is refused. ``launch`` (a
     :class:`bitfold.kernels.cuda.LaunchShape`) and the path tune the kernels;
     they never change the result.
     """
     with _on_device(plan, values) as (dv, entry, kernels):
-        shape = launch or entry.launch
         K, D = plan.K, spec.row_size
-        source = "float32" if dv.dtype == "bfloat16" else dv.dtype
-        fmt = limb_format_for(source)
+        fmt = limb_format_for(dv.dtype)
+        rows_or_init = bool(spec.trailing) or init is not None
+        nbytes = kernels.shared_bytes(K, fmt)
+        limit = entry.limits.shared_per_block
         if exact_path == "auto":
-            scalar_path = kernels.exact_path(K, fmt)
-            rows_or_init = spec.trailing or init is not None
+            scalar_path = kernels.exact_path(K, fmt, limit)
             exact_path = "buckets" if rows_or_init or scalar_path == "global" else scalar_path
-        if (spec.trailing or init is not None) and exact_path != "buckets":
+        if rows_or_init and exact_path != "buckets":
             raise FoldError(
                 f"exact_path {exact_path!r} folds scalars only, into zeros; folds of rows or "
                 "into an existing array take 'buckets'"
+            )
+        if exact_path == "shared" and nbytes > limit:
+            raise FoldError(
+                f"exact_path='shared' needs {nbytes:,} bytes of shared memory a block for K = "
+                f"{K:,} buckets of {dv.dtype} values ({kernels.shared_bytes(1, fmt)} bytes a "
+                f"bucket); CUDA device {dv.device} allows {limit:,} — use exact_path='auto' or "
+                "'buckets', which serve any K"
             )
         # bfloat16 results: torch gets bfloat16; other libraries the float32 holding them
         widen = out_name == "bfloat16" and dv.kind != "torch"
         out, out_bits = _empty(dv, (K, D), kernels.out_bits_dtype(out_name, widen))
         if exact_path == "buckets":
-            rows = dv.array.reshape(spec.positions, D)
-            start = start_bits = None
-            if init is not None:
-                start = _same_dtype(device_values(init), source, dv).array.reshape(K, D)
-                start_bits = start.view(_BITS_OF[source])
-            kernels.launch_buckets(
-                rows, rows.view(_BITS_OF[source]), entry.order, entry.offsets, source, out_name,
-                out_bits, dv.stream, widen_bfloat16=widen, init=start, init_bits=start_bits,
-            )  # fmt: skip
+            _fold_buckets(kernels, entry, dv, spec, out_name, out_bits, widen, init)
         else:
-            _, state = _empty(dv, (K, fmt.width), np.int64)
-            kernels.launch_zero(state.reshape(K * fmt.width), dv.stream, shape)
-            kernels.launch_exact(
-                entry.index, dv.array.view(_BITS_OF[source]), source, state, entry.counts,
-                dv.stream, shape=shape, path=exact_path, count_terms=False,
-            )  # fmt: skip
-            kernels.launch_round(state, entry.counts, True, fmt, out_name,
-                                 out_bits.reshape(K), dv.stream, widen_bfloat16=widen)  # fmt: skip
+            shape = launch or (
+                entry.limits.shared_launch(nbytes) if exact_path == "shared" else entry.launch
+            )
+            scratch = entry.buffer(dv, "exact-state", (K, fmt.width), np.int64)
+            with scratch.lock:
+                state = scratch.array
+                if scratch.dirty:
+                    kernels.launch_zero(state.reshape(K * fmt.width), dv.stream, shape)
+                scratch.dirty = True
+                kernels.launch_exact(
+                    entry.index, dv.bits, dv.dtype, state, entry.counts, dv.stream, shape=shape,
+                    path=exact_path, count_terms=False, shared_limit=limit,
+                )  # fmt: skip
+                kernels.launch_round(state, entry.counts, True, fmt, out_name, out_bits.reshape(K),
+                                     dv.stream, widen_bfloat16=widen, clear=True)  # fmt: skip
+                scratch.dirty = False
         return _shaped(_view(out, dv.kind, "float32" if widen else out_name), dv.kind, K, spec)
 
 
-def _same_dtype(iv: DeviceValues, source: str, dv: DeviceValues) -> DeviceValues:
-    """``init``'s device values in the values' dtype (refused if that would round)."""
+def _fold_buckets(
+    kernels: Any, entry: DevicePlan, dv: DeviceValues, spec: Values, out_name: str,
+    out_bits: Any, widen: bool, init: Any,
+) -> None:  # fmt: skip
+    """The ``"buckets"`` path: a thread an output element sums its bucket and rounds it."""
+    K, D = int(out_bits.shape[0]), spec.row_size
+    bits = dv.bits.reshape(spec.positions, D)
+    rows = bits if dv.dtype == "bfloat16" else dv.array.reshape(spec.positions, D)
+    start = start_bits = None
+    if init is not None:
+        iv = _same_dtype(device_values(init), dv)
+        start_bits = iv.bits.reshape(K, D)
+        start = start_bits if dv.dtype == "bfloat16" else iv.array.reshape(K, D)
+    kernels.launch_buckets(
+        rows, bits, entry.order, entry.offsets, dv.dtype, out_name, out_bits, dv.stream,
+        widen_bfloat16=widen, init=start, init_bits=start_bits,
+    )  # fmt: skip
+
+
+def _same_dtype(iv: DeviceValues, dv: DeviceValues) -> DeviceValues:
+    """``init``'s device values, refused unless in the values' dtype and on their device."""
     if iv.device != dv.device:
         raise DeviceError(
             f"init lives on CUDA device {iv.device} and the values on CUDA device {dv.device}"
         )
-    name = "float32" if iv.dtype == "bfloat16" else iv.dtype
-    if name != source:
+    if iv.dtype != dv.dtype:
         raise FoldTypeError(
-            f"on the GPU, init must have the values' dtype ({source}); got {iv.dtype}"
+            f"on the GPU, init must have the values' dtype ({dv.dtype}); got {iv.dtype}"
         )
     return iv
 
@@ -362,10 +459,13 @@ def fold_ordered(
         raise FoldError("the GPU ordered fold adds into zeros only; use 'exact' with init")
     with _on_device(plan, values) as (dv, entry, kernels):
         D = spec.row_size
+        rows = dv.floats().reshape(spec.positions, D)
         out, out_bits = _empty(dv, (plan.K, D), kernels.out_bits_dtype(out_name))
         out_f = out_bits.view(np.dtype(out_name))
-        kernels.launch_ordered(entry.order, entry.offsets, dv.array.reshape(spec.positions, D),
-                               out_f, out_bits, out_name, dv.stream)  # fmt: skip
+        scratch = entry.buffer(dv, "ordered-gather", tuple(rows.shape), rows.dtype)
+        with scratch.lock:
+            kernels.launch_ordered(entry.order, entry.offsets, rows, scratch.array, out_f,
+                                   out_bits, out_name, dv.stream, shape=entry.launch)  # fmt: skip
         return _shaped(_view(out, dv.kind, out_name), dv.kind, plan.K, spec)
 
 
@@ -381,8 +481,8 @@ def fold_atomic(
         acc_name = "float64" if out_name == "float64" else "float32"
         acc_obj, acc = _empty(dv, (K, D), np.dtype(acc_name))
         kernels.launch_zero(acc.reshape(K * D), dv.stream, shape)
-        kernels.launch_atomic(entry.index, dv.array.reshape(spec.positions, D), acc, acc_name,
-                              dv.stream, shape=shape)  # fmt: skip
+        kernels.launch_atomic(entry.index, dv.floats().reshape(spec.positions, D), acc,
+                              acc_name, dv.stream, shape=shape)  # fmt: skip
         if out_name == acc_name:
             return _shaped(acc_obj, dv.kind, K, spec)
         out, out_view = _empty(dv, (K, D), np.float16)
@@ -430,10 +530,9 @@ def exact_state(
     device than ``values`` is refused with :class:`bitfold.DeviceError`.
     """
     dv = device_values(values)
-    source = "float32" if dv.dtype == "bfloat16" else dv.dtype
     cuda = _cuda()
     kernels = _kernels()
-    fmt = limb_format_for(source)
+    fmt = limb_format_for(dv.dtype)
     width = fmt.width
     n = int(dv.array.shape[0])
     with cuda.gpus[dv.device]:
@@ -463,9 +562,8 @@ def exact_state(
                 )
             # a state from elsewhere (e.g. an all-reduce) may not be normalised: settle it
             kernels.launch_settle(view, counts, False, fmt, dv.stream)
-        kernels.launch_exact(
-            index, dv.array.view(_BITS_OF[source]), source, view, counts, dv.stream, shape=shape
-        )
+        kernels.launch_exact(index, dv.bits, dv.dtype, view, counts, dv.stream, shape=shape,
+                             shared_limit=entry.limits.shared_per_block)  # fmt: skip
     return result
 
 

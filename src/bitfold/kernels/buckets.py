@@ -104,10 +104,10 @@ def _segment(values, bits, order, lo, hi, d, target, wide, row, mag, has_init, i
     if wide:
         return segment_bits(values, bits, order, lo, hi, d, _F64[0], _F64[1], _F64[2], True,
                             unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift,
-                            row, mag, has_init, init_value, init_raw)  # fmt: skip
+                            row, mag, has_init, init_value, init_raw, False)  # fmt: skip
     return segment_bits(values, bits, order, lo, hi, d, _F32[0], _F32[1], _F32[2], False,
                         unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift, row,
-                        mag, has_init, init_value, init_raw)  # fmt: skip
+                        mag, has_init, init_value, init_raw, False)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)

@@ -9,19 +9,26 @@ functions (:mod:`bitfold.kernels.ieee`), compiled for the device.
 Numeric contracts
 -----------------
 ``atomic``
-    ``out[index[i]] += value[i]`` with hardware float atomics (``atom.add.f32``
-    or ``.f64``) in whatever order the scheduler picks: no guarantee, the
-    baseline. A float16 output is accumulated in float32 and rounded once.
+    ``out[index[i]] += value[i]`` with hardware float atomics in whatever
+    order the scheduler picks: no guarantee, the baseline. A float16 output is
+    accumulated in float32 and rounded once. On sm_90 the float32 atomic is
+    ``ATOMG.E.ADD.F32.FTZ.RN``: it *flushes subnormal* operands and results to
+    zero, which the CPU does not (float64 atomics do not flush). It is the one
+    flush of a value in any bitfold kernel (``tests/test_cuda_compile.py``
+    reads the sm_90 machine code to keep it so).
 ``ordered``
-    One thread per bucket k walks the plan's stable sorted order
-    ``order[offsets[k]:offsets[k+1]]`` (increasing position) and computes
-    ``acc = +0.0; acc = out_t(acc + out_t(v))`` in the output dtype, each
-    addition rounded to nearest-even (no FMA can form: there is no multiply;
-    numba-cuda compiles without ``fastmath``, so subnormals are kept). That is
-    exactly the CPU ``ordered`` order, so finite and infinite results have the
-    same bits as on the CPU. A NaN result is written as the canonical NaN of
-    :data:`bitfold.CANONICAL_NAN_BITS` (hardware NaN payloads differ between
-    CPU and GPU; only the canonical pattern is reproducible).
+    The values are first gathered into the plan's stable sorted order by a
+    parallel kernel (coalesced writes, ``sorted[t] = values[order[t]]``); then
+    one thread per output element (bucket k, column d) walks its bucket's
+    contiguous run ``sorted[offsets[k]:offsets[k+1], d]`` (increasing
+    position) and computes ``acc = +0.0; acc = out_t(acc + out_t(v))`` in the
+    output dtype, each addition rounded to nearest-even (no FMA can form:
+    there is no multiply; numba-cuda compiles without ``fastmath``, so
+    subnormals are kept). That is exactly the CPU ``ordered`` order, so finite
+    and infinite results have the same bits as on the CPU. A NaN result is
+    written as the canonical NaN of :data:`bitfold.CANONICAL_NAN_BITS`
+    (hardware NaN payloads differ between CPU and GPU; only the canonical
+    pattern is reproducible).
 ``exact``
     The state layout of :class:`bitfold.formats.LimbFormat`: ``(K, L + 5)`` int64, L limbs
     of 32 bits (limb j weighs ``2^(32 j + unit)``) then ``n_terms``,
@@ -35,7 +42,28 @@ Numeric contracts
     schedule; :func:`launch_round` runs the CPU's rounding
     (:func:`bitfold.kernels.ieee.round_row`, integer arithmetic only) and
     writes the IEEE bits directly, so the result equals the CPU result bit
-    for bit.
+    for bit. Three kernels fill the state:
+
+    * ``exact_shared`` (K limbs fit in a block's shared memory): each thread
+      keeps a *run* in registers — the pieces of consecutive values it reads
+      that fall on the same bucket and limb are summed there (K = 1 and
+      skewed maps merge nearly everything) — and adds a run to the block's
+      shared limbs when the bucket or limb changes. A shared 64-bit limb is
+      two 32-bit words added with native 32-bit atomics and an explicit
+      carry (:func:`_shared_add64`): sm_90 has no native 64-bit shared-memory
+      atomic add (``atom.shared.add.u64`` assembles to a compare-and-swap
+      loop). Special values count in 32-bit shared counters. A block then
+      adds its non-zero limbs and counters to the global state with native
+      64-bit global atomics.
+    * ``exact_global``: 64-bit global atomics per piece (accumulating states
+      of many buckets, and a forced ``"global"`` path).
+    * ``exact_buckets``: one thread per output element sums its bucket in
+      registers (:func:`bitfold.kernels.ieee.segment_bits`, the CPU's exact
+      segment sum) and rounds in the same kernel: no state, no atomics; rows,
+      folds into an existing array and K too large for shared memory.
+
+    bfloat16 values are decoded from their 16-bit patterns in the kernels
+    (no widened copy).
 
 Carry bound (exact)
 -------------------
@@ -43,22 +71,25 @@ Every single contribution to a limb is below ``2^32`` in magnitude (below
 ``2^33`` for float64 values), and each value touches a given limb at most
 once. A launch adds at most ``fmt.carry_every`` values (``2^30`` for float32,
 float16 and bfloat16 values, ``2^29`` for float64), starting from a normalised
-state (limbs ``0 .. L-2`` in ``[0, 2^32)``). Shared-memory limbs of a block
-therefore stay below ``2^62`` in magnitude, and so does every partial sum
-in the global state: a block merges its *raw* shared limbs, and the sum of the
-raw limbs of all blocks is bounded by the same count of contributions. The
-caller normalises the global state (:func:`launch_settle`) after every
-launch, so any N is served in launches of at most ``carry_every`` values.
+state (limbs ``0 .. L-2`` in ``[0, 2^32)``). A thread's run, a block's shared
+limbs (taken modulo ``2^64``, then exactly, since their true value is below
+``2^62``) and every partial sum in the global state therefore stay below
+``2^62`` in magnitude: the sum of the raw limbs of all blocks is bounded by
+the same count of contributions. Shared special counters (32 bits) count at
+most the values of one launch (``< 2^31``). The caller normalises the global
+state (:func:`launch_settle`) after every launch, so any N is served in
+launches of at most ``carry_every`` values.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, float64, int64
+from numba import cuda, float32, float64, int64, uint32, uint64
 from numba.core.types import float16
 
 from ..formats import F64, FLOATS, LIMBS, OUT_DTYPES, LimbFormat, decode_shift, limb_format_for
@@ -74,16 +105,22 @@ from .ieee import (
     split_wide,
 )
 
-#: Most dynamic shared memory a block of the shared-limb exact kernel asks for
-#: (the limit without an opt-in on every CUDA GPU since compute capability 2.0).
+#: Dynamic shared memory a block may use without an opt-in (every CUDA GPU since cc 2.0).
 SHARED_LIMIT_BYTES = 48 * 1024
+#: Shared memory the system reserves per resident block (cc 8.0 and later).
+SHARED_RESERVED_BYTES = 1024
+#: Special-value counters a bucket keeps in shared memory: n_not_negzero, NaN, +inf, -inf.
+SPECIALS = 4
+#: The simulator runs kernels in Python threads: no driver to ask for more shared memory.
+_SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 _NUMBA_FLOAT = {"float16": float16, "float32": float32, "float64": float64}
 
-#: value source formats: bits dtype of the view the exact kernel reads, limb format.
+#: value source formats: bits dtype of the view the exact kernels read, limb format.
 SOURCES: dict[str, tuple[Any, LimbFormat]] = {
     "float32": (np.uint32, limb_format_for("float32")),
     "float16": (np.uint16, limb_format_for("float16")),
+    "bfloat16": (np.uint16, limb_format_for("bfloat16")),
     "float64": (np.int64, limb_format_for("float64")),
 }
 
@@ -94,59 +131,140 @@ def _decoding(source: str) -> tuple[int, int, int]:
     return f.exponent_bits, f.fraction_bits, decode_shift(source, SOURCES[source][1])
 
 
-# -- exact: accumulation kernels ------------------------------------------------------------
+def shared_bytes(K: int, fmt: LimbFormat) -> int:
+    """Dynamic shared memory of one ``exact_shared`` block: K buckets' limbs and counters."""
+    return K * (fmt.limbs * 8 + SPECIALS * 4)
+
+
+# -- exact: shared-memory limbs from 32-bit atomics ---------------------------------------
+@cuda.jit(device=True)
+def _shared_add64(sm, t, plane, c):  # pragma: no cover - compiled
+    """Add the int64 ``c`` to the 64-bit word ``t`` of ``sm``, modulo 2^64, with 32-bit atomics.
+
+    The word's low half is ``sm[t]``, its high half ``sm[plane + t]`` (uint32).
+    The low halves are added first; the old value the atomic returns tells
+    whether this addition carried out of the low half, and that carry goes
+    into the high half with ``c``'s own high half. Each carry is counted by
+    the addition that produced it, so the pair holds the sum modulo 2^64
+    whatever order the threads take.
+    """
+    lo = uint32(c & 0xFFFFFFFF)
+    old = cuda.atomic.add(sm, t, lo)
+    carry = int64((uint64(old) + uint64(lo)) >> uint64(32))
+    hi = uint32(((c >> 32) + carry) & 0xFFFFFFFF)
+    if hi != 0:
+        cuda.atomic.add(sm, plane + t, hi)
+
+
+@cuda.jit(device=True)
+def _shared_read64(sm, t, plane):  # pragma: no cover - compiled
+    """The signed 64-bit word ``t`` (halves ``sm[t]``, ``sm[plane + t]``), given |value| < 2^63."""
+    hi = int64(sm[plane + t])
+    if hi >= 0x80000000:
+        hi -= 0x100000000
+    return hi * 0x100000000 + int64(sm[t])
+
+
+@cuda.jit(device=True)
+def _shared_read32(sm, t):  # pragma: no cover - compiled
+    """The signed 32-bit counter ``sm[t]`` (uint32 holding a two's complement count)."""
+    n = int64(sm[t])
+    if n >= 0x80000000:
+        n -= 0x100000000
+    return n
+
+
+@cuda.jit(device=True)
+def _add_run(sm, base, plane, r0, r1, r2):  # pragma: no cover - compiled
+    """Add a thread's run (pieces ``r0``, ``r1``, ``r2`` of limbs base, base+1, base+2)."""
+    if r0 != 0:
+        _shared_add64(sm, base, plane, r0)
+    if r1 != 0:
+        _shared_add64(sm, base + 1, plane, r1)
+    if r2 != 0:
+        _shared_add64(sm, base + 2, plane, r2)
+
+
 @cache
 def exact_shared_kernel(source: str) -> Any:
     """Kernel ``(index, bits, lo, hi, state)``: per-block shared limbs, merged once per block.
 
-    Needs ``K * L * 8`` bytes of dynamic shared memory (the launch's 4th
-    parameter). Values ``lo .. hi-1`` are taken grid-stride.
+    Needs :func:`shared_bytes` of dynamic shared memory (the launch's 4th
+    parameter): two uint32 planes of ``K * L`` words (the limbs' low and high
+    halves), then ``SPECIALS`` uint32 counters a bucket. Values ``lo .. hi-1``
+    are taken grid-stride; ``state`` (K, L + 5) int64 receives the block's
+    non-zero limbs and counters. No division and no 64-bit shared atomic.
     """
     EXP, FRAC, SHIFT = _decoding(source)
     fmt = SOURCES[source][1]
     parts = split_wide if fmt is F64 else split_narrow
     L = fmt.limbs
+    S = SPECIALS
 
     def exact_shared(index, bits, lo, hi, state):  # pragma: no cover - compiled
-        sm = cuda.shared.array(0, int64)
+        sm = cuda.shared.array(0, uint32)
         tid = int64(cuda.threadIdx.x)
         nt = int64(cuda.blockDim.x)
-        KL = int64(state.shape[0]) * L
-        for t in range(tid, KL, nt):
+        K = int64(state.shape[0])
+        plane = K * L  # high halves; special counters after both planes
+        counters = 2 * plane
+        t = tid
+        while t < counters + S * K:
             sm[t] = 0
+            t += nt
         cuda.syncthreads()
         i = lo + int64(cuda.blockIdx.x) * nt + tid
         stride = nt * int64(cuda.gridDim.x)
+        run_k = int64(-1)
+        run_j = int64(0)
+        r0 = int64(0)
+        r1 = int64(0)
+        r2 = int64(0)
         while i < hi:
             k = int64(index[i])
             cls, neg, m, p = decode(bits[i], EXP, FRAC, SHIFT)
             if cls == FINITE:
                 j, a0, a1, a2 = parts(m, p)
-                sgn = 1 - 2 * neg
-                base = k * L + j
-                if a0 != 0:
-                    cuda.atomic.add(sm, base, sgn * a0)
-                if a1 != 0:
-                    cuda.atomic.add(sm, base + 1, sgn * a1)
-                if a2 != 0:
-                    cuda.atomic.add(sm, base + 2, sgn * a2)
+                if neg:
+                    a0, a1, a2 = -a0, -a1, -a2
+                if k == run_k and j == run_j:
+                    r0 += a0
+                    r1 += a1
+                    r2 += a2
+                else:
+                    if run_k >= 0:
+                        _add_run(sm, run_k * L + run_j, plane, r0, r1, r2)
+                    run_k, run_j, r0, r1, r2 = k, j, a0, a1, a2
             elif cls == NEGZERO:
-                cuda.atomic.add(state, (k, L + NEGZERO), -1)
+                cuda.atomic.add(sm, counters + S * k, uint32(0xFFFFFFFF))  # -1
             elif cls != POSZERO:
-                cuda.atomic.add(state, (k, L + cls), 1)
+                cuda.atomic.add(sm, counters + S * k + cls - 1, uint32(1))
             i += stride
+        if run_k >= 0:
+            _add_run(sm, run_k * L + run_j, plane, r0, r1, r2)
         cuda.syncthreads()
-        for t in range(tid, KL, nt):
-            v = sm[t]
-            if v != 0:
-                cuda.atomic.add(state, (t // L, t % L), v)
+        k = tid
+        while k < K:
+            for j in range(L):
+                v = _shared_read64(sm, k * L + j, plane)
+                if v != 0:
+                    cuda.atomic.add(state, (k, j), v)
+            for c in range(S):
+                n = _shared_read32(sm, counters + S * k + c)
+                if n != 0:
+                    cuda.atomic.add(state, (k, L + 1 + c), n)
+            k += nt
 
     return cuda.jit(exact_shared)
 
 
 @cache
 def exact_global_kernel(source: str) -> Any:
-    """Kernel ``(index, bits, lo, hi, state)``: int64 atomics straight into the global state."""
+    """Kernel ``(index, bits, lo, hi, state)``: int64 atomics straight into the global state.
+
+    sm_90 has native 64-bit global atomic adds (``ATOMG.E.ADD.64``): no
+    compare-and-swap loop.
+    """
     EXP, FRAC, SHIFT = _decoding(source)
     fmt = SOURCES[source][1]
     parts = split_wide if fmt is F64 else split_narrow
@@ -215,7 +333,7 @@ def out_bits_dtype(out_name: str, widen_bfloat16: bool = False) -> Any:
 
 @cache
 def round_kernel(limbs: int, unit_exp: int, out_name: str, widen_bfloat16: bool = False) -> Any:
-    """Kernel ``(state, counts, add_counts, out_bits)``: round each bucket once; write IEEE bits.
+    """Kernel ``(state, counts, add_counts, clear, out_bits)``: round each bucket once; IEEE bits.
 
     One thread a bucket runs :func:`bitfold.kernels.ieee.round_row`, the CPU's
     rounding, so the bits are the CPU's. ``state`` need not be normalised (it
@@ -226,7 +344,8 @@ def round_kernel(limbs: int, unit_exp: int, out_name: str, widen_bfloat16: bool 
     int32 for float32, int64 for float64) that the caller views as the float
     dtype; ``widen_bfloat16`` writes bfloat16 results as the float32 that holds
     them exactly (bits shifted left by 16), as the CPU does for libraries
-    without bfloat16.
+    without bfloat16. With ``clear`` != 0 the state row is zeroed once read,
+    ready for the next fold (a scratch state needs no zeroing launch).
     """
     L = limbs
     UNIT = unit_exp
@@ -236,7 +355,7 @@ def round_kernel(limbs: int, unit_exp: int, out_name: str, widen_bfloat16: bool 
     )
     SHIFT = 16 if (widen_bfloat16 and out_name == "bfloat16") else 0
 
-    def round_state(state, counts, add_counts, out_bits):  # pragma: no cover - compiled
+    def round_state(state, counts, add_counts, clear, out_bits):  # pragma: no cover - compiled
         k = cuda.grid(1)
         if k >= state.shape[0]:
             return
@@ -245,6 +364,9 @@ def round_kernel(limbs: int, unit_exp: int, out_name: str, widen_bfloat16: bool 
             extra = int64(counts[k])
         mag = cuda.local.array(L, int64)
         out_bits[k] = round_row(state[k], L, extra, UNIT, P, EBITS, SUB_EXP, NAN_BITS, SHIFT, mag)
+        if clear != 0:
+            for j in range(L + 5):
+                state[k, j] = 0
 
     return cuda.jit(round_state)
 
@@ -275,6 +397,7 @@ def buckets_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> 
         target.precision, target.exponent_bits, target.subnormal_exp, target.canonical_nan
     )
     OUT_SHIFT = 16 if (widen_bfloat16 and out_name == "bfloat16") else 0
+    FROM_BITS = source == "bfloat16"
 
     def exact_buckets(values, bits, order, offsets, out_bits, init, init_bits, has_init):
         # pragma: no cover - compiled
@@ -294,20 +417,39 @@ def buckets_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> 
         j = k if has_init != 0 else 0  # without init, ``init`` is any array; never read
         out_bits[k, d] = segment_bits(
             values, bits, order, lo, hi, d, EXP, FRAC, SHIFT, WIDE, UNIT, P, EBITS, SUB_EXP,
-            NAN_BITS, OUT_SHIFT, row, mag, has_init != 0, init[j, d], init_bits[j, d],
+            NAN_BITS, OUT_SHIFT, row, mag, has_init != 0, init[j, d], init_bits[j, d], FROM_BITS,
         )  # fmt: skip
 
     return cuda.jit(exact_buckets)
 
 
 # -- ordered and atomic ---------------------------------------------------------------------
+@cuda.jit
+def gather_rows(order, values, out):  # pragma: no cover - compiled
+    """``out[t, :] = values[order[t], :]``: the values in the plan's sorted order (grid-stride).
+
+    Consecutive threads write consecutive elements (coalesced writes); the
+    reads are the plan's gathers, all in flight at once.
+    """
+    D = values.shape[1]
+    n = out.shape[0] * D
+    i = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
+    stride = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+    while i < n:
+        t = i // D
+        d = i - t * D
+        out[t, d] = values[order[t], d]
+        i += stride
+
+
 @cache
 def ordered_kernel(out_name: str) -> Any:
-    """Kernel ``(order, offsets, values, out, out_bits)``: one thread an output element, in order.
+    """Kernel ``(offsets, sorted, out, out_bits)``: one thread an output element, in order.
 
-    ``values`` (N, D), ``out`` (K, D) and ``out_bits`` its signed-integer view
-    (same memory), used to write the canonical NaN. Thread ``(k, d)`` adds
-    column d of bucket k's rows in the plan's stable order.
+    ``sorted`` (N, D) holds the values in the plan's order (:func:`gather_rows`),
+    ``out`` (K, D) and ``out_bits`` its signed-integer view (same memory),
+    used to write the canonical NaN. Thread ``(k, d)`` adds column d of rows
+    ``offsets[k] .. offsets[k+1]-1`` one after the other.
     """
     OUT = _NUMBA_FLOAT[out_name]
     target = FLOATS[out_name]
@@ -317,7 +459,7 @@ def ordered_kernel(out_name: str) -> Any:
     WIDE = float32 if out_name == "float16" else OUT
     NAN_OUT = signed_bits(target.canonical_nan, target.width)
 
-    def ordered(order, offsets, values, out, out_bits):  # pragma: no cover - compiled
+    def ordered(offsets, sorted_values, out, out_bits):  # pragma: no cover - compiled
         i = cuda.grid(1)
         D = out.shape[1]
         if i >= out.shape[0] * D:
@@ -326,7 +468,7 @@ def ordered_kernel(out_name: str) -> Any:
         d = i - k * D
         acc = OUT(0.0)
         for t in range(offsets[k], offsets[k + 1]):
-            acc = OUT(WIDE(acc) + WIDE(OUT(values[order[t], d])))
+            acc = OUT(WIDE(acc) + WIDE(OUT(sorted_values[t, d])))
         if WIDE(acc) != WIDE(acc):  # NaN (compared widened: no float16 operator needed)
             out_bits[k, d] = NAN_OUT
         else:
@@ -340,7 +482,9 @@ def atomic_kernel(out_name: str) -> Any:
     """Kernel ``(index, values, out)``: ``out[index[i], d] += out_t(values[i, d])``, float atomics.
 
     ``out_name`` is ``"float32"`` or ``"float64"`` (the accumulation dtype);
-    ``values`` (N, D), ``out`` (K, D).
+    ``values`` (N, D), ``out`` (K, D). No promise on the bits: the order is
+    the scheduler's, and the float32 atomic flushes subnormals to zero on the
+    GPU (``ATOMG.E.ADD.F32.FTZ.RN`` on sm_90), which the CPU does not.
     """
     OUT = _NUMBA_FLOAT[out_name]
 
@@ -379,10 +523,79 @@ def zero_fill(flat):  # pragma: no cover - compiled
 # -- launching ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LaunchShape:
-    """Threads per block and the most blocks an accumulation launch uses."""
+    """Threads per block and the fewest and most blocks an accumulation launch uses."""
 
     threads: int = 256
     max_blocks: int = 264  # two blocks per SM on an H100/H200 (132 SMs); set from the device
+    min_blocks: int = 1
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What a device offers the kernels: SMs and shared memory (bytes)."""
+
+    sms: int = 132
+    shared_per_block: int = SHARED_LIMIT_BYTES  # with the opt-in, when the driver allows it
+    shared_per_sm: int = 228 * 1024
+    threads_per_sm: int = 2048
+
+    def shared_launch(self, nbytes: int, threads: int = 256) -> LaunchShape:
+        """The launch shape of ``exact_shared`` blocks of ``nbytes``: as many as fit on each SM.
+
+        Blocks resident at once on an SM are limited by its shared memory and
+        its threads (at most 8 of 256 threads); one wave of them is the most a
+        launch uses, and every SM gets at least one.
+        """
+        fit = self.shared_per_sm // (nbytes + SHARED_RESERVED_BYTES)
+        per_sm = max(1, min(fit, self.threads_per_sm // threads))
+        return LaunchShape(threads, self.sms * per_sm, self.sms)
+
+
+def device_limits(device: Any) -> DeviceLimits:
+    """The :class:`DeviceLimits` of a numba device (defaults where an attribute is missing)."""
+    base = DeviceLimits()
+
+    def attr(name: str, default: int) -> int:
+        try:
+            return int(getattr(device, name))
+        except Exception:  # the simulator's device, or an attribute the driver lacks
+            return default
+
+    optin = attr("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", SHARED_LIMIT_BYTES)
+    return DeviceLimits(
+        sms=attr("MULTIPROCESSOR_COUNT", base.sms),
+        shared_per_block=SHARED_LIMIT_BYTES if _SIMULATOR else max(SHARED_LIMIT_BYTES, optin),
+        shared_per_sm=attr("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", base.shared_per_sm),
+        threads_per_sm=attr("MAX_THREADS_PER_MULTI_PROCESSOR", base.threads_per_sm),
+    )
+
+
+#: (kernel, device, argument types) -> dynamic shared bytes the driver was told to allow.
+_SHARED_ALLOWED: dict[tuple[int, int, tuple[Any, ...]], int] = {}
+
+
+def allow_dynamic_shared(kernel: Any, args: tuple[Any, ...], nbytes: int) -> None:
+    """Let ``kernel``, launched with ``args``, use ``nbytes`` (> 48 KB) of dynamic shared memory.
+
+    Launches above 48 KB must opt in (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``,
+    up to the device's ``MAX_SHARED_MEMORY_PER_BLOCK_OPTIN``: 227 KB on an
+    H100/H200). Raises what the driver raises when it refuses.
+    """
+    if nbytes <= SHARED_LIMIT_BYTES or _SIMULATOR:
+        return
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    types = tuple(kernel.typeof_pyval(a) for a in args)
+    device = cuda.get_current_device().id
+    key = (id(kernel), device, types)
+    if _SHARED_ALLOWED.get(key, 0) >= nbytes:
+        return
+    compiled = kernel.compile(types)
+    compiled.bind()
+    function = compiled._codelibrary.get_cufunc()
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, int(nbytes), function.handle, device)
+    _SHARED_ALLOWED[key] = int(nbytes)
 
 
 def _blocks(n: int, shape: LaunchShape) -> int:
@@ -395,9 +608,13 @@ def _per_bucket(K: int, most: int = 128) -> tuple[int, int]:
     return -(-K // threads), threads
 
 
-def exact_path(K: int, fmt: LimbFormat) -> str:
-    """``"shared"`` when one block's private limbs fit in shared memory, else ``"global"``."""
-    return "shared" if K * fmt.limbs * 8 <= SHARED_LIMIT_BYTES else "global"
+def exact_path(K: int, fmt: LimbFormat, shared_limit: int = SHARED_LIMIT_BYTES) -> str:
+    """``"shared"`` when one block's limbs fit in ``shared_limit`` bytes, else ``"global"``."""
+    return "shared" if shared_bytes(K, fmt) <= shared_limit else "global"
+
+
+#: Values a block takes at least per bucket: fewer would spend more on merging its K limbs.
+VALUES_PER_BUCKET = 16
 
 
 def launch_exact(
@@ -412,38 +629,50 @@ def launch_exact(
     path: str = "auto",
     count_terms: bool = True,
     chunk: int | None = None,
+    shared_limit: int = SHARED_LIMIT_BYTES,
 ) -> None:
     """Add every value exactly into ``state`` (K, L + 5) int64.
 
     ``bits`` is the flat bit view of the values (uint32 for float32, uint16
-    for float16, int64 for float64); ``state`` must be settled on entry (zeros
-    are). Values are split into launches of at most ``fmt.carry_every``; the
-    state is settled (carry-normalised) after each. With ``count_terms`` the
-    term counts are added at the end and ``state`` then equals the CPU
-    ``limbs`` kernel's state for the same values, bit for bit. Without it the
-    last settle is skipped: the caller rounds with ``add_counts=True``.
-    ``chunk`` (tests) lowers the number of values a launch takes.
+    for float16 and bfloat16, int64 for float64); ``state`` must be settled on
+    entry (zeros are). Values are split into launches of at most
+    ``fmt.carry_every``; the state is settled (carry-normalised) after each.
+    With ``count_terms`` the term counts are added at the end and ``state``
+    then equals the CPU ``limbs`` kernel's state for the same values, bit for
+    bit. Without it the last settle is skipped: the caller rounds with
+    ``add_counts=True``. ``chunk`` (tests) lowers the number of values a
+    launch takes. A ``"shared"`` path whose limbs need more than
+    ``shared_limit`` bytes is refused (``ValueError``): it could not launch.
     """
     fmt = SOURCES[source][1]
     K = int(state.shape[0])
     n = int(bits.shape[0])
+    nbytes = shared_bytes(K, fmt)
     if path == "auto":
-        path = exact_path(K, fmt)
+        path = exact_path(K, fmt, shared_limit)
+    if path == "shared" and nbytes > shared_limit:
+        raise ValueError(
+            f"the shared-memory exact kernel needs {nbytes:,} bytes of shared memory a block for "
+            f"K = {K:,} buckets of {source} values ({shared_bytes(1, fmt)} bytes a bucket); this "
+            f"device allows {shared_limit:,}"
+        )
+    if path not in ("shared", "global"):
+        raise ValueError(f"unknown exact path {path!r}; choose 'auto', 'shared' or 'global'")
     settle = settle_kernel(fmt.limbs)[(*_per_bucket(K), stream)]
     lo = 0
     every = min(chunk or fmt.carry_every, fmt.carry_every)
     while lo < n:
         hi = min(n, lo + every)
-        blocks = _blocks(hi - lo, shape)
         if path == "shared":
-            nbytes = K * fmt.limbs * 8
-            exact_shared_kernel(source)[blocks, shape.threads, stream, nbytes](
-                index, bits, lo, hi, state
-            )
-        elif path == "global":
-            exact_global_kernel(source)[blocks, shape.threads, stream](index, bits, lo, hi, state)
+            wanted = max(shape.min_blocks, (hi - lo) // (VALUES_PER_BUCKET * max(K, 1)))
+            blocks = max(1, min(_blocks(hi - lo, shape), wanted))
+            kernel = exact_shared_kernel(source)
+            args = (index, bits, lo, hi, state)
+            allow_dynamic_shared(kernel, args, nbytes)
+            kernel[blocks, shape.threads, stream, nbytes](*args)
         else:
-            raise ValueError(f"unknown exact path {path!r}; choose 'auto', 'shared' or 'global'")
+            blocks = _blocks(hi - lo, shape)
+            exact_global_kernel(source)[blocks, shape.threads, stream](index, bits, lo, hi, state)
         lo = hi
         if lo < n:
             settle(state, counts, 0)
@@ -468,21 +697,34 @@ def launch_round(
     stream: Any,
     *,
     widen_bfloat16: bool = False,
+    clear: bool = False,
 ) -> None:
-    """Round ``state`` into ``out_bits`` (the signed-int view of the result)."""
+    """Round ``state`` into ``out_bits`` (the result's signed-int view); ``clear`` zeroes it."""
     K = int(state.shape[0])
     kernel = round_kernel(fmt.limbs, fmt.unit_exp, out_name, widen_bfloat16)
-    kernel[(*_per_bucket(K), stream)](state, counts, 1 if add_counts else 0, out_bits)
+    kernel[(*_per_bucket(K), stream)](
+        state, counts, 1 if add_counts else 0, 1 if clear else 0, out_bits
+    )
 
 
 def launch_ordered(
-    order: Any, offsets: Any, values: Any, out: Any, out_bits: Any, out_name: str, stream: Any
-) -> None:
-    """The ``ordered`` fold of rows ``values`` (N, D) into ``out`` (K, D): a thread an element."""
-    n = int(out.shape[0]) * int(out.shape[1])
+    order: Any, offsets: Any, values: Any, sorted_values: Any, out: Any, out_bits: Any,
+    out_name: str, stream: Any, *, shape: LaunchShape = LaunchShape(),
+) -> None:  # fmt: skip
+    """The ``ordered`` fold of rows ``values`` (N, D) into ``out`` (K, D).
+
+    ``sorted_values`` (N, D, the values' dtype) is scratch: the values are
+    gathered into it in the plan's order, then a thread an output element
+    adds its bucket's contiguous run.
+    """
+    n = int(values.shape[0]) * int(values.shape[1])
     if n:
-        ordered_kernel(out_name)[(*_per_bucket(n, 64), stream)](
-            order, offsets, values, out, out_bits
+        blocks = min(-(-n // shape.threads), 16 * shape.max_blocks)
+        gather_rows[blocks, shape.threads, stream](order, values, sorted_values)
+    m = int(out.shape[0]) * int(out.shape[1])
+    if m:
+        ordered_kernel(out_name)[(*_per_bucket(m, 64), stream)](
+            offsets, sorted_values, out, out_bits
         )
 
 
@@ -502,7 +744,8 @@ def launch_buckets(
 ) -> None:
     """The exact fold of rows ``values`` (N, D), bucket by bucket, into ``out_bits`` (K, D).
 
-    ``init`` (K, D) in the values' dtype, and its bit view, add one term a bucket.
+    ``init`` (K, D) in the values' dtype, and its bit view, add one term a
+    bucket. For bfloat16 ``values`` and ``init`` may be the bits themselves.
     """
     n = int(out_bits.shape[0]) * int(out_bits.shape[1])
     if n:
@@ -531,13 +774,19 @@ def launch_cast_f16(src: Any, dst: Any, stream: Any) -> None:
 
 # -- what the compile check builds -------------------------------------------------------------
 def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
-    """``(name, python function, argument types)`` of every kernel, for ``cuda.compile_ptx``."""
+    """``(name, python function, argument types)`` of every kernel, for ``cuda.compile_ptx``.
+
+    Every kernel this module launches appears here with the signatures it is
+    launched with, so that ``tests/test_cuda_compile.py`` can compile each for
+    sm_90 and read its PTX and machine code.
+    """
     from numba import types
 
     i32, i64 = types.int32, types.int64
     arr = types.Array
     targets: list[tuple[str, Any, tuple[Any, ...]]] = []
-    bit_types = {"float32": types.uint32, "float16": types.uint16, "float64": types.int64}
+    bit_types = {"float32": types.uint32, "float16": types.uint16, "bfloat16": types.uint16,
+                 "float64": types.int64}  # fmt: skip
     for source, bt in bit_types.items():
         sig = (arr(i32, 1, "C"), arr(bt, 1, "C"), i64, i64, arr(i64, 2, "C"))
         targets.append((f"exact_shared[{source}]", exact_shared_kernel(source).py_func, sig))
@@ -550,7 +799,7 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
                 (
                     f"round[{fmt.name}->{out_name}{'>float32' if widen else ''}]",
                     round_kernel(fmt.limbs, fmt.unit_exp, out_name, widen).py_func,
-                    (arr(i64, 2, "C"), arr(i64, 1, "C"), i64, arr(bits_t, 1, "C")),
+                    (arr(i64, 2, "C"), arr(i64, 1, "C"), i64, i64, arr(bits_t, 1, "C")),
                 )
             )
         targets.append(
@@ -561,6 +810,14 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
             )
         )
     floats = {"float16": types.float16, "float32": types.float32, "float64": types.float64}
+    for value_name, ft in floats.items():
+        targets.append(
+            (
+                f"gather_rows[{value_name}]",
+                gather_rows.py_func,
+                (arr(i32, 1, "C"), arr(ft, 2, "C"), arr(ft, 2, "C")),
+            )
+        )
     pairs = [("float32", o) for o in floats] + [("float16", "float32"), ("float64", "float64")]
     for value_name, out_name in pairs:
         targets.append(
@@ -568,7 +825,6 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
                 f"ordered[{value_name}->{out_name}]",
                 ordered_kernel(out_name).py_func,
                 (
-                    arr(i32, 1, "C"),
                     arr(i32, 1, "C"),
                     arr(floats[value_name], 2, "C"),
                     arr(floats[out_name], 2, "C"),
@@ -587,20 +843,24 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
         )
     bucket_cases = [("float32", o, False) for o in ("float32", "float16", "float64")]
     bucket_cases += [("float32", "bfloat16", True), ("float32", "bfloat16", False)]
-    bucket_cases += [("float16", "float32", False), ("float64", "float64", False)]
+    bucket_cases += [("float16", "float32", False)]
+    bucket_cases += [("float64", o, False) for o in ("float64", "float32", "float16", "bfloat16")]
+    bucket_cases += [("float64", "bfloat16", True)]
+    bucket_cases += [("bfloat16", "bfloat16", False), ("bfloat16", "float32", False)]
     for source, out_name, widen in bucket_cases:
         bits_t = types.int32 if widen else ints.get(out_name, types.int16)
+        value_t = bit_types[source] if source == "bfloat16" else floats[source]
         targets.append(
             (
                 f"buckets[{source}->{out_name}{'>float32' if widen else ''}]",
                 buckets_kernel(source, out_name, widen).py_func,
                 (
-                    arr(floats[source], 2, "C"),
+                    arr(value_t, 2, "C"),
                     arr(bit_types[source], 2, "C"),
                     arr(i32, 1, "C"),
                     arr(i32, 1, "C"),
                     arr(bits_t, 2, "C"),
-                    arr(floats[source], 2, "C"),
+                    arr(value_t, 2, "C"),
                     arr(bit_types[source], 2, "C"),
                     i64,
                 ),

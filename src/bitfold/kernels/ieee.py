@@ -25,8 +25,6 @@ from numba.extending import register_jitable
 MASK32 = 0xFFFFFFFF
 #: Values summed in float64 (each addition checked) before the sum is flushed into limbs.
 CHUNK = 32
-#: Values summed in float64 (each addition checked) before the sum is flushed into limbs.
-CHUNK = 32
 
 #: Classes of a decoded value; 1..4 are also the counter columns after the L limbs
 #: (n_not_negzero, n_nan, n_posinf, n_neginf).
@@ -318,6 +316,25 @@ def add_exact_sum(row, L, x, count, unit_exp):  # pragma: no cover - compiled
 
 
 @register_jitable
+def bits_value(raw, exp_bits, frac_bits, shift, unit_exp):  # pragma: no cover - compiled
+    """The float64 holding the value of IEEE bits ``raw`` exactly (formats up to float64).
+
+    For value formats without a native type on the device (bfloat16): ``raw``
+    is decoded (:func:`decode`) and rebuilt as ``±M·2^(p + unit_exp)``.
+    """
+    cls, neg, m, p = decode(raw, exp_bits, frac_bits, shift)
+    if cls == FINITE:
+        x = math.ldexp(float64(m), int(p + unit_exp))
+    elif cls == NAN:
+        return np.nan
+    elif cls == POSINF or cls == NEGINF:
+        x = np.inf
+    else:
+        x = 0.0
+    return -x if neg else x
+
+
+@register_jitable
 def add_column(row, L, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wide):
     """Add ``bits[order[t], d]`` for ``t`` in ``[lo, hi)`` into a state row, value by value."""
     for t in range(lo, hi):
@@ -329,7 +346,7 @@ def add_column(row, L, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wide)
 @register_jitable
 def segment_bits(values, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wide,
                  unit_exp, precision, out_exp_bits, subnormal_exp, nan_bits, out_shift, row,
-                 mag, has_init, init_value, init_raw):  # fmt: skip
+                 mag, has_init, init_value, init_raw, from_bits):  # fmt: skip
     """The correctly rounded sum of ``values[order[t], d]`` for ``t`` in ``[lo, hi)``: its bits.
 
     In chunks of :data:`CHUNK` values summed in float64 with every addition
@@ -342,7 +359,9 @@ def segment_bits(values, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wid
     term, ``init_value`` (in the values' format; ``init_raw`` its bits): the
     result is the correctly rounded sum of it and the values. ``row`` (L + 5)
     and ``mag`` (L) are scratch; the target is described as for
-    :func:`round_row`.
+    :func:`round_row`. With ``from_bits`` the values are read from ``bits``
+    only (:func:`bitfold.kernels.ieee.bits_value`; ``values`` and
+    ``init_value`` are not read): bfloat16 on a device without the type.
     """
     L = mag.shape[0]
     for j in range(L + 5):
@@ -355,9 +374,17 @@ def segment_bits(values, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wid
         first = has_init and start == lo
         acc = -0.0
         if first:
-            acc = checked_add(acc, float64(init_value))
+            if from_bits:
+                x = bits_value(init_raw, exp_bits, frac_bits, shift, unit_exp)
+            else:
+                x = float64(init_value)
+            acc = checked_add(acc, x)
         for t in range(start, stop):
-            acc = checked_add(acc, float64(values[order[t], d]))
+            if from_bits:
+                x = bits_value(bits[order[t], d], exp_bits, frac_bits, shift, unit_exp)
+            else:
+                x = float64(values[order[t], d])
+            acc = checked_add(acc, x)
         if acc == acc:
             if start == lo and stop == hi:  # the whole segment, exact: round it
                 neg, m, e = float_parts(acc)
@@ -388,6 +415,7 @@ __all__ = [
     "add_column",
     "add_exact_sum",
     "bit_length",
+    "bits_value",
     "checked_add",
     "decode",
     "encode",
