@@ -17,6 +17,7 @@ the runs are skipped, unless ``BITFOLD_REQUIRE_CUDA=1`` makes that a failure.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -78,3 +79,29 @@ def test_import_bitfold_does_not_import_numba_cuda():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_script_runs_on_the_simulator(tmp_path):
+    """``scripts/gpu_check.py --smoke``: every measurement of ``make gpu-check`` runs, bits checked.
+
+    On the simulator the times mean nothing; what is checked is that the script that will run
+    once on a lent device completes, writes its JSON, and finds every exact result equal to
+    the CPU's (its exit status says so).
+    """
+    if not HAVE_NUMBA_CUDA:
+        if REQUIRED:
+            pytest.fail("BITFOLD_REQUIRE_CUDA=1 but numba-cuda is not installed")
+        pytest.skip("numba-cuda is not installed (pip install -e '.[cuda]')")
+    script = CASES.parent.parent / "scripts" / "gpu_check.py"
+    out = tmp_path / "gpu_bench.json"
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+    report = json.loads(out.read_text())
+    sized = {k: v for k, v in report["results"].items() if k.startswith("bitfold_exact_N")}
+    assert len(sized) == 2 and all(v["equals_cpu_bits"] for v in sized.values()), sized
+    assert report["checks"]["bitfold_repeats[numba]"]["exact"]["equals_cpu_bits"] is True
