@@ -100,7 +100,6 @@ def test_the_gpu_benchmark_script_runs_on_the_simulator(tmp_path):
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
-
     report = json.loads(out.read_text())
     sized = {k: v for k, v in report["results"].items() if k.startswith("bitfold_exact_N")}
     assert len(sized) == 2 and all(v["equals_cpu_bits"] for v in sized.values()), sized
