@@ -65,11 +65,12 @@ def _collective(tensor: torch.Tensor, op: Any, group: Any, timeout: float, what:
     try:
         work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
         if not work.wait(timeout=timedelta(seconds=timeout)):
-            raise RuntimeError("the collective did not complete")
+            raise RuntimeError(f"no result after {timeout:g} s")
     except RuntimeError as err:
         raise DistributedError(
-            f"{what} did not complete within {timeout:g} s on rank {dist.get_rank(group)} of "
-            f"{dist.get_world_size(group)}: a rank died, hung or left the group ({err})"
+            f"{what} failed on rank {dist.get_rank(group)} of {dist.get_world_size(group)} "
+            f"(collectives wait at most {timeout:g} s): a rank died, hung or left the group "
+            f"({err})"
         ) from err
 
 
