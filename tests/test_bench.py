@@ -159,6 +159,29 @@ def test_files_plots_summary_and_table(tiny_run: tuple[str, dict, str]) -> None:
     assert res["goals"]["memory"]["bytes_per_element"] > 0
 
 
+def test_training_steps_under_exact_mode_are_timed_against_plain_torch(
+    tiny_run: tuple[str, dict, str],
+) -> None:
+    out, res, _ = tiny_run
+    steps = res["steps"]
+    assert steps["status"] == "ok", steps
+    assert set(steps["models"]) == {"graph", "embedding-bag"}
+    for name, m in steps["models"].items():
+        assert set(m["median_s"]) == {"plain", "deterministic", "exact_mode"}
+        assert all(len(t) == 7 and min(t) > 0 for t in m["times_s"].values()), name
+        assert m["over_plain"]["plain"] == 1.0
+        assert m["goal_met"] == (m["over_plain"]["exact_mode"] <= 1.5)
+    # exact_mode saw the folds of each step: forward and backward of the graph, the bag backward
+    graph = steps["models"]["graph"]["exact_mode_counts"]
+    assert graph == {"scatter_add": 1, "index_add": 1, "index_put": 2}, graph
+    assert steps["models"]["embedding-bag"]["exact_mode_counts"] == {"embedding_bag_backward": 1}
+    assert set(res["goals"]["steps"]) == {"graph", "embedding-bag"}
+    with open(os.path.join(out, "summary.md")) as f:
+        summary = f.read()
+    assert "## Training steps under exact_mode (issue 11)" in summary
+    assert "issue 11, a training step of the graph model under exact_mode" in summary
+
+
 def test_from_json_rewrites_summary_without_measuring(
     tiny_run: tuple[str, dict, str], tmp_path, monkeypatch
 ) -> None:

@@ -6,8 +6,9 @@ contenders (:mod:`bitfold.cli.bench.contenders`) and writes into ``--out``:
 * ``results.json``: machine, settings, command line, cases and one row per
   (case, contender) (fields in :mod:`bitfold.cli.bench.measure`), peak memory
   (:mod:`bitfold.cli.bench.worker`), Numba cold and warm start-up
-  (:mod:`bitfold.cli.bench.startup`) and the goals of issues 3 and 10
-  (:mod:`bitfold.cli.bench.goals`);
+  (:mod:`bitfold.cli.bench.startup`), whole training steps under
+  ``exact_mode`` against plain PyTorch (:mod:`bitfold.cli.bench.steps`) and the
+  goals of issues 3, 10 and 11 (:mod:`bitfold.cli.bench.goals`);
 * ``summary.md`` generated from it (:mod:`bitfold.cli.bench.report`);
 * PNG plots (:mod:`bitfold.cli.bench.plots`);
 
@@ -34,7 +35,7 @@ from ..torch_env import passive_openmp_before_torch
 HELP = "measure the cost of determinism: bitfold against every peer, with JSON, table and plots"
 
 SCHEMA = "bitfold-bench/1"
-PHASES = ("memory", "threads", "startup", "plots")
+PHASES = ("memory", "threads", "startup", "steps", "plots")
 #: Import name -> distributions that may provide it (first installed one wins): the libraries
 #: a contender or an output of the benchmark may use, listed in ``machine.libraries``.
 LIBRARIES = {
@@ -387,6 +388,7 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     from .cases import build_cases, describe_sweep
     from .goals import goals
     from .startup import measure_startup
+    from .steps import measure_steps
 
     t_start = time.perf_counter()
     load_at_start = load_average()
@@ -394,8 +396,9 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     n_jobs = len(cases) * len(cfg["contenders"])
     total = n_jobs * (1 + sum(p not in cfg["skip"] for p in ("memory", "threads")))
     phases: dict[str, float] = {}
-    startup = None
-    with progress_bar(total + 2 * ("startup" not in cfg["skip"]), "bitfold bench") as progress:
+    startup = steps = None
+    extra = 2 * ("startup" not in cfg["skip"]) + ("steps" not in cfg["skip"])
+    with progress_bar(total + extra, "bitfold bench") as progress:
         t0 = time.perf_counter()
         rows = _time_cases(cfg, cases, progress)
         phases["timing"] = time.perf_counter() - t0
@@ -410,6 +413,12 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
             startup = measure_startup()
             progress.tick(2)
             phases["startup"] = time.perf_counter() - t0
+        if "steps" not in cfg["skip"]:
+            progress.note("training steps: exact_mode against plain PyTorch")
+            t0 = time.perf_counter()
+            steps = measure_steps(repeats=7 if cfg["quick"] else 15, scale=cfg["scale"])
+            progress.tick(1)
+            phases["steps"] = time.perf_counter() - t0
     res: dict[str, Any] = {
         "schema": SCHEMA,
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -420,6 +429,7 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
         "cases": [_case_record(c) for c in cases],
         "results": rows,
         "startup": startup,
+        "steps": steps,
     }
     res["goals"] = goals(res)
     res["phase_seconds"] = phases

@@ -230,6 +230,14 @@ def goals(res: dict[str, Any]) -> dict[str, Any]:
         }
     issue10 = [g.evaluate(res) for g in ISSUE10]
     out["issue10"] = [g for g in issue10 if g["points"]]
+    steps = res.get("steps") or {}
+    if steps.get("status") == "ok":
+        out["steps"] = {
+            name: {"exact_mode_over_plain": m["over_plain"]["exact_mode"],
+                   "deterministic_over_plain": m["over_plain"]["deterministic"],
+                   "met": m["goal_met"]}
+            for name, m in steps["models"].items()
+        }  # fmt: skip
     return out
 
 
@@ -290,5 +298,11 @@ def goal_lines(g: dict[str, Any]) -> list[str]:
         lines.append(
             f"Numba start-up: cold {s['cold_process_s']:.1f} s, warm (cached) "
             f"{s['warm_process_s']:.1f} s per fresh process"
+        )
+    for name, s in g.get("steps", {}).items():
+        lines.append(
+            f"issue 11, a training step of the {name} model under exact_mode: "
+            f"{s['exact_mode_over_plain']:.2f}x the plain step (goal <= 1.5x: "
+            f"{met[s['met']]}); deterministic PyTorch {s['deterministic_over_plain']:.2f}x"
         )
     return lines

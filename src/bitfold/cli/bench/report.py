@@ -18,6 +18,7 @@ from .goals import (
     output_bytes,
     row,
 )
+from .steps import summary_lines as steps_summary
 
 __all__ = ["MEMORY_GOAL_BYTES_PER_ELEMENT", "MEMORY_GOAL_BYTES_PER_ENTRY", "goal_lines", "goals",
            "row", "summary_markdown", "text_table"]  # fmt: skip
@@ -272,6 +273,7 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         cases = cases_of(res, sweep)
         if cases:
             out += _sweep_table(res, sweep, cases, title.format(base=base), metric)
+    out += [line.replace("### ", "## ", 1) for line in steps_summary(res.get("steps"))]
     skipped = sorted(
         {(r["contender"], r["reason"]) for r in res["results"] if r["status"] == "skipped"}
     )
