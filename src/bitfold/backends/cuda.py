@@ -278,13 +278,19 @@ class DevicePlan:
     scratch: dict[Any, Scratch] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def buffer(self, dv: DeviceValues, name: str, shape: tuple[int, ...], dtype: Any) -> Scratch:
-        """A scratch buffer for ``dv``'s stream, allocated (zeroed) the first time only."""
+    def buffer(
+        self, dv: DeviceValues, name: str, shape: tuple[int, ...], dtype: Any, zeroed: bool
+    ) -> Scratch:
+        """A scratch buffer for ``dv``'s stream, allocated (``zeroed``) the first time only."""
         key = (name, dv.stream_key, tuple(shape), np.dtype(dtype).str)
         with self.lock:
             found = self.scratch.get(key)
             if found is None:
-                array = _cuda().to_device(np.zeros(shape, dtype), stream=dv.stream)
+                cuda = _cuda()
+                if zeroed:
+                    array = cuda.to_device(np.zeros(shape, dtype), stream=dv.stream)
+                else:
+                    array = cuda.device_array(shape, dtype, stream=dv.stream)
                 found = self.scratch[key] = Scratch(array)
             return found
 
@@ -397,7 +403,7 @@ def fold_exact(
             shape = launch or (
                 entry.limits.shared_launch(nbytes) if exact_path == "shared" else entry.launch
             )
-            scratch = entry.buffer(dv, "exact-state", (K, fmt.width), np.int64)
+            scratch = entry.buffer(dv, "exact-state", (K, fmt.width), np.int64, zeroed=True)
             with scratch.lock:
                 state = scratch.array
                 if scratch.dirty:
@@ -462,7 +468,7 @@ def fold_ordered(
         rows = dv.floats().reshape(spec.positions, D)
         out, out_bits = _empty(dv, (plan.K, D), kernels.out_bits_dtype(out_name))
         out_f = out_bits.view(np.dtype(out_name))
-        scratch = entry.buffer(dv, "ordered-gather", tuple(rows.shape), rows.dtype)
+        scratch = entry.buffer(dv, "ordered-gather", tuple(rows.shape), rows.dtype, zeroed=False)
         with scratch.lock:
             kernels.launch_ordered(entry.order, entry.offsets, rows, scratch.array, out_f,
                                    out_bits, out_name, dv.stream, shape=entry.launch)  # fmt: skip
