@@ -51,7 +51,7 @@ bench: $(VENV)/.installed-test
 
 # Copy a run's generated summary into the README's performance block.
 readme-perf: $(PY)
-	$(PY) benchmarks/readme_performance.py $(or $(RESULTS),benchmarks/results/2026-12-02-cpu-2core)
+	$(PY) benchmarks/readme_performance.py $(or $(RESULTS),benchmarks/results/2026-12-03-cpu-2core)
 
 # On a machine with an NVIDIA GPU: install, run the GPU tests, the GPU probe and
 # the GPU benchmark, and write JSON to OUT (default benchmarks/results/gpu-DATE).

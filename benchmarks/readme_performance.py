@@ -1,11 +1,11 @@
 """Copy the generated benchmark summary into the README's performance section.
 
 The README's numbers are never typed by hand: this script takes the
-"Goals" and "seed configuration" sections of a ``summary.md`` written by
-``bitfold bench`` and replaces the block between the README's
+"Goals", "seed configuration" and "Folds of rows" sections of a ``summary.md``
+written by ``bitfold bench`` and replaces the block between the README's
 ``<!-- bench-summary:begin -->`` and ``<!-- bench-summary:end -->`` markers.
 
-    python benchmarks/readme_performance.py benchmarks/results/2026-12-02-cpu-2core
+    python benchmarks/readme_performance.py benchmarks/results/2026-12-03-cpu-2core
     python benchmarks/readme_performance.py RESULTS_DIR --check   # exit 1 if the README differs
 """
 
@@ -18,13 +18,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- bench-summary:begin -->", "<!-- bench-summary:end -->"
-SECTIONS = ("## Goals", "## The seed configuration")
+SECTIONS = ("## Goals", "## The seed configuration", "## Folds of rows")
 
 
 def block_from_summary(summary: str, source: str) -> str:
     """The README block: the wanted sections of ``summary``, headings one level down."""
     parts = re.split(r"(?m)^(?=## )", summary)
-    chosen = [p.strip() for p in parts if p.startswith(SECTIONS)]
+    chosen = [p.strip() for s in SECTIONS for p in parts if p.startswith(s)]
     if len(chosen) != len(SECTIONS):
         raise SystemExit(f"{source}: summary.md lacks one of the sections {SECTIONS}")
     body = "\n\n".join("#" + p for p in chosen)
