@@ -323,6 +323,25 @@ def test_routes_are_chosen_by_shape_and_thresholds(monkeypatch):
         dispatch.fold(plan, f32, route="fast")
     with pytest.raises(bitfold.FoldError, match="folds scalars only"):
         dispatch.fold(plan, np.ones((50, 2), np.float32), route="limbs")
+    with pytest.raises(bitfold.FoldError, match="float16 values only; got float32"):
+        dispatch.fold(plan, f32, route="half-stream")
+
+
+@pytest.mark.parametrize(("dtype", "route"), [c for c in ROUTE_CASES if c[1] != "buckets"])
+def test_rows_of_one_element_take_the_scalar_routes(dtype, route):
+    """(N, 1) and (N, 1, 1) values are scalars: a scalar route, the scalars' bits, rows' shape."""
+    rng = np.random.default_rng(6)
+    K = 40
+    idx = rng.integers(0, K, 700)
+    vals = (rng.standard_normal(700) * np.exp2(rng.integers(-20, 20, 700))).astype(dtype)
+    plan = bitfold.Fold(idx, K)
+    want = exact_fold_oracle(idx, vals, K, "float64" if dtype == "float64" else "float32")
+    for shape in ((700, 1), (700, 1, 1)):
+        column = vals.reshape(shape)
+        assert host.choose_route(plan, dispatch.validate(plan, column)) != "buckets"
+        got = dispatch.fold(plan, column, route=route)
+        assert got.shape == (K, *shape[1:])
+        assert_bits(got.reshape(K), want, f"{route} {shape}")
 
 
 @pytest.mark.parametrize("route", ["float-stream", "half-stream", "sorted-stream", "buckets"])

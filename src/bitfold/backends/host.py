@@ -24,6 +24,7 @@ state into another, :func:`round_state` rounds every bucket once.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -124,18 +125,22 @@ def fold_exact(
         fmt = limb_format_for(rows.dtype.name)
         return _result(fold_buckets(plan, rows, fmt, out_name, start), values, out_name, spec)
     fmt = _format_of(spec)
+    # rows of one element are scalars: the scalar routes are much faster than bucket by bucket
+    one = replace(spec, trailing=()) if spec.row_size == 1 else spec
     if route == "auto":
         route = choose_route(plan, spec)
     if route not in ROUTES:
         raise FoldError(f"unknown exact route {route!r}; choose 'auto' or one of {ROUTES}")
-    if spec.trailing and route != "buckets":
+    if one.trailing and route != "buckets":
         raise FoldError(f"the {route!r} route folds scalars only; folds of rows take 'buckets'")
+    if route == "half-stream" and spec.dtype != "float16":
+        raise FoldError(f"the 'half-stream' route folds float16 values only; got {spec.dtype}")
     if route == "limbs":
         state = new_state(plan.K, fmt)
-        add_to_state(state, plan, values, spec, fmt, **options)
+        add_to_state(state, plan, values, one, fmt, **options)
         out = round_state(state, fmt, out_name)
     elif route == "half-stream":
-        out = _half_stream(plan, values, spec, out_name)
+        out = _half_stream(plan, values, one, out_name)
     else:
         rows = host_rows(values, spec)
         if route == "float-stream":
@@ -154,14 +159,14 @@ ROUTES = ("limbs", "float-stream", "half-stream", "sorted-stream", "buckets")
 def choose_route(plan: Fold, spec: Values) -> str:
     """The fastest route for this fold; from the shapes only (never from the data or threads).
 
-    Rows go bucket by bucket. Scalars: into few buckets, the limb state
-    streaming route (float64 bins for float32 values); float16 values, an
-    integer scatter-add; float32 and bfloat16 values into more buckets, checked
-    float64 sums streamed in position order into one float64 a bucket; into
-    very many buckets (whose states would not be cache-sized), checked float64
-    sums streamed in the plan's sorted order.
+    Rows go bucket by bucket (rows of one element are scalars). Scalars: into
+    few buckets, the limb state streaming route (float64 bins for float32
+    values); float16 values, an integer scatter-add; float32 and bfloat16
+    values into more buckets, checked float64 sums streamed in position order
+    into one float64 a bucket; into very many buckets (whose states would not
+    be cache-sized), checked float64 sums streamed in the plan's sorted order.
     """
-    if spec.trailing:
+    if spec.row_size != 1:
         return "buckets"
     K, n = plan.K, spec.positions
     if spec.dtype == "float16" and n < HALF_STREAM_MAX_VALUES and K <= FLOAT_STREAM_MAX_K:
@@ -299,7 +304,7 @@ def fold_ordered(
     rows = host_values(values).reshape(spec.positions, spec.row_size).astype(dtype, copy=False)
     out = _start(plan, spec, dtype, init)
     if dtype == np.float16:  # Numba has no float16 arithmetic: NumPy's add.at, in order
-        np.add.at(out, _index64(plan), rows)
+        _add_at(out, _index64(plan), rows)
     else:
         cpu.ordered_fold_rows(plan.index, rows, out)
     out = canonicalise_nans(out)
@@ -311,8 +316,17 @@ def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str, *, init: A
     dtype = np.dtype(out_name)
     rows = host_values(values).reshape(spec.positions, spec.row_size).astype(dtype, copy=False)
     out = _start(plan, spec, dtype, init)
-    np.add.at(out, _index64(plan), rows)
+    _add_at(out, _index64(plan), rows)
     return _result(out, values, out_name, spec)
+
+
+def _add_at(out: np.ndarray, index: np.ndarray, rows: np.ndarray) -> None:
+    """``np.add.at(out, index, rows)``; one-dimensional when rows have one element (NumPy's
+    fast path: about 7x faster than the same call on (K, 1) and (N, 1) arrays)."""
+    if out.shape[1] == 1:
+        np.add.at(out.reshape(-1), index, rows.reshape(-1))
+    else:
+        np.add.at(out, index, rows)
 
 
 def _start(plan: Fold, spec: Values, dtype: np.dtype, init: Any) -> np.ndarray:
