@@ -7,9 +7,13 @@ holds an ordinary float32 gradient (normal values times 1e-3, its own seed)
 and the step is timed two ways, interleaved, median over the repeats:
 
 * ``float32``: ``dist.all_reduce`` of the gradient (SUM) — what DDP does;
-* ``exact``: :class:`bitfold.dense.DenseSum` of the gradient, then
-  :func:`bitfold.distributed.exact_all_reduce` — bounds (MAX), words (SUM),
-  the signs of zero sums (MIN), and rounding every element once.
+* ``exact``: the gradient added into a :class:`bitfold.dense.DenseSum` (kept
+  between steps and reset, as :class:`bitfold.distributed.GradientSum` does),
+  then :func:`bitfold.distributed.exact_all_reduce` — bounds (MAX), words
+  (SUM), the signs of zero sums (MIN), and rounding every element once.
+
+Each rank runs one thread (torch and Numba): the ranks share the machine's
+cores, as the processes of a data-parallel job do.
 
 Bytes are those of the messages handed to the collectives (a ring all-reduce
 moves ``2 (W - 1) / W`` times them on each link, for both). Goals (issue 12):
@@ -40,16 +44,20 @@ def _rank(rank: int, world: int, init: str, n: int, repeats: int, out: str) -> N
     from bitfold.dense import DenseSum, wire_layout
     from bitfold.distributed import exact_all_reduce
 
-    torch.set_num_threads(1)
+    import numba
+
+    torch.set_num_threads(1)  # one thread per rank for both (the ranks share the cores)
+    numba.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     g = (np.random.default_rng(rank).standard_normal(n) * 1e-3).astype(np.float32)
     times: dict[str, list[float]] = {"float32": [], "exact": []}
+    kept = DenseSum((n,))  # kept between steps, as GradientSum keeps its sums
 
     def float_step() -> None:
         dist.all_reduce(torch.from_numpy(g.copy()))
 
     def exact_step() -> None:
-        exact_all_reduce(DenseSum((n,)).add(g))
+        exact_all_reduce(kept.reset().add(g))
 
     for i in range(repeats + 1):
         for name, step in (("float32", float_step), ("exact", exact_step))[:: 1 - 2 * (i % 2)]:

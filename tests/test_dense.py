@@ -115,6 +115,38 @@ def test_a_sum_of_nothing_is_positive_zero_and_results_keep_the_library():
     assert s.result(torch.bfloat16).dtype == torch.bfloat16
 
 
+def test_a_reset_sum_is_an_empty_one_whatever_it_held():
+    """reset() writes nothing: the next add writes the state, a read first empties it."""
+    rng = np.random.default_rng(3)
+    n = 3000
+    wild = [(rng.standard_normal(n) * 2.0 ** rng.integers(-100, 100, n)).astype(np.float32)
+            for _ in range(2)]  # fmt: skip
+    wild[0][:4] = [np.nan, np.inf, -np.inf, -0.0]
+    tame = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+    tame[1][5:9] = [np.inf, -0.0, -0.0, 0.0]
+    tame[0][6:8] = [-0.0, -0.0]
+    tame[2][6:8] = [-0.0, -0.0]
+    s = DenseSum((n,))
+    for a in wild:
+        s.add(a)
+    assert s.slow_elements > 0
+    s.reset()
+    assert s.adds == 0 and s.slow_elements == 0
+    assert bits(s.result()).tolist() == [0] * n  # read before any add: the empty sum
+    s.add(wild[0]).add(wild[1]).reset()  # limb rows and NaNs from before the reset
+    for a in tame:
+        s.add(a)
+    fresh = DenseSum((n,))
+    for a in tame:
+        fresh.add(a)
+    assert np.array_equal(bits(s.result()), bits(fresh.result()))
+    assert np.array_equal(bits(s.result()), bits(oracle(tame)))
+    assert s.result()[6] == 0 and math.copysign(1, s.result()[6]) < 0  # -0.0 + -0.0 + -0.0
+    other = DenseSum((n,)).add(tame[0])
+    assert np.array_equal(bits(DenseSum((n,)).merge(other).result()), bits(other.result()))
+    assert np.array_equal(bits(other.merge(DenseSum((n,))).result()), bits(oracle(tame[:1])))
+
+
 def test_the_limb_rows_grow_when_many_elements_need_them():
     n = 5000
     s = DenseSum((n,))

@@ -106,12 +106,22 @@ class DenseSum:
         self.size = int(np.prod(self.shape, dtype=np.int64))
         self.format = limb_format_for(dtype_name(dtype))
         self._wide = self.format.value_dtypes == ("float64",)
-        self._fast = np.full(self.size, -0.0)
-        self._slow_of = np.full(self.size, -1, np.int32)
+        # written by the first add (or emptied when read before one): ``_empty`` until then
+        self._fast = np.empty(self.size)
+        self._slow_of = np.empty(self.size, np.int32)
         self._slow = np.zeros((max(16, self.size // 256), self.format.width), np.int64)
         self._used = np.zeros(1, np.int64)
+        self._empty = True
+        self._words: np.ndarray | None = None  # encode(reuse=True)'s buffer
         self.adds = 0
         self._like: Any = None
+
+    def _materialise(self) -> None:
+        """Write the empty state (every element ``-0.0``, fast) before it is read."""
+        if self._empty:
+            self._fast.fill(-0.0)
+            self._slow_of.fill(-1)
+            self._empty = False
 
     # -- what it holds ----------------------------------------------------------------------------
     @property
@@ -153,14 +163,21 @@ class DenseSum:
         bits = flat.view(np.int64 if self._wide else np.uint32)
         start = 0
         while True:
-            resume = kernels.add_values(
-                self._fast[start:], flat[start:], bits[start:], self._slow_of[start:], self._slow,
-                self._used, self.adds, self.format.unit_exp, dec, self._wide,
-            )  # fmt: skip
+            if self._empty:  # nothing to add to: write the values, no reset pass
+                resume = kernels.first_values(
+                    self._fast[start:], flat[start:], bits[start:], self._slow_of[start:],
+                    self._slow, self._used, self.format.unit_exp, dec, self._wide,
+                )  # fmt: skip
+            else:
+                resume = kernels.add_values(
+                    self._fast[start:], flat[start:], bits[start:], self._slow_of[start:],
+                    self._slow, self._used, self.adds, self.format.unit_exp, dec, self._wide,
+                )  # fmt: skip
             if resume < 0:
                 break
             self._grow()
             start += resume
+        self._empty = False
         self.adds += 1
         if self._like is None:
             self._like = values
@@ -175,6 +192,8 @@ class DenseSum:
                 f"cannot merge a sum of shape {other.shape} ({other.format.name}) into one of "
                 f"shape {self.shape} ({self.format.name})"
             )
+        self._materialise()
+        other._materialise()
         start = 0
         while True:
             resume = kernels.merge_sums(
@@ -192,16 +211,19 @@ class DenseSum:
         return self
 
     def reset(self) -> DenseSum:
-        """Forget everything added (keep the shape, format and result library)."""
-        self._fast[:] = -0.0
-        self._slow_of[:] = -1
+        """Forget everything added (keep the shape, format and result library).
+
+        Costs nothing: the next :meth:`add` writes the state instead of adding to it.
+        """
         self._used[0] = 0
+        self._empty = True
         self.adds = 0
         return self
 
     # -- the wire ---------------------------------------------------------------------------------
     def bounds(self, block: int = BLOCK) -> np.ndarray:
         """``(-lo, hi)`` of every block (int64, MAX-reducible over processes)."""
+        self._materialise()
         out = np.empty(((self.size + block - 1) // block, 2), np.int64)
         if self.size >= (1 << 16):
             start_thread_pool()
@@ -209,9 +231,20 @@ class DenseSum:
                              self.format.unit_exp, out)  # fmt: skip
         return out
 
-    def encode(self, layout: WireLayout) -> np.ndarray:
-        """This process's int64 words in ``layout`` (SUM-reducible over processes)."""
-        words = np.zeros(layout.words, np.int64)
+    def encode(self, layout: WireLayout, *, reuse: bool = False) -> np.ndarray:
+        """This process's int64 words in ``layout`` (SUM-reducible over processes).
+
+        With ``reuse`` the words go into a buffer this sum keeps from call to
+        call (no new pages to fault in every step), overwritten by the next
+        ``encode(..., reuse=True)``.
+        """
+        self._materialise()
+        if not reuse:
+            words = np.empty(layout.words, np.int64)
+        else:
+            if self._words is None or self._words.shape != (layout.words,):
+                self._words = np.empty(layout.words, np.int64)
+            words = self._words
         if self.size >= (1 << 16):
             start_thread_pool()
         kernels.encode(self._fast, self._slow_of, self._slow, self.adds, self.format.unit_exp,
@@ -220,6 +253,7 @@ class DenseSum:
 
     def negzero(self) -> np.ndarray:
         """int32 flags: 1 where every term added was ``-0.0`` (or none was), else 0."""
+        self._materialise()
         out = np.empty(self.size, np.int32)
         kernels.negzero_flags(self._fast, self._slow_of, self._slow, out)
         return out

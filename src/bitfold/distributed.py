@@ -100,7 +100,8 @@ def exact_all_reduce(
     ranks = dist.get_world_size(group)
     bounds = _reduce(s.bounds(), dist.ReduceOp.MAX, group, timeout, "the bounds all-reduce")
     layout = wire_layout(bounds, s.size, ranks, s.format.limbs)
-    words = _reduce(s.encode(layout), dist.ReduceOp.SUM, group, timeout, "the exact all-reduce")
+    words = _reduce(s.encode(layout, reuse=True), dist.ReduceOp.SUM, group, timeout,
+                    "the exact all-reduce")  # fmt: skip
     negzero = np.zeros(s.size, np.int32)
     zeros = s.zero_elements(words, layout)
     if zeros.size:

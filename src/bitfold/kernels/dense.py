@@ -86,6 +86,32 @@ def add_values(fast, values, bits, slow_of, slow, used, adds, unit, dec, wide): 
     return -1
 
 
+@njit(cache=True, nogil=True)
+def first_values(fast, values, bits, slow_of, slow, used, unit, dec, wide):  # pragma: no cover
+    """The first array added to an empty sum: ``fast`` and ``slow_of`` written, never read.
+
+    A finite value is its own exact float64; a NaN or an infinity takes a limb
+    row (as :func:`add_values` would). Returns the element to resume from when
+    ``slow`` has no free row, or -1. One pass instead of a reset and an add.
+    """
+    L = slow.shape[1] - 5
+    for i in range(values.shape[0]):
+        x = np.float64(values[i])
+        if x - x == 0.0:
+            fast[i] = x
+            slow_of[i] = -1
+            continue
+        r = used[0]
+        if r == slow.shape[0]:
+            return i
+        used[0] += 1
+        slow_of[i] = r
+        slow[r, :] = 0
+        add_bits(slow[r], L, bits[i], dec[0], dec[1], dec[2], wide)
+        fast[i] = np.nan
+    return -1
+
+
 # -- bounds ---------------------------------------------------------------------------------------
 _DEBRUIJN = np.int64(0x03F79D71B4CB0A89)
 _CTZ_TABLE = np.array([0] * 64, np.int64)
@@ -238,6 +264,9 @@ def _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes,
     L = W - 5
     pos = offsets[b]
     count = min(n, (b + 1) * block) - b * block
+    if classes[b] == WIDE:  # the shared lanes are added into: zero them (``words`` is not)
+        for j in range((count + 1) // 2):
+            words[offsets[b] + count + j] = 0
     for i in range(b * block, b * block + count):
         r = max(slow_of[i], 0)
         if classes[b] == FULL:
