@@ -38,13 +38,12 @@ BYTES_GOAL, TIME_GOAL = 4.0, 3.0
 
 
 def _rank(rank: int, world: int, init: str, n: int, repeats: int, out: str) -> None:
+    import numba
     import torch
     import torch.distributed as dist
 
     from bitfold.dense import DenseSum, wire_layout
     from bitfold.distributed import exact_all_reduce
-
-    import numba
 
     torch.set_num_threads(1)  # one thread per rank for both (the ranks share the cores)
     numba.set_num_threads(1)
