@@ -6,6 +6,11 @@ Modules are imported here only to build the parser; they import frameworks
 only when they run. Beside the commands: ``seed_model`` (the seed's model and
 its one training loop, for probe and train), ``probe_devices`` and
 ``probe_report`` (the probe's CPU/CUDA backends and its printed report),
+``train_models`` (the digits data and models of ``train``), the data-parallel
+``train --world-size`` path (``parallel``: options and readout; ``launch``:
+local processes or torchrun; ``parallel_rank``: one rank's training;
+``parallel_task``: model, loss and readout; ``data_order``: shuffles and the
+dealing of micro-batches; ``checkpoints``: atomic ``--save``/``--resume``),
 ``progress``, ``timing`` and ``torch_env`` (small helpers of the commands).
 The tools import the engine and :mod:`bitfold.repro`, never the reverse.
 """
