@@ -327,6 +327,33 @@ def test_a_shared_path_that_cannot_fit_is_refused():
                              path="shared")  # fmt: skip
 
 
+def test_a_refused_shared_memory_opt_in_falls_back_or_is_named(monkeypatch):
+    """A device that offers 227 KB but whose driver refuses the opt-in (the simulator does)."""
+    K = 1000
+    fmt = kernels.SOURCES["float32"][1]
+    nbytes = kernels.shared_bytes(K, fmt)
+    assert kernels.SHARED_LIMIT_BYTES < nbytes <= 227 * 1024
+    rng = np.random.default_rng(13)
+    idx = rng.integers(0, K, N_TINY)
+    vals = _wide_values(rng, N_TINY)
+    plan = bitfold.Fold(idx, K)
+    _fold(plan, vals)  # uploads the plan
+    entry = plan._prepared[("numba-cuda", 0)]
+    big = dataclasses.replace(entry.limits, shared_per_block=227 * 1024)
+    monkeypatch.setitem(plan._prepared, ("numba-cuda", 0), dataclasses.replace(entry, limits=big))
+    kernel = kernels.exact_shared_kernel("float32")
+    assert kernels.allow_dynamic_shared(kernel, (), kernels.SHARED_LIMIT_BYTES) is True
+    # on the simulator the opt-in is refused: auto takes the bucket kernel, a forced shared path
+    # is refused by name; on a device the opt-in is real and the shared kernel runs with 96 KB
+    _assert_bits_equal(_fold(plan, vals), plan(vals), "auto")
+    if SIM:
+        assert kernels.allow_dynamic_shared(kernel, (), nbytes) is False
+        with pytest.raises(ValueError, match=f"did not let .* use {nbytes:,} bytes"):
+            _fold(plan, vals, exact_path="shared")
+    else:
+        _assert_bits_equal(_fold(plan, vals, exact_path="shared"), plan(vals), "shared, 96 KB")
+
+
 def test_the_scratch_state_is_left_zeroed_and_a_dirty_one_is_cleaned_first():
     rng = np.random.default_rng(4)
     K = 17

@@ -382,6 +382,14 @@ def fold_exact(
         if exact_path == "auto":
             scalar_path = kernels.exact_path(K, fmt, limit)
             exact_path = "buckets" if rows_or_init or scalar_path == "global" else scalar_path
+            state_shape = (K, fmt.width)
+            if exact_path == "shared" and not kernels.allow_dynamic_shared(
+                kernels.exact_shared_kernel(dv.dtype),
+                (entry.index, dv.bits, 0, spec.positions,
+                 entry.buffer(dv, "exact-state", state_shape, np.int64, zeroed=True).array),
+                nbytes,
+            ):  # fmt: skip
+                exact_path = "buckets"  # the driver would not give the shared memory
         if rows_or_init and exact_path != "buckets":
             raise FoldError(
                 f"exact_path {exact_path!r} folds scalars only, into zeros; folds of rows or "

@@ -574,28 +574,35 @@ def device_limits(device: Any) -> DeviceLimits:
 _SHARED_ALLOWED: dict[tuple[int, int, tuple[Any, ...]], int] = {}
 
 
-def allow_dynamic_shared(kernel: Any, args: tuple[Any, ...], nbytes: int) -> None:
-    """Let ``kernel``, launched with ``args``, use ``nbytes`` (> 48 KB) of dynamic shared memory.
+def allow_dynamic_shared(kernel: Any, args: tuple[Any, ...], nbytes: int) -> bool:
+    """Let ``kernel``, launched with ``args``, use ``nbytes`` of dynamic shared memory.
 
     Launches above 48 KB must opt in (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``,
     up to the device's ``MAX_SHARED_MEMORY_PER_BLOCK_OPTIN``: 227 KB on an
-    H100/H200). Raises what the driver raises when it refuses.
+    H100/H200). True when the launch may go ahead; False when the driver
+    refused (or the simulator, which cannot opt in, is asked for more than 48 KB).
     """
-    if nbytes <= SHARED_LIMIT_BYTES or _SIMULATOR:
-        return
+    if nbytes <= SHARED_LIMIT_BYTES:
+        return True
+    if _SIMULATOR:
+        return False
     from numba.cuda.cudadrv.driver import binding, driver
 
     types = tuple(kernel.typeof_pyval(a) for a in args)
     device = cuda.get_current_device().id
     key = (id(kernel), device, types)
     if _SHARED_ALLOWED.get(key, 0) >= nbytes:
-        return
-    compiled = kernel.compile(types)
-    compiled.bind()
-    function = compiled._codelibrary.get_cufunc()
-    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    driver.cuKernelSetAttribute(attr, int(nbytes), function.handle, device)
+        return True
+    try:
+        compiled = kernel.compile(types)
+        compiled.bind()
+        function = compiled._codelibrary.get_cufunc()
+        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        driver.cuKernelSetAttribute(attr, int(nbytes), function.handle, device)
+    except Exception:  # an old driver or numba-cuda without these entry points: no opt-in
+        return False
     _SHARED_ALLOWED[key] = int(nbytes)
+    return True
 
 
 def _blocks(n: int, shape: LaunchShape) -> int:
@@ -648,8 +655,12 @@ def launch_exact(
     K = int(state.shape[0])
     n = int(bits.shape[0])
     nbytes = shared_bytes(K, fmt)
+    kernel = exact_shared_kernel(source)
     if path == "auto":
         path = exact_path(K, fmt, shared_limit)
+        args = (index, bits, 0, n, state)
+        if path == "shared" and not allow_dynamic_shared(kernel, args, nbytes):
+            path = "global"  # the driver would not give the shared memory
     if path == "shared" and nbytes > shared_limit:
         raise ValueError(
             f"the shared-memory exact kernel needs {nbytes:,} bytes of shared memory a block for "
@@ -666,9 +677,12 @@ def launch_exact(
         if path == "shared":
             wanted = max(shape.min_blocks, (hi - lo) // (VALUES_PER_BUCKET * max(K, 1)))
             blocks = max(1, min(_blocks(hi - lo, shape), wanted))
-            kernel = exact_shared_kernel(source)
             args = (index, bits, lo, hi, state)
-            allow_dynamic_shared(kernel, args, nbytes)
+            if not allow_dynamic_shared(kernel, args, nbytes):
+                raise ValueError(
+                    f"the driver did not let the shared-memory exact kernel use {nbytes:,} "
+                    "bytes of shared memory a block"
+                )
             kernel[blocks, shape.threads, stream, nbytes](*args)
         else:
             blocks = _blocks(hi - lo, shape)
