@@ -11,7 +11,8 @@ its one training loop, for probe and train), ``probe_devices`` and
 local processes or torchrun; ``parallel_rank``: one rank's training;
 ``parallel_task``: model, loss and readout; ``data_order``: shuffles and the
 dealing of micro-batches; ``checkpoints``: atomic ``--save``/``--resume``),
-``progress``, ``timing`` and ``torch_env`` (small helpers of the commands).
+``json_report``, ``progress``, ``timing`` and ``torch_env`` (small helpers of the
+commands).
 The tools import the engine and :mod:`bitfold.repro`, never the reverse.
 """
 

@@ -23,16 +23,15 @@ run with an error, exit status 2.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from ..errors import FoldError
 from .checkpoints import resume_state
 from .data_order import micro_batch_shares
+from .json_report import report
 from .launch import run_local, torchrun_rank
 from .parallel_rank import RankJob, run_rank
 from .seed_model import SeedModel
@@ -227,11 +226,5 @@ def main(args: argparse.Namespace) -> int:
                    "resume": args.resume, "launcher": "torchrun" if launched else "local"},
         "runs": runs, "distinct_digests": len(digests), "identical": len(digests) == 1,
     }  # fmt: skip
-    _print(result, sys.stderr if args.json == "-" else sys.stdout)
-    if args.json:
-        text = json.dumps(result, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+    report(result, _print, args.json)
     return 0

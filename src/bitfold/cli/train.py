@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import sys
@@ -59,6 +58,7 @@ import numpy as np
 
 from ..errors import DeviceError, FoldError
 from . import parallel
+from .json_report import report
 from .progress import progress_bar
 from .seed_model import SEED_STEPS, SeedModel, train
 from .torch_env import passive_openmp_before_torch
@@ -485,12 +485,5 @@ def _main(torch: Any, args: argparse.Namespace, strategies: list[str]) -> int:
             summaries[BASELINE]["accuracy_difference"] if BASELINE in summaries else None
         ),
     }
-    # with --json - the JSON alone goes to stdout and the table to stderr
-    _print_report(result, sys.stderr if args.json == "-" else sys.stdout)
-    if args.json:
-        text = json.dumps(result, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            Path(args.json).write_text(text + "\n")
+    report(result, _print_report, args.json)
     return 0

@@ -319,6 +319,12 @@ def settle_kernel(limbs: int) -> Any:
     return cuda.jit(settle)
 
 
+def _rounding_target(out_name: str) -> tuple[int, int, int, int]:
+    """``(precision, exponent bits, smallest subnormal exponent, canonical NaN)`` of a target."""
+    t = FLOATS[out_name]
+    return t.precision, t.exponent_bits, t.subnormal_exp, t.canonical_nan
+
+
 def signed_bits(unsigned: int, width: int) -> int:
     """The two's complement value of a ``width``-bit pattern (what a signed int view holds)."""
     return unsigned - (1 << width) if unsigned >= 1 << (width - 1) else unsigned
@@ -349,10 +355,7 @@ def round_kernel(limbs: int, unit_exp: int, out_name: str, widen_bfloat16: bool 
     """
     L = limbs
     UNIT = unit_exp
-    target = FLOATS[out_name]
-    P, EBITS, SUB_EXP, NAN_BITS = (
-        target.precision, target.exponent_bits, target.subnormal_exp, target.canonical_nan
-    )
+    P, EBITS, SUB_EXP, NAN_BITS = _rounding_target(out_name)
     SHIFT = 16 if (widen_bfloat16 and out_name == "bfloat16") else 0
 
     def round_state(state, counts, add_counts, clear, out_bits):  # pragma: no cover - compiled
@@ -392,10 +395,7 @@ def buckets_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> 
     L = fmt.limbs
     W = L + 5
     UNIT = fmt.unit_exp
-    target = FLOATS[out_name]
-    P, EBITS, SUB_EXP, NAN_BITS = (
-        target.precision, target.exponent_bits, target.subnormal_exp, target.canonical_nan
-    )
+    P, EBITS, SUB_EXP, NAN_BITS = _rounding_target(out_name)
     OUT_SHIFT = 16 if (widen_bfloat16 and out_name == "bfloat16") else 0
     FROM_BITS = source == "bfloat16"
 

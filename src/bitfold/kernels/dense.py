@@ -35,7 +35,7 @@ from .ieee import (
     add_exact_sum,
     bit_length,
     checked_add,
-    normalise,
+    magnitude,
     round_row,
     round_scaled,
 )
@@ -72,18 +72,32 @@ def add_values(fast, values, bits, slow_of, slow, used, adds, unit, dec, wide): 
         if s == s:
             fast[i] = s
             continue
-        r = slow_of[i]
+        r = slow_row(i, fast, slow_of, slow, used, adds, unit)
         if r < 0:
-            r = used[0]
-            if r == slow.shape[0]:
-                return i
-            used[0] += 1
-            slow_of[i] = r
-            slow[r, :] = 0
-            add_exact_sum(slow[r], L, fast[i], adds, unit)
-            fast[i] = np.nan
+            return i
         add_bits(slow[r], L, bits[i], dec[0], dec[1], dec[2], wide)
     return -1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def slow_row(i, fast, slow_of, slow, used, adds, unit):  # pragma: no cover - compiled
+    """Element i's limb row: its own, or a new one holding its exact float64 sum; -1 if none free.
+
+    ``adds`` is the term count of that float64 sum. A new row turns the
+    element slow (``fast[i]`` NaN, ``slow_of[i]`` the row).
+    """
+    r = slow_of[i]
+    if r >= 0:
+        return r
+    r = used[0]
+    if r == slow.shape[0]:
+        return -1
+    used[0] += 1
+    slow_of[i] = r
+    slow[r, :] = 0
+    add_exact_sum(slow[r], slow.shape[1] - 5, fast[i], adds, unit)
+    fast[i] = np.nan
+    return r
 
 
 @njit(cache=True, nogil=True)
@@ -101,14 +115,12 @@ def first_values(fast, values, bits, slow_of, slow, used, unit, dec, wide):  # p
             fast[i] = x
             slow_of[i] = -1
             continue
-        r = used[0]
-        if r == slow.shape[0]:
+        fast[i] = -0.0  # no term yet: the new row starts empty
+        slow_of[i] = -1
+        r = slow_row(i, fast, slow_of, slow, used, 0, unit)
+        if r < 0:
             return i
-        used[0] += 1
-        slow_of[i] = r
-        slow[r, :] = 0
         add_bits(slow[r], L, bits[i], dec[0], dec[1], dec[2], wide)
-        fast[i] = np.nan
     return -1
 
 
@@ -135,20 +147,6 @@ def _double_parts(b):  # pragma: no cover - compiled
         m |= np.int64(1) << 52
         return b < 0, m, ef - 1075
     return b < 0, m, np.int64(-1074)
-
-
-@njit(cache=True, nogil=True)
-def magnitude(row, L, mag):  # pragma: no cover - compiled
-    """|value| of a limb row into ``mag`` (normalised, non-negative); returns its sign."""
-    for j in range(L):
-        mag[j] = row[j]
-    normalise(mag, L)
-    negative = mag[L - 1] < 0
-    if negative:
-        for j in range(L):
-            mag[j] = -mag[j]
-        normalise(mag, L)
-    return negative
 
 
 @njit(cache=True, nogil=True)
@@ -481,16 +479,9 @@ def merge_sums(fast, slow_of, slow, used, other_fast, other_slow_of, other_slow,
             if s == s:
                 fast[i] = s
                 continue
-        r = slow_of[i]
+        r = slow_row(i, fast, slow_of, slow, used, adds, unit)
         if r < 0:
-            r = used[0]
-            if r == slow.shape[0]:
-                return i
-            used[0] += 1
-            slow_of[i] = r
-            slow[r, :] = 0
-            add_exact_sum(slow[r], L, fast[i], adds, unit)
-            fast[i] = np.nan
+            return i
         if x == x:
             add_exact_sum(slow[r], L, x, other_adds, unit)
         else:

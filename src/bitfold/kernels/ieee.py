@@ -100,6 +100,20 @@ def bit_length(x):  # pragma: no cover - compiled
 
 
 @register_jitable
+def magnitude(row, L, mag):  # pragma: no cover - compiled
+    """|value| of a limb row into ``mag`` (normalised, non-negative); returns its sign."""
+    for j in range(L):
+        mag[j] = row[j]
+    normalise(mag, L)
+    negative = mag[L - 1] < 0
+    if negative:
+        for j in range(L):
+            mag[j] = -mag[j]
+        normalise(mag, L)
+    return negative
+
+
+@register_jitable
 def round_row(row, L, extra_terms, unit_exp, precision, exp_bits, subnormal_exp, nan_bits,
               out_shift, mag):  # fmt: skip  # pragma: no cover - compiled
     """Round the exact sum of one state row once, to nearest-even; return its IEEE bit pattern.
@@ -134,14 +148,7 @@ def round_row(row, L, extra_terms, unit_exp, precision, exp_bits, subnormal_exp,
         return inf_bits
     if n_neg > 0:
         return inf_bits + sign
-    for j in range(L):
-        mag[j] = row[j]
-    normalise(mag, L)
-    negative = mag[L - 1] < 0
-    if negative:
-        for j in range(L):
-            mag[j] = -mag[j]
-        normalise(mag, L)
+    negative = magnitude(row, L, mag)
     top = -1
     for j in range(L - 1, -1, -1):
         if mag[j] != 0:
@@ -420,6 +427,7 @@ __all__ = [
     "decode",
     "encode",
     "float_parts",
+    "magnitude",
     "normalise",
     "round_row",
     "round_scaled",
