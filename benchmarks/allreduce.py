@@ -42,6 +42,7 @@ def _rank(rank: int, world: int, init: str, n: int, repeats: int, out: str) -> N
     import torch
     import torch.distributed as dist
 
+    from bitfold.cli.launch import leave
     from bitfold.dense import DenseSum, wire_layout
     from bitfold.distributed import exact_all_reduce
 
@@ -85,6 +86,7 @@ def _rank(rank: int, world: int, init: str, n: int, repeats: int, out: str) -> N
         with open(out, "w") as f:
             json.dump(record, f)
     dist.destroy_process_group()
+    leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
 
 
 def measure(world: int, n: int, repeats: int) -> dict:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import bitfold
+from bitfold.cli.launch import leave
 from bitfold.errors import DistributedError
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -36,6 +37,7 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
     if rank == 0:
         np.save(out, result)
     dist.destroy_process_group()
+    leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
 
 
 @pytest.mark.slow
@@ -104,6 +106,7 @@ def _train_rank(rank, world, init, out, dtype_name, exact):
         with open(out, "w") as f:
             f.write(bitfold.digest({k: v.float() for k, v in model.state_dict().items()}))
     dist.destroy_process_group()
+    leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
 
 
 def _digest_for(tmp_path, world, dtype_name="float32", exact=True):
@@ -141,6 +144,7 @@ def _mismatch_rank(rank, world, init, out):
     with open(f"{out}.{rank}", "w") as f:
         f.write(result)
     dist.destroy_process_group()
+    leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
 
 
 @pytest.mark.slow
@@ -167,7 +171,7 @@ def _dying_rank(rank, world, init, out):
         result = f"{time.monotonic() - t0:.1f} {err}"
     with open(out, "w") as f:
         f.write(result)
-    os._exit(0)
+    leave(0)  # the group is broken: no teardown
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ import oracle
 import pytest
 
 from bitfold import cli
+from bitfold.cli.launch import leave
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 dist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")
@@ -177,6 +178,7 @@ def _engine_rank(rank: int, world: int, init: str, out: str) -> None:
     np.savez(f"{out}/rank{rank}.npz", **res)
     Path(f"{out}/rank{rank}.txt").write_text(mismatch)
     dist.destroy_process_group()
+    leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,12 @@ is noticed within it, one that raised at once, sooner) and then stops what
 is left, so a run never hangs and never returns a partial result: any
 failure is one :class:`bitfold.errors.FoldError` naming what happened to
 each rank.
+
+:func:`leave` ends a rank's process once its result is on disk, without the
+interpreter's teardown: torch's gloo worker threads may still be releasing a
+finished collective then, the release needs the interpreter, and during
+teardown it aborts the process (SIGABRT, "terminate called without an active
+exception") after all the work was done.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import DistributedError, FoldError
 
@@ -51,6 +57,18 @@ def torchrun_rank() -> tuple[int, int] | None:
         ) from None
 
 
+def leave(code: int = 0) -> NoReturn:
+    """End this process now with exit status ``code``: flush stdout and stderr, skip the teardown.
+
+    For a rank whose results are written: a normal interpreter exit can abort the process when
+    a gloo worker thread of torch releases its last finished collective (the release takes the
+    interpreter's lock, which teardown no longer grants). Files the caller opened must be closed.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _child(target: Callable[..., dict[str, Any]], rank: int, world_size: int, init: str,
            job: Any, out: str) -> None:
     """A spawned rank: run ``target`` and leave its result or its error in the file ``out``."""
@@ -68,10 +86,7 @@ def _child(target: Callable[..., dict[str, Any]], rank: int, world_size: int, in
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(result, f)
     os.replace(tmp, out)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if code:
-        os._exit(code)  # leave at once: a broken process group must not hang the exit
+    leave(code)  # also after a failure: a broken process group must not hang the exit
 
 
 def _exit_story(code: int | None) -> str:

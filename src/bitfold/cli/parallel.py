@@ -32,7 +32,7 @@ from ..errors import FoldError
 from .checkpoints import resume_state
 from .data_order import micro_batch_shares
 from .json_report import report
-from .launch import run_local, torchrun_rank
+from .launch import leave, run_local, torchrun_rank
 from .parallel_rank import RankJob, run_rank
 from .seed_model import SeedModel
 
@@ -125,9 +125,7 @@ def _one_rank(rank: int, world_size: int, job: RankJob) -> dict[str, Any]:
         return run_rank(rank, world_size, "env://", job)
     except FoldError as err:
         print(f"bitfold train: error: rank {rank} of {world_size}: {err}", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(2)
+        leave(2)
 
 
 def _summary(results: list[dict[str, Any]], cfg: dict[str, Any],
@@ -210,7 +208,7 @@ def main(args: argparse.Namespace) -> int:
     if launched is not None:
         result = _one_rank(launched[0], launched[1], job)
         if launched[0] != 0:
-            return 0
+            leave(0)  # this process was one rank: see launch.leave
         runs.append(_summary([result], cfg, None))
     else:
         for world in worlds:
@@ -227,4 +225,6 @@ def main(args: argparse.Namespace) -> int:
         "runs": runs, "distinct_digests": len(digests), "identical": len(digests) == 1,
     }  # fmt: skip
     report(result, _print, args.json)
+    if launched is not None:
+        leave(0)
     return 0
