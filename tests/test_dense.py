@@ -213,6 +213,32 @@ def test_the_wire_carries_the_exact_sum_in_every_class(spread, klass, world):
                            kernels.FULL: 121}[klass]  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_limb_rows_and_subnormals_in_narrow_blocks_travel_exactly(dtype):
+    """Narrow blocks of exact float64s, limb rows, subnormals and zeros of either sign."""
+    tiny = np.finfo(dtype).smallest_subnormal
+    n, world = 256, 3  # four blocks of 64
+    rng = np.random.default_rng(5)
+    arrays = []
+    for r in range(world):
+        a = rng.integers(-4, 5, n).astype(dtype)
+        b = np.zeros(n, dtype)
+        b[:128:5] = 2.0**-56  # 4 + 2^-56 rounds in float64: those elements take limbs
+        a[128:192] = tiny * rng.integers(-9, 10, 64)  # subnormal sums
+        b[128:192] = tiny * (r + 1)
+        a[192:], b[192:] = -0.0, 0.0 if r else -0.0
+        a[200:210] = b[200:210] = -0.0  # every term -0.0
+        arrays.append([a, b])
+    sums = [DenseSum((n,), dtype).add(a).add(b) for a, b in arrays]
+    assert all(s.slow_elements > 0 for s in sums)
+    layout, words, negzero = _exchange(sums)
+    assert layout.classes.tolist() == [kernels.NARROW] * 4
+    got = sums[0].decode(words, layout, negzero, None if dtype == "float64" else "float32")
+    want = oracle([x for pair in arrays for x in pair], dtype)
+    assert np.array_equal(bits(got), bits(want))
+    assert bits(got)[200:210].tolist() == [bits(np.array(-0.0, dtype))[0]] * 10
+
+
 def test_nan_and_infinity_go_full_on_every_rank():
     a = np.array([1.0, 2.0, 3.0], np.float32)
     b = np.array([np.inf, 2.0, -np.inf], np.float32)

@@ -260,9 +260,10 @@ class DenseSum:
 
     def zero_elements(self, words: np.ndarray, layout: WireLayout) -> np.ndarray:
         """Indices of the elements whose reduced words are zero (the sign of zero is unsettled)."""
-        mask = np.zeros(self.size, np.uint8)
-        kernels.zero_elements(words, layout.classes, layout.offsets, layout.block, self.size, mask)
-        return np.flatnonzero(mask)
+        found = np.empty(self.size, np.int64)
+        k = kernels.zero_elements(words, layout.classes, layout.offsets, layout.block,
+                                  self.size, found)  # fmt: skip
+        return found[:k].copy()
 
     def decode(
         self,

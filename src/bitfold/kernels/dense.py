@@ -29,11 +29,11 @@ import math
 
 import numpy as np
 from numba import njit, prange
+from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 from .ieee import (
     add_bits,
     add_exact_sum,
-    bit_length,
     checked_add,
     magnitude,
     round_row,
@@ -125,28 +125,35 @@ def first_values(fast, values, bits, slow_of, slow, used, unit, dec, wide):  # p
 
 
 # -- bounds ---------------------------------------------------------------------------------------
-_DEBRUIJN = np.int64(0x03F79D71B4CB0A89)
-_CTZ_TABLE = np.array([0] * 64, np.int64)
-for _i in range(64):
-    _CTZ_TABLE[((((1 << _i) * 0x03F79D71B4CB0A89) & ((1 << 64) - 1)) >> 58)] = _i
+@njit(cache=True, nogil=True)
+def _trailing_zeros(v):  # pragma: no cover - compiled
+    """Trailing zero bits of a non-zero int64 (the processor's instruction)."""
+    return np.int64(trailing_zeros(v))
 
 
 @njit(cache=True, nogil=True)
-def _trailing_zeros(v):  # pragma: no cover - compiled
-    """Trailing zero bits of a non-zero int64 (a de Bruijn multiply, no loop)."""
-    low = v & -v
-    return _CTZ_TABLE[np.uint64(np.uint64(low) * np.uint64(_DEBRUIJN)) >> np.uint64(58)]
+def _bit_length(v):  # pragma: no cover - compiled
+    """Bits of a non-negative int64 (the processor's count of leading zeros)."""
+    return 64 - np.int64(leading_zeros(v))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _fast_parts(x):  # pragma: no cover - compiled
+    """A float64's bits (int64) as ``(special, M, e)``, value ``±M·2^e`` unless ``special``.
+
+    ``special``: the exponent field is all ones (a NaN: the element is slow). No branch, so
+    the loops over a block vectorise.
+    """
+    ef = (x >> 52) & 0x7FF
+    m = (x & 0xFFFFFFFFFFFFF) | (np.int64(ef != 0) << 52)
+    return ef == 0x7FF, m, max(ef, np.int64(1)) - 1075
 
 
 @njit(cache=True, nogil=True)
 def _double_parts(b):  # pragma: no cover - compiled
     """A finite float64's bits (int64) as ``(negative, M, e)``, value ``±M·2^e``."""
-    ef = (b >> 52) & 0x7FF
-    m = b & 0xFFFFFFFFFFFFF
-    if ef:
-        m |= np.int64(1) << 52
-        return b < 0, m, ef - 1075
-    return b < 0, m, np.int64(-1074)
+    _, m, e = _fast_parts(b)
+    return b < 0, m, e
 
 
 @njit(cache=True, nogil=True)
@@ -158,8 +165,7 @@ def fast_bounds(x_bits):  # pragma: no cover - compiled
     _, m, e = _double_parts(x_bits)
     if m == 0:
         return NO_LO, NO_HI
-    top = 53 if m >> 52 else bit_length(m)  # normal doubles: the hidden bit is the top
-    return e + _trailing_zeros(m), e + top
+    return e + _trailing_zeros(m), e + _bit_length(m)
 
 
 @njit(cache=True, nogil=True)
@@ -177,14 +183,18 @@ def slow_bounds(row, unit, mag):  # pragma: no cover - compiled
             break
     for j in range(L - 1, -1, -1):
         if mag[j] != 0:
-            hi = unit + 32 * j + bit_length(mag[j])
+            hi = unit + 32 * j + _bit_length(mag[j])
             break
     return lo, hi
 
 
 @njit(cache=True, parallel=True)
 def block_bounds(fast, slow_of, slow, block, unit, out):  # pragma: no cover - compiled
-    """``out[b] = (-lo, hi)`` over every element of block ``b`` (``block`` elements a block)."""
+    """``out[b] = (-lo, hi)`` over every element of block ``b`` (``block`` elements a block).
+
+    A block of fast elements is one branch-free pass; a block holding a slow element (its
+    ``fast`` is NaN) is read again element by element.
+    """
     n = fast.shape[0]
     L = slow.shape[1] - 5
     fast_bits = fast.view(np.int64)
@@ -192,15 +202,24 @@ def block_bounds(fast, slow_of, slow, block, unit, out):  # pragma: no cover - c
     for c in prange(CHUNKS):
         mag = np.empty(L, np.int64)  # scratch once a chunk of blocks, not once a block
         for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
-            lo = NO_LO
-            hi = NO_HI
+            lo = np.int64(NO_LO)
+            hi = np.int64(NO_HI)
+            slow_here = False
             for i in range(b * block, min(n, (b + 1) * block)):
-                if fast[i] == fast[i]:
-                    a, z = fast_bounds(fast_bits[i])
-                else:
-                    a, z = slow_bounds(slow[slow_of[i]], unit, mag)
-                lo = min(lo, a)
-                hi = max(hi, z)
+                special, m, e = _fast_parts(fast_bits[i])
+                slow_here |= special
+                lo = min(lo, NO_LO if m == 0 else e + _trailing_zeros(m))
+                hi = max(hi, NO_HI if m == 0 else e + _bit_length(m))
+            if slow_here:
+                lo = np.int64(NO_LO)
+                hi = np.int64(NO_HI)
+                for i in range(b * block, min(n, (b + 1) * block)):
+                    if fast[i] == fast[i]:
+                        a, z = fast_bounds(fast_bits[i])
+                    else:
+                        a, z = slow_bounds(slow[slow_of[i]], unit, mag)
+                    lo = min(lo, a)
+                    hi = max(hi, z)
             out[b, 0] = -lo
             out[b, 1] = hi
 
@@ -262,6 +281,21 @@ def _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes,
     L = W - 5
     pos = offsets[b]
     count = min(n, (b + 1) * block) - b * block
+    if classes[b] == NARROW:  # the common case: one shift an element, no branch
+        slow_here = False
+        for j in range(count):
+            special, m, e = _fast_parts(fast_bits[b * block + j])
+            slow_here |= special
+            shift = e - lo[b]  # within (-64, 63) for the non-zero values of a narrow block
+            x = m << min(shift, 63) if shift >= 0 else m >> min(-shift, 63)
+            words[pos + j] = -x if fast_bits[b * block + j] < 0 else x
+        if slow_here:
+            for j in range(count):
+                i = b * block + j
+                if fast[i] != fast[i]:
+                    w0, w1 = slow_words(slow[slow_of[i]], unit, lo[b], mag)
+                    words[pos + j] = (w1 << WIDE_LOW_BITS) + w0
+        return
     if classes[b] == WIDE:  # the shared lanes are added into: zero them (``words`` is not)
         for j in range((count + 1) // 2):
             words[offsets[b] + count + j] = 0
@@ -276,12 +310,6 @@ def _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes,
                 words[pos : pos + W] = slow[r]
             pos += W
             continue
-        if classes[b] == NARROW and fast[i] == fast[i]:  # the common case: one shift
-            neg, m, e = _double_parts(fast_bits[i])
-            x = m << (e - lo[b]) if e >= lo[b] else m >> (lo[b] - e)
-            words[pos] = -x if neg else x
-            pos += 1
-            continue
         if fast[i] == fast[i]:
             w0, w1 = fast_words(fast_bits[i], lo[b])
         else:
@@ -295,9 +323,6 @@ def _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes,
             words[pos] = (w0 >> LANE_BITS) + (w1 << (WIDE_LOW_BITS - LANE_BITS))
             lane = w0 & ((np.int64(1) << LANE_BITS) - 1)
             words[offsets[b] + count + j // 2] += lane << (32 * (j % 2))
-            pos += 1
-        else:
-            words[pos] = (w1 << WIDE_LOW_BITS) + w0
             pos += 1
 
 
@@ -445,21 +470,29 @@ def decode(words, classes, lo, offsets, block, n, unit, L, negzero, mean_over, s
 
 @njit(cache=True)
 def zero_elements(words, classes, offsets, block, n, out):  # pragma: no cover - compiled
-    """``out[i] = 1`` where element i's reduced words are zero (narrow, wide, wider blocks)."""
+    """Indices (into ``out``, in order) of the elements whose reduced words are zero; how many.
+
+    Narrow, wide and wider blocks only: a full block's row carries its own zero sign.
+    """
+    k = 0
     for b in range(classes.shape[0]):
         c = classes[b]
         count = min(n, (b + 1) * block) - b * block
-        for j in range(count):
-            i = b * block + j
-            if c == NARROW:
-                out[i] = words[offsets[b] + j] == 0
-            elif c == WIDE:
-                lane = (words[offsets[b] + count + j // 2] >> (32 * (j % 2))) & 0xFFFFFFFF
-                out[i] = words[offsets[b] + j] == 0 and lane == 0
-            elif c == WIDER:
-                out[i] = words[offsets[b] + 2 * j] == 0 and words[offsets[b] + 2 * j + 1] == 0
-            else:
-                out[i] = 0
+        base = offsets[b]
+        if c == NARROW:
+            for j in range(count):
+                out[k] = b * block + j
+                k += words[base + j] == 0  # write always, keep only zeros: no branch
+        elif c == WIDE:
+            for j in range(count):
+                lane = (words[base + count + j // 2] >> (32 * (j % 2))) & 0xFFFFFFFF
+                out[k] = b * block + j
+                k += words[base + j] == 0 and lane == 0
+        elif c == WIDER:
+            for j in range(count):
+                out[k] = b * block + j
+                k += words[base + 2 * j] == 0 and words[base + 2 * j + 1] == 0
+    return k
 
 
 @njit(cache=True, nogil=True)
