@@ -10,7 +10,8 @@ and the step is timed two ways, interleaved, median over the repeats:
 * ``exact``: the gradient added into a :class:`bitfold.dense.DenseSum` (kept
   between steps and reset, as :class:`bitfold.distributed.GradientSum` does),
   then :func:`bitfold.distributed.exact_all_reduce` — bounds (MAX), words
-  (SUM), the signs of zero sums (MIN), and rounding every element once.
+  (SUM), the signs of zero sums where they travel (MIN), and rounding every
+  element once.
 
 Each rank runs one thread (torch and Numba): the ranks share the machine's
 cores, as the processes of a data-parallel job do.
@@ -77,7 +78,7 @@ def _rank(rank: int, world: int, init: str, n: int, repeats: int, out: str) -> N
             "world": world,
             "elements": n,
             "float32_bytes": 4 * n,
-            "exact_bytes": int(bounds.numel() * 8 + layout.words * 8),
+            "exact_bytes": int(bounds.numel() * bounds.element_size() + layout.words * 8),
             "block_classes": dict(zip(("narrow", "wide", "wider", "full"), classes, strict=True)),
             "float32_ms": 1e3 * statistics.median(times["float32"]),
             "exact_ms": 1e3 * statistics.median(times["exact"]),

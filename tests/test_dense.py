@@ -173,14 +173,14 @@ def test_refusals():
 
 # -- the wire -----------------------------------------------------------------------------------
 def _exchange(sums, ranks=None):
-    """What the collectives do: MAX the bounds, SUM the words, MIN the zero signs."""
+    """What the collectives do: MAX the bounds, SUM the words, MIN the zero signs that travel."""
     ranks = ranks or len(sums)
     bounds = np.maximum.reduce([s.bounds() for s in sums])
     layout = wire_layout(bounds, sums[0].size, ranks, sums[0].format.limbs)
     words = sum(s.encode(layout) for s in sums)
     negzero = np.zeros(sums[0].size, np.int32)
-    zeros = sums[0].zero_elements(words, layout)
-    negzero[zeros] = np.minimum.reduce([s.negzero()[zeros] for s in sums])
+    signs = layout.sign_elements()
+    negzero[signs] = np.minimum.reduce([s.negzero()[signs] for s in sums])
     return layout, words, negzero
 
 
@@ -239,6 +239,32 @@ def test_limb_rows_and_subnormals_in_narrow_blocks_travel_exactly(dtype):
     assert bits(got)[200:210].tolist() == [bits(np.array(-0.0, dtype))[0]] * 10
 
 
+def test_zero_signs_travel_only_for_blocks_where_every_rank_has_a_negative_zero():
+    n = 192  # three blocks of 64
+    rng = np.random.default_rng(8)
+    base = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+    ordinary = [DenseSum((n,)).add(a) for a in base]
+    layout, _, _ = _exchange(ordinary)
+    assert layout.sign_elements().size == 0  # no -0.0 anywhere: no flag travels
+    arrays = [a.copy() for a in base]
+    arrays[0][5] = -0.0  # block 0: only rank 0 holds a -0.0
+    for r, a in enumerate(arrays):  # block 1: -0.0 on every rank, at 70 only on all of them
+        a[70], a[71 + r] = -0.0, -0.0
+    arrays[1][130] = arrays[2][130] = -0.0  # block 2: rank 0 has none (its sum there is +0.0)
+    negated = -arrays[0]
+    negated[[5, 70, 71]] = -0.0
+    sums = [DenseSum((n,)).add(a) for a in arrays] + [DenseSum((n,))]  # a rank with no terms
+    sums[0].add(negated)  # rank 0's sums are zeros: +0.0 but at 5, 70 and 71
+    layout, words, negzero = _exchange(sums)
+    assert layout.sign_elements().tolist() == list(range(64, 128))
+    got = sums[0].decode(words, layout, negzero)
+    whole = DenseSum((n,))
+    for a in [*arrays, negated]:
+        whole.add(a)
+    assert np.array_equal(bits(got), bits(whole.result()))
+    assert bits(got)[70] == 0x80000000  # -0.0 from every rank, every term
+
+
 def test_nan_and_infinity_go_full_on_every_rank():
     a = np.array([1.0, 2.0, 3.0], np.float32)
     b = np.array([np.inf, 2.0, -np.inf], np.float32)
@@ -250,6 +276,6 @@ def test_nan_and_infinity_go_full_on_every_rank():
 
 
 def test_too_many_ranks_for_the_lanes_go_full():
-    bounds = np.array([[10, 60]])  # (-lo, hi): lo = -10, 70 bits: wide for few ranks
+    bounds = np.array([[10, 60, 0]])  # (-lo, hi, -z): lo = -10, 70 bits: wide for few ranks
     assert wire_layout(bounds, 64, 4, 10).classes.tolist() == [kernels.WIDE]
     assert wire_layout(bounds, 64, 1000, 10).classes.tolist() == [kernels.FULL]

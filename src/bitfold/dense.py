@@ -10,15 +10,18 @@ of integer limbs only for the elements whose float64 sum would have rounded:
 
 The wire (used by :mod:`bitfold.distributed`): the elements are cut into
 blocks of :data:`BLOCK`; every process computes each block's bounds (the
-lowest set bit and the top bit of its exact values), the bounds are reduced
-with MAX over the processes, and from them every process derives the same
+lowest set bit and the top bit of its exact values, and whether an element
+may sum to ``-0.0``), the bounds are reduced with MAX over the processes,
+and from them every process derives the same
 :class:`WireLayout`: a block whose exact sums over all processes fit in 63
 bits travels as one int64 an element (*narrow*: twice the bytes of float32),
 up to 86 bits as one and a half (*wide*: three times), up to 118 bits as two
 (*wider*), anything wider, and any NaN or infinity, as the whole limb row
-(*full*). One all-reduce with SUM of those int64 words is then exact; zero
-sums whose sign matters (every term ``-0.0``) are settled by a last small
-all-reduce of one flag an element, for those elements only.
+(*full*). One all-reduce with SUM of those int64 words is then exact. The
+sign of a zero sum (``-0.0`` only when every term on every process was) travels
+only for the blocks where every process holds an element whose terms were all
+``-0.0``: one flag an element of those blocks, reduced with MIN; elsewhere a
+zero sum is ``+0.0``. Ordinary gradients have no such block.
 """
 
 from __future__ import annotations
@@ -51,17 +54,30 @@ class WireLayout:
     classes: np.ndarray  # (blocks,) int64: NARROW, WIDE, WIDER or FULL
     lo: np.ndarray  # (blocks,) int64: the unit 2^lo of narrow and wide blocks
     offsets: np.ndarray  # (blocks + 1,) int64: where each block's words start
+    signs: np.ndarray  # (blocks,) bool: blocks whose elements' zero signs travel
 
     @property
     def words(self) -> int:
         """int64 words on the wire."""
         return int(self.offsets[-1])
 
+    def sign_elements(self) -> np.ndarray:
+        """Indices of the elements whose zero-sum signs travel (those of ``signs`` blocks)."""
+        starts = np.flatnonzero(self.signs) * self.block
+        if not starts.size:
+            return np.empty(0, np.int64)
+        every = (starts[:, None] + np.arange(self.block)).reshape(-1)
+        return every[every < self.size]
+
 
 def wire_layout(
     bounds: np.ndarray, size: int, ranks: int, limbs: int, block: int = BLOCK
 ) -> WireLayout:
-    """The layout for bounds reduced with MAX over ``ranks`` processes (``(-lo, hi)`` a block)."""
+    """The layout for bounds reduced with MAX over ``ranks`` processes (``(-lo, hi, -z)`` a block).
+
+    ``z`` (1: every process has an element of the block that may sum to ``-0.0``) marks the
+    blocks whose zero signs travel; a full block's rows carry their own.
+    """
     lo = -bounds[:, 0].astype(np.int64)
     hi = bounds[:, 1].astype(np.int64)
     growth = max(0, math.ceil(math.log2(ranks))) if ranks > 1 else 0
@@ -80,7 +96,8 @@ def wire_layout(
     words = np.choose(classes, per_class)
     offsets = np.zeros(lo.size + 1, np.int64)
     np.cumsum(words, out=offsets[1:])
-    return WireLayout(size, block, classes, lo, offsets)
+    signs = (bounds[:, 2] < 0) & (classes != kernels.FULL)
+    return WireLayout(size, block, classes, lo, offsets, signs)
 
 
 class DenseSum:
@@ -222,9 +239,13 @@ class DenseSum:
 
     # -- the wire ---------------------------------------------------------------------------------
     def bounds(self, block: int = BLOCK) -> np.ndarray:
-        """``(-lo, hi)`` of every block (int64, MAX-reducible over processes)."""
+        """``(-lo, hi, -z)`` of every block (int32, MAX-reducible over processes).
+
+        The block's values are multiples of ``2^lo`` below ``2^hi`` in magnitude; ``z`` is 1
+        when one of its elements took only ``-0.0`` terms (or none), else 0.
+        """
         self._materialise()
-        out = np.empty(((self.size + block - 1) // block, 2), np.int64)
+        out = np.empty(((self.size + block - 1) // block, 3), np.int32)
         if self.size >= (1 << 16):
             start_thread_pool()
         kernels.block_bounds(self._fast, self._slow_of, self._slow, block,
@@ -252,18 +273,14 @@ class DenseSum:
         return words
 
     def negzero(self) -> np.ndarray:
-        """int32 flags: 1 where every term added was ``-0.0`` (or none was), else 0."""
+        """int32 flags: 1 where every term added was ``-0.0`` (or none was), else 0.
+
+        MIN-reducible over processes; on the wire only ``layout.sign_elements()`` need them.
+        """
         self._materialise()
         out = np.empty(self.size, np.int32)
         kernels.negzero_flags(self._fast, self._slow_of, self._slow, out)
         return out
-
-    def zero_elements(self, words: np.ndarray, layout: WireLayout) -> np.ndarray:
-        """Indices of the elements whose reduced words are zero (the sign of zero is unsettled)."""
-        found = np.empty(self.size, np.int64)
-        k = kernels.zero_elements(words, layout.classes, layout.offsets, layout.block,
-                                  self.size, found)  # fmt: skip
-        return found[:k].copy()
 
     def decode(
         self,
@@ -278,7 +295,8 @@ class DenseSum:
     ) -> np.ndarray:
         """Round elements ``start .. stop-1`` of reduced ``words`` once (a NumPy array, flat).
 
-        ``negzero`` is the reduced :meth:`negzero` (for zero sums); ``mean_over``
+        ``negzero`` is the reduced :meth:`negzero` (read for zero sums only; 0 outside
+        ``layout.sign_elements()``); ``mean_over``
         divides the exact sums first (one rounding in all).
         """
         stop = self.size if stop is None else stop

@@ -9,12 +9,14 @@ micro-batch of every rank — bit for bit the same on 1, 2 or 64 processes,
 however the micro-batches were spread over them.
 
 The exact all-reduce (:func:`exact_all_reduce`) moves integers: a first
-all-reduce (MAX) of two small integers per block of 64 elements, the bounds
-of their exact values; then one all-reduce (SUM) of int64 words, one an
-element for ordinary gradients (twice the bytes of a float32 all-reduce; a
-word and a half, or two, for wider ranges; a whole superaccumulator only
-for the rare block that needs it, see :mod:`bitfold.dense`); last, for the
-elements whose sum is exactly zero, one flag each (MIN), the sign of zero.
+all-reduce (MAX) of three int32 per block of 64 elements, the bounds of
+their exact values and whether a sum there may be ``-0.0``; then one
+all-reduce (SUM) of int64 words, one an element for ordinary gradients
+(twice the bytes of a float32 all-reduce; a word and a half, or two, for
+wider ranges; a whole superaccumulator only for the rare block that needs
+it, see :mod:`bitfold.dense`); last, only for blocks where every rank holds
+an element whose terms were all ``-0.0``, one flag an element (MIN): the
+sign of a zero sum.
 ``torch.distributed`` is the engine — gloo for CPU tensors, NCCL for CUDA
 tensors (the words are moved to the group's device); bitfold chooses what
 to send.
@@ -102,11 +104,11 @@ def exact_all_reduce(
     layout = wire_layout(bounds, s.size, ranks, s.format.limbs)
     words = _reduce(s.encode(layout, reuse=True), dist.ReduceOp.SUM, group, timeout,
                     "the exact all-reduce")  # fmt: skip
-    negzero = np.zeros(s.size, np.int32)
-    zeros = s.zero_elements(words, layout)
-    if zeros.size:
-        flags = _reduce(s.negzero()[zeros], dist.ReduceOp.MIN, group, timeout, "the zero signs")
-        negzero[zeros] = flags
+    negzero = np.zeros(s.size, np.int32)  # +0.0 for a zero sum, but where the signs travel
+    signs = layout.sign_elements()
+    if signs.size:
+        negzero[signs] = _reduce(s.negzero()[signs], dist.ReduceOp.MIN, group, timeout,
+                                 "the zero signs")  # fmt: skip
     ranges = ranges or [(0, s.size, out_dtype)]
     return [s.decode(words, layout, negzero, dt, mean_over=mean_over, start=a, stop=b)
             for a, b, dt in ranges]  # fmt: skip

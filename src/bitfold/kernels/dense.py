@@ -50,6 +50,8 @@ NARROW, WIDE, WIDER, FULL = 0, 1, 2, 3
 NO_LO, NO_HI = 1 << 20, -(1 << 20)
 #: ``hi`` of an element that met a NaN or an infinity: its block goes FULL.
 SPECIAL_HI = 1 << 19
+#: The bits of a float64 ``-0.0`` (as int64).
+NEGATIVE_ZERO_BITS = np.int64(-(1 << 63))
 #: Independent chunks of blocks a parallel kernel cuts the work into.
 CHUNKS = 64
 #: Limbs below the value that a division keeps (2^128: far below any rounding position).
@@ -190,10 +192,11 @@ def slow_bounds(row, unit, mag):  # pragma: no cover - compiled
 
 @njit(cache=True, parallel=True)
 def block_bounds(fast, slow_of, slow, block, unit, out):  # pragma: no cover - compiled
-    """``out[b] = (-lo, hi)`` over every element of block ``b`` (``block`` elements a block).
+    """``out[b] = (-lo, hi, -z)`` over every element of block ``b`` (``block`` elements a block).
 
-    A block of fast elements is one branch-free pass; a block holding a slow element (its
-    ``fast`` is NaN) is read again element by element.
+    ``z`` is 1 when an element of the block may sum to ``-0.0`` (every term this sum took
+    was ``-0.0``, or it took none), else 0. A block of fast elements is one branch-free pass;
+    a block holding a slow element (its ``fast`` is NaN) is read again element by element.
     """
     n = fast.shape[0]
     L = slow.shape[1] - 5
@@ -205,9 +208,11 @@ def block_bounds(fast, slow_of, slow, block, unit, out):  # pragma: no cover - c
             lo = np.int64(NO_LO)
             hi = np.int64(NO_HI)
             slow_here = False
+            negzero = False
             for i in range(b * block, min(n, (b + 1) * block)):
                 special, m, e = _fast_parts(fast_bits[i])
                 slow_here |= special
+                negzero |= fast_bits[i] == NEGATIVE_ZERO_BITS
                 lo = min(lo, NO_LO if m == 0 else e + _trailing_zeros(m))
                 hi = max(hi, NO_HI if m == 0 else e + _bit_length(m))
             if slow_here:
@@ -218,10 +223,12 @@ def block_bounds(fast, slow_of, slow, block, unit, out):  # pragma: no cover - c
                         a, z = fast_bounds(fast_bits[i])
                     else:
                         a, z = slow_bounds(slow[slow_of[i]], unit, mag)
+                        negzero |= slow[slow_of[i], L + 1] == 0
                     lo = min(lo, a)
                     hi = max(hi, z)
             out[b, 0] = -lo
             out[b, 1] = hi
+            out[b, 2] = -1 if negzero else 0
 
 
 # -- words ----------------------------------------------------------------------------------------
@@ -468,33 +475,6 @@ def decode(words, classes, lo, offsets, block, n, unit, L, negzero, mean_over, s
                           start, stop, out_f, out_bits, fast, target, row, quot, mag)  # fmt: skip
 
 
-@njit(cache=True)
-def zero_elements(words, classes, offsets, block, n, out):  # pragma: no cover - compiled
-    """Indices (into ``out``, in order) of the elements whose reduced words are zero; how many.
-
-    Narrow, wide and wider blocks only: a full block's row carries its own zero sign.
-    """
-    k = 0
-    for b in range(classes.shape[0]):
-        c = classes[b]
-        count = min(n, (b + 1) * block) - b * block
-        base = offsets[b]
-        if c == NARROW:
-            for j in range(count):
-                out[k] = b * block + j
-                k += words[base + j] == 0  # write always, keep only zeros: no branch
-        elif c == WIDE:
-            for j in range(count):
-                lane = (words[base + count + j // 2] >> (32 * (j % 2))) & 0xFFFFFFFF
-                out[k] = b * block + j
-                k += words[base + j] == 0 and lane == 0
-        elif c == WIDER:
-            for j in range(count):
-                out[k] = b * block + j
-                k += words[base + 2 * j] == 0 and words[base + 2 * j + 1] == 0
-    return k
-
-
 @njit(cache=True, nogil=True)
 def merge_sums(fast, slow_of, slow, used, other_fast, other_slow_of, other_slow, adds,
                other_adds, unit):  # fmt: skip  # pragma: no cover - compiled
@@ -540,5 +520,4 @@ __all__ = [
     "encode",
     "merge_sums",
     "negzero_flags",
-    "zero_elements",
 ]
