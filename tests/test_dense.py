@@ -265,6 +265,20 @@ def test_zero_signs_travel_only_for_blocks_where_every_rank_has_a_negative_zero(
     assert bits(got)[70] == 0x80000000  # -0.0 from every rank, every term
 
 
+def test_a_limb_row_that_sums_to_zero_is_positive_zero():
+    """1 + 2^-60 - 1 - 2^-60 takes a limb row and sums to zero: +0.0, beside a -0.0 sum."""
+    terms = [np.array([x, -0.0], np.float32) for x in (1.0, 2.0**-60, -1.0, -(2.0**-60))]
+    one = DenseSum((2,))
+    for t in terms:
+        one.add(t)
+    assert one.slow_elements == 1
+    assert bits(one.result()).tolist() == bits(oracle(terms)).tolist() == [0, 0x80000000]
+    ranks = [DenseSum((2,)).add(terms[0]).add(terms[1]), DenseSum((2,)).add(terms[2]).add(terms[3])]
+    layout, words, negzero = _exchange(ranks)  # element 1 is -0.0 on both: the signs travel
+    assert layout.sign_elements().tolist() == [0, 1]
+    assert bits(ranks[0].decode(words, layout, negzero)).tolist() == [0, 0x80000000]
+
+
 def test_nan_and_infinity_go_full_on_every_rank():
     a = np.array([1.0, 2.0, 3.0], np.float32)
     b = np.array([np.inf, 2.0, -np.inf], np.float32)

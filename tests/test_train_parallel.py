@@ -488,6 +488,20 @@ def test_data_order_resumes_mid_epoch_and_across_epochs():
     assert micro_batch_shares(2, 3) == [1, 1, 0]
 
 
+def test_a_rank_leaves_with_its_output_flushed_and_without_the_teardown():
+    code = ("import atexit, sys\n"
+            "from bitfold.cli.launch import leave\n"
+            "atexit.register(lambda: print('teardown ran'))\n"
+            "sys.stdout.write('result on stdout')\n"
+            "sys.stderr.write('note on stderr')\n"
+            "leave(3)\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as usual
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(ROOT / "src")}, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "result on stdout",
+                                                           "note on stderr")  # fmt: skip
+
+
 # --------------------------------------------------------------------------- torchrun
 def _free_port() -> int:
     with socket.socket() as s:

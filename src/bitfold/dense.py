@@ -296,8 +296,8 @@ class DenseSum:
         """Round elements ``start .. stop-1`` of reduced ``words`` once (a NumPy array, flat).
 
         ``negzero`` is the reduced :meth:`negzero` (read for zero sums only; 0 outside
-        ``layout.sign_elements()``); ``mean_over``
-        divides the exact sums first (one rounding in all).
+        ``layout.sign_elements()``); ``mean_over`` divides the exact sums first (one
+        rounding in all).
         """
         stop = self.size if stop is None else stop
         out_name = resolve_out_dtype(self.format.value_dtypes[-1], out_dtype)

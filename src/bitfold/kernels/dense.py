@@ -223,7 +223,7 @@ def block_bounds(fast, slow_of, slow, block, unit, out):  # pragma: no cover - c
                         a, z = fast_bounds(fast_bits[i])
                     else:
                         a, z = slow_bounds(slow[slow_of[i]], unit, mag)
-                        negzero |= slow[slow_of[i], L + 1] == 0
+                    negzero |= all_negative_zero(i, fast_bits, slow_of, slow)
                     lo = min(lo, a)
                     hi = max(hi, z)
             out[b, 0] = -lo
@@ -348,15 +348,24 @@ def encode(fast, slow_of, slow, adds, unit, block, classes, lo, offsets, words):
                           offsets, words, mag, row)  # fmt: skip
 
 
+@njit(cache=True, nogil=True, inline="always")
+def all_negative_zero(i, fast_bits, slow_of, slow):  # pragma: no cover - compiled
+    """Whether every term of element i was -0.0 (or it had none): its sum may be ``-0.0``.
+
+    A fast element holds ``-0.0`` itself; a slow one counts its terms that were not.
+    """
+    if slow_of[i] < 0:
+        return fast_bits[i] == NEGATIVE_ZERO_BITS
+    L = slow.shape[1] - 5
+    return slow[slow_of[i], L + 1] == 0  # the row's count of terms that were not -0.0
+
+
 @njit(cache=True, nogil=True)
 def negzero_flags(fast, slow_of, slow, out):  # pragma: no cover - compiled
     """``out[i] = 1`` when every term of element i was -0.0 (or it had none), else 0."""
-    L = slow.shape[1] - 5
+    fast_bits = fast.view(np.int64)
     for i in range(fast.shape[0]):
-        if fast[i] == fast[i]:
-            out[i] = 1 if (fast[i] == 0.0 and np.signbit(fast[i])) else 0
-        else:
-            out[i] = 1 if slow[slow_of[i], L + 1] == 0 else 0
+        out[i] = 1 if all_negative_zero(i, fast_bits, slow_of, slow) else 0
 
 
 # -- rounding the reduced words -------------------------------------------------------------------
