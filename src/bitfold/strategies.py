@@ -55,19 +55,22 @@ _REGISTRY: dict[str, Strategy] = {
     for s in (
         Strategy(
             "exact",
-            "correctly rounded: same bits for every order, thread count and backend",
+            "correctly rounded: same bits for every order, thread count, backend and "
+            "floating-point mode (flush-to-zero, denormals-are-zero)",
             OUT_DTYPES,
             {host.NAME: host.fold_exact, cuda.NAME: cuda.fold_exact},
         ),
         Strategy(
             "ordered",
-            "same bits on every run of the same backend (a fixed, documented order)",
+            "same bits on every run of the same backend (a fixed, documented order) in the "
+            "same floating-point mode: a float sum, it follows flush-to-zero",
             _ROUNDED,
             {host.NAME: host.fold_ordered, cuda.NAME: cuda.fold_ordered},
         ),
         Strategy(
             "atomic",
-            "none: the order of the additions is the backend's choice",
+            "none: the order of the additions is the backend's choice (a float sum, it "
+            "follows flush-to-zero)",
             _ROUNDED,
             {host.NAME: host.fold_atomic, cuda.NAME: cuda.fold_atomic},
         ),

@@ -41,8 +41,11 @@ from .ieee import (
     add_bits,
     add_column,
     add_exact_sum,
+    as_double,
+    castable,
     checked_add,
     float_parts,
+    min_normal,
     normalise,
     round_row,
     round_scaled,
@@ -87,6 +90,20 @@ def _round_limbs(row, target, mag):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _read(values, bits, i, d, wide):  # pragma: no cover - compiled
+    """``values[i, d]`` as a float64, immune to denormals-are-zero (:func:`as_double`)."""
+    if wide:
+        return as_double(values[i, d], bits[i, d], _F64[0], _F64[1])
+    return as_double(values[i, d], bits[i, d], _F32[0], _F32[1])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cast_tiny(target):  # pragma: no cover - compiled
+    """The output's smallest normal: exact sums at least this large (or zero) may be cast."""
+    return min_normal(target[1], target[3])
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _round_double(x, target):  # pragma: no cover - compiled
     """An exact float64 (not NaN) rounded once to the target: its bits."""
     _, precision, exp_bits, subnormal_exp, _, out_shift = target
@@ -126,6 +143,7 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
     bits ``init_bits``): the result of a fold into an existing array.
     """
     unit_exp = target[0]
+    tiny = _cast_tiny(target)
     D = values.shape[1]
     L = mag.shape[0]
     last = offsets[k1] - 1
@@ -148,26 +166,32 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
                 acc[d] = -0.0
             if first:
                 for d in range(D):
-                    acc[d] = checked_add(acc[d], np.float64(init[k, d]))
+                    acc[d] = checked_add(acc[d], _read(init, init_bits, k, d, wide))
             for t in range(start, stop):
                 if t + AHEAD <= last:
                     prefetch_row(values, order[t + AHEAD])
                 row = values[order[t]]
+                row_bits = bits[order[t]]
                 for d in range(D):
-                    acc[d] = checked_add(acc[d], np.float64(row[d]))
+                    if wide:
+                        x = as_double(row[d], row_bits[d], _F64[0], _F64[1])
+                    else:
+                        x = as_double(row[d], row_bits[d], _F32[0], _F32[1])
+                    acc[d] = checked_add(acc[d], x)
             if single:
                 inexact = 0
-                if fast:  # the common case: cast every column, then mend the inexact ones
+                if fast:  # the common case: cast every column, then mend the others
                     for d in range(D):
                         out_f[k, d] = acc[d]
-                        inexact += acc[d] != acc[d]
+                        inexact += not castable(acc[d], tiny)
                 else:
                     inexact = D
                 if inexact:
                     for d in range(D):
+                        if fast and castable(acc[d], tiny):
+                            continue
                         if acc[d] == acc[d]:
-                            if not fast:
-                                out_bits[k, d] = _round_double(acc[d], target)
+                            out_bits[k, d] = _round_double(acc[d], target)
                         else:
                             out_bits[k, d] = _segment(values, bits, order, lo, hi, d, target,
                                                       wide, column, mag, has_init,
@@ -202,6 +226,7 @@ def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, 
     other bucket is summed by :func:`bitfold.kernels.ieee.segment_bits`.
     """
     last = offsets[k1] - 1
+    tiny = _cast_tiny(target)
     for k in range(k0, k1):
         lo = offsets[k]
         hi = offsets[k + 1]
@@ -212,13 +237,13 @@ def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, 
         if hi - lo <= CHUNK:
             acc = -0.0
             if has_init:
-                acc = checked_add(acc, np.float64(init[i, 0]))
+                acc = checked_add(acc, _read(init, init_bits, i, 0, wide))
             for t in range(lo, hi):
                 if t + AHEAD <= last:
                     prefetch_row(values, order[t + AHEAD])
-                acc = checked_add(acc, np.float64(values[order[t], 0]))
+                acc = checked_add(acc, _read(values, bits, order[t], 0, wide))
             if acc == acc:
-                if fast:
+                if fast and castable(acc, tiny):
                     out_f[k, 0] = acc
                 else:
                     out_bits[k, 0] = _round_double(acc, target)
@@ -287,6 +312,7 @@ def fold_buckets(values, order, offsets, bounds, out, out_bits, target, fast, L,
 @njit(cache=True, nogil=True)
 def _finish_scalar(sums, values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast,
                    wide, column, mag):  # fmt: skip  # pragma: no cover - compiled
+    tiny = _cast_tiny(target)
     for k in range(k0, k1):
         lo = offsets[k]
         hi = offsets[k + 1]
@@ -294,7 +320,7 @@ def _finish_scalar(sums, values, bits, order, offsets, k0, k1, out_f, out_bits, 
         if lo == hi:
             out_bits[k, 0] = 0
         elif s == s:
-            if fast:
+            if fast and castable(s, tiny):
                 out_f[k, 0] = s
             else:
                 out_bits[k, 0] = _round_double(s, target)

@@ -28,6 +28,7 @@ from .ieee import (
     NEGZERO,
     POSZERO,
     add_bits,
+    as_double,
     decode,
     normalise,
     round_row,
@@ -332,7 +333,7 @@ def _bin_range(index, values, bits, lo, hi, bins):  # pragma: no cover - compile
     ix, bt, vs = index[lo:hi], bits[lo:hi], values[lo:hi]
     for t in range(hi - lo):
         b = (np.int64(bt[t]) >> 26) & 0x1F  # the biased exponent // 8
-        flat[b * K + ix[t]] += np.float64(vs[t])
+        flat[b * K + ix[t]] += as_double(vs[t], bt[t], 8, 23)  # subnormals DAZ-immune
 
 
 @njit(cache=True, nogil=True)

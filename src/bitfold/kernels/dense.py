@@ -34,8 +34,10 @@ from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 from .ieee import (
     add_bits,
     add_exact_sum,
+    as_double,
     checked_add,
     magnitude,
+    min_normal,
     round_row,
     round_scaled,
 )
@@ -70,7 +72,7 @@ def add_values(fast, values, bits, slow_of, slow, used, adds, unit, dec, wide): 
     """
     L = slow.shape[1] - 5
     for i in range(values.shape[0]):
-        s = checked_add(fast[i], np.float64(values[i]))
+        s = checked_add(fast[i], as_double(values[i], bits[i], dec[0], dec[1]))
         if s == s:
             fast[i] = s
             continue
@@ -112,7 +114,7 @@ def first_values(fast, values, bits, slow_of, slow, used, unit, dec, wide):  # p
     """
     L = slow.shape[1] - 5
     for i in range(values.shape[0]):
-        x = np.float64(values[i])
+        x = as_double(values[i], bits[i], dec[0], dec[1])  # NaN for a float64 subnormal
         if x - x == 0.0:
             fast[i] = x
             slow_of[i] = -1
@@ -408,12 +410,15 @@ def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, me
     # a narrow sum below 2^53 times 2^lo is an exact float64: one cast rounds it
     direct = fast and mean_over == 1 and c == NARROW and -1022 <= lo[b] <= 970
     scale = math.ldexp(1.0, lo[b]) if direct else 1.0
+    tiny = min_normal(precision, subnormal_exp)
     for i in range(max(start, b * block), min(stop, (b + 1) * block)):
         j = i - b * block
         pos = offsets[b] + j * width
         if direct and abs(words[pos]) < (1 << 53) and words[pos] != 0:
-            out_f[i - start] = np.float64(words[pos]) * scale
-            continue
+            x = np.float64(words[pos]) * scale
+            if abs(x) >= tiny:  # cast once, never to a subnormal flush-to-zero would clear
+                out_f[i - start] = x
+                continue
         if c == FULL:
             rl = L
             row[:W] = words[pos : pos + W]

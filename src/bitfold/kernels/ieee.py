@@ -9,6 +9,15 @@ copy. They use integer arithmetic only (no float operation, so no FMA, no
 flush-to-zero and no rounding mode can change a result), and take the format
 facts of :mod:`bitfold.formats` as arguments.
 
+The fast float64 paths (:func:`checked_add` and its callers) are immune to the
+float unit's flush-to-zero (FTZ) and denormals-are-zero (DAZ) modes, which
+``torch.set_flush_denormal(True)`` and XLA's CPU threads turn on: a value is
+read into float64 through :func:`as_double`, which rebuilds a subnormal from its
+bits with integer operations; :func:`checked_add` never returns a subnormal
+(a sum that would be one is reported inexact, and summed in integer limbs); and
+an exact float64 sum is cast to the output only when :func:`castable` says the
+cast cannot meet a subnormal result, else rounded with integer operations.
+
 State row layout (see :class:`bitfold.formats.LimbFormat`): ``L`` int64 limbs,
 limb ``j`` weighing ``2^(32 j + unit_exp)``, then ``n_terms``,
 ``n_not_negzero``, ``n_nan``, ``n_posinf``, ``n_neginf``.
@@ -277,20 +286,71 @@ def add_bits(row, L, raw, exp_bits, frac_bits, shift, wide):  # pragma: no cover
         row[L + 1] += 1
 
 
+#: The smallest normal float64, 2^-1022: exact float64 sums below it (other than zero) are
+#: never kept, so that no later float operation meets a subnormal (see the module docstring).
+DBL_MIN = 2.0**-1022
+
+
 @register_jitable
 def checked_add(a, b):  # pragma: no cover - compiled
-    """``a + b`` in float64 when that addition is exact, else NaN.
+    """``a + b`` in float64 when that addition is exact and not subnormal, else NaN.
 
     With ``s = fl(a + b)``: when ``s - a == b`` and ``s - b == a`` (both
     computed in float64) the addition was exact; when it was not, its error is
     a non-zero multiple of the smaller of the two operands' units in the last
     place, so one of the two differences misses its operand. NaN and
     infinities fail the test too, so a NaN result means "sum this exactly
-    some other way". No branch: it vectorises.
+    some other way". A non-zero ``s`` below :data:`DBL_MIN` is refused too:
+    under flush-to-zero it would have been flushed (and the test fails), so it
+    is refused in every mode, and an exact float64 sum is never subnormal.
+    Operands are never subnormal (:func:`as_double`, and this rule). No
+    branch: it vectorises.
     """
     s = a + b
-    ok = (s - a == b) & (s - b == a)
+    ok = (s - a == b) & (s - b == a) & ((abs(s) >= DBL_MIN) | (s == 0.0))
     return s if ok else np.nan
+
+
+@register_jitable
+def as_double(x, raw, exp_bits, frac_bits):  # pragma: no cover - compiled
+    """The float64 of value ``x`` (float32 or float64) whose IEEE bits are ``raw``, DAZ-immune.
+
+    A normal value, zero, infinity or NaN is widened by the float unit (which
+    never flushes those). A subnormal (biased exponent 0, fraction non-zero) is
+    rebuilt from its bits with integer operations and one exact product of
+    normal float64s, ``±fraction · 2^(smallest subnormal exponent)``, where the
+    float unit in denormals-are-zero mode would have read ``±0``. A subnormal
+    that float64 cannot hold as a normal number (a float64 subnormal) gives
+    NaN: "sum this exactly some other way", as :func:`checked_add` does.
+    """
+    b = int64(raw)
+    e = (b >> frac_bits) & ((int64(1) << exp_bits) - 1)
+    m = b & ((int64(1) << frac_bits) - 1)
+    if e != 0 or m == 0:
+        return float64(x)
+    tiny_exp = 2 - (int64(1) << (exp_bits - 1)) - frac_bits  # -149 for float32
+    if tiny_exp < -1022:
+        return np.nan
+    y = float64(m) * math.ldexp(1.0, int(tiny_exp))
+    return -y if (b >> (exp_bits + frac_bits)) & 1 else y
+
+
+@register_jitable
+def min_normal(precision, subnormal_exp):  # pragma: no cover - compiled
+    """The smallest normal number of a format (its precision and smallest subnormal exponent)."""
+    return math.ldexp(1.0, int(subnormal_exp + precision - 1))
+
+
+@register_jitable
+def castable(x, tiny):  # pragma: no cover - compiled
+    """True when the exact float64 ``x`` may be cast to the output by the float unit, in any mode.
+
+    ``x`` is not NaN and is zero or at least ``tiny``, the output's smallest
+    normal (:func:`min_normal`): the cast rounds it once, correctly, and cannot
+    produce a subnormal that flush-to-zero would turn into zero. Otherwise the
+    caller rounds ``x`` with integer operations (:func:`round_scaled`).
+    """
+    return x == x and (x == 0.0 or abs(x) >= tiny)
 
 
 @register_jitable
@@ -384,13 +444,13 @@ def segment_bits(values, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wid
             if from_bits:
                 x = bits_value(init_raw, exp_bits, frac_bits, shift, unit_exp)
             else:
-                x = float64(init_value)
+                x = as_double(init_value, init_raw, exp_bits, frac_bits)
             acc = checked_add(acc, x)
         for t in range(start, stop):
             if from_bits:
                 x = bits_value(bits[order[t], d], exp_bits, frac_bits, shift, unit_exp)
             else:
-                x = float64(values[order[t], d])
+                x = as_double(values[order[t], d], bits[order[t], d], exp_bits, frac_bits)
             acc = checked_add(acc, x)
         if acc == acc:
             if start == lo and stop == hi:  # the whole segment, exact: round it
@@ -420,14 +480,18 @@ __all__ = [
     "POSZERO",
     "add_bits",
     "add_column",
+    "DBL_MIN",
     "add_exact_sum",
+    "as_double",
     "bit_length",
     "bits_value",
+    "castable",
     "checked_add",
     "decode",
     "encode",
     "float_parts",
     "magnitude",
+    "min_normal",
     "normalise",
     "round_row",
     "round_scaled",

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .ieee import checked_add, round_row, round_scaled
+from .ieee import as_double, castable, checked_add, round_row, round_scaled
 from .prefetch import prefetch_row
 
 #: Positions (in the plan's order) prefetched ahead by :func:`sorted_sums`.
@@ -41,10 +41,11 @@ AHEAD = 16
 
 @njit(cache=True, nogil=True)
 def _float_slot(index, values, lo, hi, sums):  # pragma: no cover - compiled
-    ix, vs = index[lo:hi], values[lo:hi]  # from 0: no negative-index checks in the loop
+    # from 0: no negative-index checks in the loop
+    ix, vs, bs = index[lo:hi], values[lo:hi], values[lo:hi].view(np.uint32)
     for t in range(hi - lo):
         k = ix[t]
-        sums[k] = checked_add(sums[k], np.float64(vs[t]))
+        sums[k] = checked_add(sums[k], as_double(vs[t], bs[t], 8, 23))
 
 
 @njit(cache=True, parallel=True)
@@ -93,22 +94,26 @@ def float_sums(index, values, sums: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def _sorted_range(values, order, sorted_buckets, t0, t1, out):  # pragma: no cover - compiled
+def _sorted_range(values, bits, dec, order, sorted_buckets, t0, t1, out, tiny):
+    # pragma: no cover - compiled
     acc = -0.0
     prev = -1
     for t in range(t0, t1):
         if t + AHEAD < t1:
             prefetch_row(values, order[t + AHEAD])
         k = sorted_buckets[t]
-        acc = checked_add(-0.0 if k != prev else acc, np.float64(values[order[t], 0]))
-        out[k] = acc
+        x = as_double(values[order[t], 0], bits[order[t], 0], dec[0], dec[1])
+        acc = checked_add(-0.0 if k != prev else acc, x)
+        out[k] = acc if castable(acc, tiny) else np.nan
         prev = k
 
 
 @njit(cache=True, parallel=True)
-def _sorted_ranges(values, order, sorted_buckets, starts, out):  # pragma: no cover - compiled
+def _sorted_ranges(values, bits, dec, order, sorted_buckets, starts, out, tiny):
+    # pragma: no cover - compiled
     for c in prange(starts.shape[0] - 1):
-        _sorted_range(values, order, sorted_buckets, starts[c], starts[c + 1], out)
+        _sorted_range(values, bits, dec, order, sorted_buckets, starts[c], starts[c + 1], out,
+                      tiny)  # fmt: skip
 
 
 def sorted_sums(values, order, sorted_buckets, starts, out) -> None:
@@ -119,15 +124,21 @@ def sorted_sums(values, order, sorted_buckets, starts, out) -> None:
     independently. ``out`` (K,) float32 or float64, filled by the caller with
     the result of an empty bucket, receives every non-empty bucket's exact
     sum, cast to its dtype (one rounding: the sum is exact), or NaN where the
-    float64 sum was not exact or met a NaN or an infinity.
+    float64 sum was not exact or met a NaN or an infinity, or where the cast
+    could meet flush-to-zero (a non-zero sum below ``out``'s smallest normal:
+    :func:`bitfold.kernels.ieee.castable`); values are read DAZ-immune.
     """
+    wide = values.dtype == np.float64
+    bits = values.view(np.int64 if wide else np.uint32)
+    dec = (11, 52) if wide else (8, 23)
+    tiny = float(np.finfo(out.dtype).tiny)
     if starts.shape[0] > 2:
         from .cpu import start_thread_pool
 
         start_thread_pool()
-        _sorted_ranges(values, order, sorted_buckets, starts, out)
+        _sorted_ranges(values, bits, dec, order, sorted_buckets, starts, out, tiny)
     else:
-        _sorted_range(values, order, sorted_buckets, starts[0], starts[-1], out)
+        _sorted_range(values, bits, dec, order, sorted_buckets, starts[0], starts[-1], out, tiny)
 
 
 def _half_table() -> np.ndarray:
