@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from oracle import exact_fold_oracle  # noqa: E402
+from oracle import exact_fold_oracle
 
 #: Bucket counts that take the host's different exact routes by themselves.
 KS = (6, 3000, 300_000)

@@ -18,13 +18,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fp_mode_cases as cases
+import fpmode
 import numpy as np
 import pytest
 
 import bitfold
 import bitfold.torch
-import fp_mode_cases as cases
-import fpmode
 
 HERE = Path(__file__).resolve().parent
 

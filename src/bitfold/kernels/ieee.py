@@ -472,6 +472,7 @@ def segment_bits(values, bits, order, lo, hi, d, exp_bits, frac_bits, shift, wid
 
 __all__ = [
     "CHUNK",
+    "DBL_MIN",
     "FINITE",
     "NAN",
     "NEGINF",
@@ -480,7 +481,6 @@ __all__ = [
     "POSZERO",
     "add_bits",
     "add_column",
-    "DBL_MIN",
     "add_exact_sum",
     "as_double",
     "bit_length",
