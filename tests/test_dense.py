@@ -293,3 +293,17 @@ def test_too_many_ranks_for_the_lanes_go_full():
     bounds = np.array([[10, 60, 0]])  # (-lo, hi, -z): lo = -10, 70 bits: wide for few ranks
     assert wire_layout(bounds, 64, 4, 10).classes.tolist() == [kernels.WIDE]
     assert wire_layout(bounds, 64, 1000, 10).classes.tolist() == [kernels.FULL]
+
+
+def test_an_int_shape_is_a_one_dimensional_sum():
+    s = DenseSum(4)
+    assert s.shape == (4,)
+    arrays = [np.array([1.0, 2.0**-24, -0.0, 3.0], np.float32),
+              np.array([2.0**-24, 2.0**-24, -0.0, 2.0**-30], np.float32),
+              np.array([2.0**-24, 2.0**-26, -0.0, 2.0**-23], np.float32)]  # fmt: skip
+    for a in arrays:
+        s.add(a)
+    got = s.result()
+    want = np.array([bucket_oracle([float(a[i]) for a in arrays]) for i in range(4)], np.float32)
+    assert want[0] == np.float32(1 + 2.0**-23)  # where a float32 sum left to right gives 1.0
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()

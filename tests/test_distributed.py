@@ -187,3 +187,72 @@ def test_a_dead_rank_stops_the_others_with_a_clear_error_within_the_timeout(tmp_
     seconds, message = open(out).read().split(" ", 1)
     assert float(seconds) < 30
     assert "failed on rank 0 of 2 (collectives wait at most 5 s)" in message
+
+
+# -- exact_all_reduce of one array, and the refusals ----------------------------------------------
+
+
+def _array_rank(rank: int, world: int, init: str, out: str) -> None:
+    from bitfold.distributed import exact_all_reduce
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    t = torch.from_numpy(_array_terms(world)[rank])
+    summed = exact_all_reduce(t)
+    mean = exact_all_reduce(t.numpy(), mean_over=world)
+    half = exact_all_reduce(t.to(torch.bfloat16))
+    if rank == 0:
+        assert isinstance(summed, torch.Tensor) and summed.dtype == torch.float32
+        assert isinstance(mean, np.ndarray) and half.dtype == torch.bfloat16
+        np.savez(out, summed=summed.numpy(), mean=mean, half=half.float().numpy())
+    dist.destroy_process_group()
+    leave(0)
+
+
+def _array_terms(world: int) -> list[np.ndarray]:
+    """Per rank a (3, 4) float32 array; their sums round differently left to right."""
+    rng = np.random.default_rng(4)
+    terms = [(rng.normal(size=(3, 4)) * 2.0 ** rng.integers(-30, 30, (3, 4))).astype(np.float32)
+             for _ in range(world)]  # fmt: skip
+    terms[0][0, 0], terms[1][0, 0] = 1.0, 2.0**-24  # with 2^-24 from rank 2: 1 + 2^-23
+    terms[-1][0, 0] = 2.0**-24
+    return terms
+
+
+@pytest.mark.slow
+def test_exact_all_reduce_sums_a_tensor_or_an_array(tmp_path):
+    from oracle import exact_fold_oracle
+
+    world = 3
+    out = str(tmp_path / "result.npz")
+    init = f"file://{tmp_path / 'rendezvous'}"
+    torch.multiprocessing.spawn(_array_rank, args=(world, init, out), nprocs=world, join=True)
+    got = np.load(out)
+    terms = _array_terms(world)
+    idx = np.tile(np.arange(12), world)
+    want = exact_fold_oracle(idx, np.concatenate([t.reshape(-1) for t in terms]), 12)
+    assert want[0] == np.float32(1 + 2.0**-23)
+    assert sum(t[0, 0] for t in terms) == np.float32(1.0)  # a float sum rounds otherwise
+    assert got["summed"].reshape(-1).view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    import torch as _t
+
+    halves = [_t.from_numpy(t).to(_t.bfloat16).float().numpy() for t in terms]
+    want_half = exact_fold_oracle(idx, np.concatenate([h.reshape(-1) for h in halves]), 12,
+                                  "bfloat16")  # fmt: skip
+    assert got["half"].reshape(-1).view(np.uint32).tolist() == want_half.view(np.uint32).tolist()
+    assert got["mean"].shape == (3, 4)
+
+
+def test_gradient_sum_refuses_to_start_without_a_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(DistributedError, match="init_process_group"):
+        GradientSum([torch.zeros(3, requires_grad=True)])
+
+
+def test_exact_all_reduce_refuses_what_it_cannot_sum():
+    from bitfold.distributed import exact_all_reduce
+    from bitfold.errors import FoldTypeError
+
+    with pytest.raises(FoldTypeError, match="int64"):
+        exact_all_reduce(torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(FoldTypeError, match="list"):
+        exact_all_reduce([1.0, 2.0])

@@ -133,3 +133,28 @@ def test_accumulator_results_from_jax_values_are_jax_arrays():
     plan = bitfold.Fold([0, 1, 1], 2)
     res = plan.accumulator().add(jax.numpy.asarray([1.0, 2.0, 3.0], "float32")).result()
     assert isinstance(res, jax.Array) and res.tolist() == [1.0, 5.0]
+
+
+def test_messages_name_only_what_the_user_passed():
+    """add_at and torch's index_add have no K: their range errors name the bound they had."""
+    import torch
+
+    import bitfold.torch as bt
+
+    with pytest.raises(bitfold.IndexRangeError, match=r"index < len\(a\) = 3$") as e:
+        bitfold.add_at(np.zeros(3, np.float32), np.array([0, 5]), np.ones(2, np.float32))
+    assert "K" not in str(e.value)
+    with pytest.raises(bitfold.IndexRangeError, match=r"index < input.shape\[0\] = 3$") as e:
+        bt.index_add(torch.zeros(3), 0, torch.tensor([0, 5]), torch.ones(2))
+    assert "K" not in str(e.value) and "= 5" in str(e.value)
+    with pytest.raises(bitfold.IndexRangeError, match=r"index < K = 3$"):
+        bitfold.Fold(np.array([0, 5]), 3)
+
+
+def test_a_one_dimensional_shape_mismatch_names_one_form():
+    with pytest.raises(bitfold.ShapeError) as e:
+        bitfold.segment_sum(np.ones(2, np.float32), np.array([0, 1, 2]), 3)
+    msg = str(e.value)
+    assert msg.endswith("pass values of shape (3,) + trailing") and " or " not in msg
+    with pytest.raises(bitfold.ShapeError, match=r"\(2, 3\) \+ trailing or \(6,\) \+ trailing"):
+        bitfold.Fold(np.zeros((2, 3), np.int64), 3)(np.ones(5, np.float32))

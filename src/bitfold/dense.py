@@ -110,8 +110,10 @@ class DenseSum:
     float64 (with float64's wider limbs), of any library; results come back
     in the library and on the device of the first array added.
 
+    ``shape`` is a tuple or an int (a 1-D shape, as in NumPy).
+
     >>> import numpy as np
-    >>> s = DenseSum((2,))
+    >>> s = DenseSum(2)
     >>> _ = s.add(np.array([1.0, 2.0**-24], np.float32))
     >>> _ = s.add(np.array([2.0**-24, 2.0**-25], np.float32))
     >>> s.result().tolist()  # 1 + 2^-24 ties to 1.0; 2^-24 + 2^-25 is exact
@@ -119,6 +121,8 @@ class DenseSum:
     """
 
     def __init__(self, shape: Any, dtype: Any = "float32") -> None:
+        if isinstance(shape, int | np.integer):
+            shape = (shape,)  # an int is a 1-D shape, as in NumPy
         self.shape = tuple(int(s) for s in shape)
         self.size = int(np.prod(self.shape, dtype=np.int64))
         self.format = limb_format_for(dtype_name(dtype))

@@ -44,9 +44,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .arrays import from_numpy
 from .dense import DenseSum, wire_layout
 from .errors import DistributedError, FoldTypeError
-from .formats import dtype_name
+from .formats import dtype_name, resolve_out_dtype
 
 __all__ = ["GradientSum", "exact_all_reduce", "exact_allreduce_hook"]
 
@@ -84,21 +85,33 @@ def _reduce(array: np.ndarray, op: Any, group: Any, timeout: float, what: str) -
 
 
 def exact_all_reduce(
-    s: DenseSum,
+    s: Any,
     *,
     group: Any = None,
     timeout: float = 300.0,
     out_dtype: Any = None,
     mean_over: int = 1,
     ranges: list[tuple[int, int, Any]] | None = None,
-) -> list[np.ndarray]:
-    """Sum ``s`` over every rank of ``group`` exactly; each element rounded once (flat arrays).
+) -> Any:
+    """Sum ``s`` over every rank of ``group`` exactly; each element rounded once.
 
-    Every rank calls it with a :class:`DenseSum` of the same shape and format.
-    ``ranges`` lists ``(start, stop, out_dtype)`` slices to round (default:
-    everything, in ``out_dtype``); ``mean_over`` divides the exact sums
-    first. Returns one NumPy array a range, the same bits on every rank.
+    ``s`` is an array (a tensor on any device, a NumPy array) or a
+    :class:`DenseSum`; every rank passes one of the same shape and dtype.
+
+    * An array: returns the element-wise sum over the ranks, each element the
+      correctly rounded exact sum (divided by ``mean_over`` first, one
+      rounding), in the array's shape, dtype (or ``out_dtype``), library and
+      device — what ``dist.all_reduce(t)`` computes, exact and the same bits
+      for any number of ranks.
+    * A :class:`DenseSum` (the exact sum of several arrays, e.g. micro-batch
+      gradients): ``ranges`` lists ``(start, stop, out_dtype)`` slices of its
+      flat elements to round (default: everything, in ``out_dtype``); returns
+      one flat NumPy array a range.
+
+    The same bits on every rank.
     """
+    if not isinstance(s, DenseSum):
+        return _all_reduce_array(s, group, timeout, out_dtype, mean_over)
     ranks = dist.get_world_size(group)
     bounds = _reduce(s.bounds(), dist.ReduceOp.MAX, group, timeout, "the bounds all-reduce")
     layout = wire_layout(bounds, s.size, ranks, s.format.limbs)
@@ -112,6 +125,26 @@ def exact_all_reduce(
     ranges = ranges or [(0, s.size, out_dtype)]
     return [s.decode(words, layout, negzero, dt, mean_over=mean_over, start=a, stop=b)
             for a, b, dt in ranges]  # fmt: skip
+
+
+def _all_reduce_array(x: Any, group: Any, timeout: float, out_dtype: Any, mean_over: int) -> Any:
+    """:func:`exact_all_reduce` of one array, through a :class:`DenseSum`, back in its kind."""
+    if not hasattr(x, "dtype") or not hasattr(x, "shape"):
+        raise FoldTypeError(
+            "exact_all_reduce sums a tensor, a NumPy array or a DenseSum; got "
+            f"{type(x).__qualname__}"
+        )
+    name = dtype_name(x)
+    if name not in _TORCH_NAME.values():
+        raise FoldTypeError(
+            f"exact_all_reduce sums float16, bfloat16, float32 or float64 values; got {name}"
+        )
+    s = DenseSum(tuple(int(n) for n in x.shape), "float64" if name == "float64" else "float32")
+    s.add(x)
+    out_name = resolve_out_dtype(name, name if out_dtype is None else out_dtype)
+    (flat,) = exact_all_reduce(s, group=group, timeout=timeout, out_dtype=out_name,
+                               mean_over=mean_over)  # fmt: skip
+    return from_numpy(flat.reshape(s.shape), like=x, dtype_name=out_name)
 
 
 def _fingerprint(params: list[torch.Tensor]) -> int:
@@ -149,6 +182,13 @@ class GradientSum:
                     f"GradientSum sums floating tensors (float16, bfloat16, float32, float64); "
                     f"parameter {i} is {what}"
                 )
+        if not (dist.is_available() and dist.is_initialized()):
+            raise DistributedError(
+                "GradientSum sums gradients over a torch.distributed process group, and none "
+                "is initialised in this process: call torch.distributed.init_process_group("
+                "'gloo' for CPU tensors or 'nccl' for CUDA tensors, ...) first, or launch with "
+                "torchrun or `bitfold train --world-size N`"
+            )
         self.group = group
         self.timeout = float(timeout)
         self._families: dict[str, list[int]] = {}
@@ -232,14 +272,7 @@ def exact_allreduce_hook(state: Any, bucket: Any) -> Any:
     """
     group = state
     tensor = bucket.buffer()
-    name = dtype_name(tensor)
-    s = DenseSum(tuple(tensor.shape), "float64" if name == "float64" else "float32")
-    s.add(tensor.detach().to("cpu", torch.float64 if name == "float64" else torch.float32).numpy())
-    (out,) = exact_all_reduce(s, group=group, out_dtype=name,
-                              mean_over=dist.get_world_size(group))  # fmt: skip
-    result = torch.from_numpy(out)
-    if tensor.dtype == torch.bfloat16:
-        result = result.to(torch.bfloat16)
+    result = exact_all_reduce(tensor.detach(), group=group, mean_over=dist.get_world_size(group))
     future: torch.futures.Future = torch.futures.Future()
-    future.set_result(result.to(tensor.device))
+    future.set_result(result)
     return future

@@ -14,9 +14,10 @@ import numpy as np
 
 from . import dispatch
 from .arrays import family_of
-from .errors import FoldTypeError, ShapeError
+from .errors import FoldTypeError, IndexRangeError, ShapeError
 from .formats import dtype_name
 from .plan import Fold
+from .validate import index_range_error
 
 
 def segment_sum(
@@ -77,7 +78,12 @@ def add_at(a: Any, indices: Any, b: Any) -> None:
     trailing = tuple(int(s) for s in a.shape[1:])
     want = (*idx.shape, *trailing)
     values = _broadcast_like(a, b, want, family.name)
-    result = dispatch.fold(Fold(idx, int(a.shape[0])), values, init=a)
+    n = int(a.shape[0])
+    try:
+        plan = Fold(idx, n)
+    except IndexRangeError as err:  # in add_at's words: the bound is a's length, not a "K"
+        raise index_range_error(idx.shape, err.position, err.value, n, f"len(a) = {n}") from None
+    result = dispatch.fold(plan, values, init=a)
     a[...] = result
 
 

@@ -92,13 +92,23 @@ def read_index(index: Any) -> np.ndarray:
     return flat.reshape(arr.shape)
 
 
-def index_range_error(shape: tuple[int, ...], position: int, value: int, K: int) -> IndexRangeError:
-    """The error for an index entry outside ``[0, K)`` at flat ``position``."""
+def index_range_error(
+    shape: tuple[int, ...], position: int, value: int, K: int, bound: str | None = None
+) -> IndexRangeError:
+    """The error for an index entry outside ``[0, K)`` at flat ``position``.
+
+    ``bound`` names the limit as the caller's user knows it (``"K = 433"`` by
+    default; ``"len(a) = 3"`` for ``add_at``, the table size for an embedding).
+    The error keeps ``position``, ``value`` and ``K`` as attributes, so that a
+    public function can re-raise it in its own words.
+    """
     where = [int(w) for w in np.unravel_index(position, shape)] if shape else []
-    return IndexRangeError(
+    err = IndexRangeError(
         f"index{where} = {value} (flat position {position}) is out "
-        f"of range: every index must satisfy 0 <= index < K = {K}"
+        f"of range: every index must satisfy 0 <= index < {bound or f'K = {K}'}"
     )
+    err.position, err.value, err.K = position, value, K
+    return err
 
 
 def check_start(start: Any, n: int, size: int) -> int:
@@ -143,10 +153,13 @@ def _shape_error(shape: tuple[int, ...], plan_shape: tuple[int, ...]) -> ShapeEr
             f" (a flat vector of {size}·{n // size} values is ambiguous: reshape it to "
             f"{(size, n // size)})"
         )
+    forms = f"{plan_shape} + trailing"
+    if plan_shape != (size,):
+        forms += f" or {(size,)} + trailing"
     return ShapeError(
         f"values have shape {shape} but the index has shape {plan_shape}: the values have {n} "
         f"elements and this plan folds {size} values (or rows of values); pass values of shape "
-        f"{plan_shape} + trailing or {(size,)} + trailing{hint}"
+        f"{forms}{hint}"
     )
 
 

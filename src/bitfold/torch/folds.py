@@ -93,13 +93,16 @@ def fold_positions(
     return out.view(target.shape)
 
 
-def check_range(index: torch.Tensor, size: int) -> None:
-    """Refuse an index outside ``[0, size)`` (:class:`bitfold.IndexRangeError`, naming it)."""
+def check_range(index: torch.Tensor, size: int, bound: str | None = None) -> None:
+    """Refuse an index outside ``[0, size)`` (:class:`bitfold.IndexRangeError`, naming it).
+
+    ``bound`` names the limit as the user knows it (``"input.shape[0] = 5"``).
+    """
     bad = (index < 0) | (index >= size)
     if bool(bad.any()):
         flat = index.reshape(-1)
         at = int(torch.nonzero(bad.reshape(-1))[0, 0])
-        raise index_range_error(tuple(index.shape), at, int(flat[at]), size)
+        raise index_range_error(tuple(index.shape), at, int(flat[at]), size, bound)
 
 
 def wrap_negative(index: torch.Tensor, size: int) -> torch.Tensor:
