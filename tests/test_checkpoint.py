@@ -343,3 +343,25 @@ def test_non_torch_files_do_not_import_torch(tmp_path):
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("sha256:")
+
+
+def test_digest_model_prints_the_digest_train_reports(tmp_path, capsys):
+    """A training checkpoint: --model digests the state dict (as train does), plain the file."""
+    import torch
+
+    from bitfold import cli
+
+    model = torch.nn.Linear(3, 2)
+    sd = model.state_dict()
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model": sd, "optimizer": {"state": {}, "lr": torch.tensor(0.1)},
+                "digest": bitfold.digest(sd)}, path)  # fmt: skip
+    assert cli.main(["digest", "--model", str(path)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line == f"{bitfold.digest(sd)}  {path}  (model)"
+    assert cli.main(["digest", str(path)]) == 0
+    whole = capsys.readouterr().out.split()[0]
+    assert whole != bitfold.digest(sd)
+    torch.save({"weights": sd}, tmp_path / "other.pt")
+    assert cli.main(["digest", "--model", str(tmp_path / "other.pt")]) == 2
+    assert "not a checkpoint of `bitfold train --save`" in capsys.readouterr().err

@@ -41,7 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, one subparser per available subcommand."""
     parser = argparse.ArgumentParser(
         prog="bitfold",
-        description="Exact, bit-reproducible folds (static-index scatter-adds).",
+        description=(
+            "Exact, bit-reproducible folds: the scatter-adds that sum a gradient into shared "
+            "parameters (hashed layers, embeddings, graphs) through a fixed index, correctly "
+            "rounded and the same bits on every run, thread count and device."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"bitfold {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

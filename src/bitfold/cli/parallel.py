@@ -162,7 +162,7 @@ def _print(result: dict[str, Any], out: Any) -> None:
          f"{result['environment']['versions'].get('torch')}")  # fmt: skip
     emit()
     emit(f"  {'world size':>10}  {'micro-batches per rank':>22}  {'final loss':>12}  "
-         f"{'test acc':>8}  {'s/step':>6}  digest")  # fmt: skip
+         f"{'test acc':>8}  {'s/step':>6}  model digest")  # fmt: skip
     for r in runs:
         acc = "-" if r["test_accuracy"] is None else f"{r['test_accuracy']:.4f}"
         share = "+".join(map(str, r["micro_batches_per_rank"]))
@@ -177,6 +177,8 @@ def _print(result: dict[str, Any], out: Any) -> None:
              f"{len(runs)} runs)")  # fmt: skip
     if runs[-1]["checkpoint"]:
         emit(f"  checkpoint at step {cfg['steps']}: {runs[-1]['checkpoint']}")
+        emit("  (model digest: bitfold.digest of the model's state dict; `bitfold digest --model "
+             "CHECKPOINT` prints it, plain `bitfold digest` hashes every tensor in the file)")
 
 
 def main(args: argparse.Namespace) -> int:

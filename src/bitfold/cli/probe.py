@@ -35,7 +35,20 @@ from .seed_model import SEED_STEPS, SeedAdam, SeedModel, autograd_gradient, fold
 from .timing import peak_bytes, time_call
 from .torch_env import passive_openmp_before_torch
 
-HELP = "answer the seed's four questions about the fold on this machine"
+HELP = (
+    "check on this machine: (1) does the usual scatter-add give different bits run to run, "
+    "(2) does bitfold give the same bits every time, (3) what does that cost, (4) do two "
+    "training runs from one seed end bit-identical"
+)
+#: What each size flag means (the folded layer of the user's original experiment).
+FLAG_MEANINGS = {
+    "D": "inputs of the folded layer",
+    "hid": "outputs of the folded layer (its weight has D x hid entries)",
+    "K": "shared parameters the D x hid weights are folded into (the buckets of the fold)",
+    "reps": "repeats of each fold timed and compared",
+    "steps": "steps of each training run",
+    "batch": "examples a training step",
+}
 
 TRAIN_STRATEGIES = ("atomic", "ordered", "exact")
 #: The usual folds questions 1 and 3 measure, per device: names in the benchmark's contender
@@ -346,11 +359,13 @@ class _Encoder(json.JSONEncoder):
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags: the seed's configuration, --json, --device."""
     d = ProbeConfig()
-    for name in ("D", "hid", "K", "reps", "steps", "batch"):
+    for name, meaning in FLAG_MEANINGS.items():
         parser.add_argument(
-            f"--{name}", type=int, default=getattr(d, name), help=f"default {getattr(d, name)}"
-        )
-    parser.add_argument("--lr", type=float, default=d.lr, help=f"default {d.lr}")
+            f"--{name}", type=int, default=getattr(d, name),
+            help=f"{meaning} (default {getattr(d, name)})",
+        )  # fmt: skip
+    lr_help = f"learning rate of the training runs (default {d.lr})"
+    parser.add_argument("--lr", type=float, default=d.lr, help=lr_help)
     parser.add_argument("--seed", type=int, default=d.seed, help="random seed (default 0)")
     parser.add_argument(
         "--device",

@@ -352,7 +352,8 @@ def _print_report(result: dict[str, Any], file: Any = None) -> None:
          f"device {cfg['device']}, seed {cfg['seed']}, "
          f"OMP_WAIT_POLICY={result['omp_wait_policy']}")
     emit()
-    emit(f"  {'strategy':<9} {'run':>3} {'final loss':>12} {'test acc':>9} {'s/epoch':>8}  digest")
+    emit(f"  {'strategy':<9} {'run':>3} {'final loss':>12} {'test acc':>9} {'s/epoch':>8}  "
+         "model digest")  # fmt: skip
     for r in result["runs"]:
         if "skipped" in r:
             emit(f"  {r['strategy']:<9} {'':>3} skipped: {r['skipped']}")
