@@ -109,7 +109,7 @@ def test_add_at_on_torch_tensors_in_place():
         (slice(0, 2), bitfold.FoldTypeError, ["integer index array", "slice"]),
         ((np.array([0]), np.array([1])), bitfold.FoldTypeError, ["tuple of 2"]),
         (np.array([True, False, True]), bitfold.FoldTypeError, ["boolean mask"]),
-        (np.array([0, -1]), bitfold.IndexRangeError, ["-1", "0 <= index < K = 3"]),
+        (np.array([0, -1]), bitfold.IndexRangeError, ["-1", "0 <= index < len(a) = 3"]),
         (np.array([0, 3]), bitfold.IndexRangeError, ["= 3"]),
         (np.array([0.0, 1.0]), bitfold.FoldTypeError, ["integers"]),
     ],
