@@ -92,12 +92,26 @@ def read_index(index: Any) -> np.ndarray:
     return flat.reshape(arr.shape)
 
 
-def index_range_error(shape: tuple[int, ...], position: int, value: int, K: int) -> IndexRangeError:
-    """The error for an index entry outside ``[0, K)`` at flat ``position``."""
+def index_range_error(
+    shape: tuple[int, ...],
+    position: int,
+    value: int,
+    K: int,
+    *,
+    name: str = "index",
+    negative: bool = False,
+) -> IndexRangeError:
+    """The error for an index entry outside ``[0, K)`` at flat ``position``.
+
+    ``name`` names the index in the message (``"input"`` for an embedding's
+    ids); ``negative=True`` says that ``-K <= index < 0`` was allowed too (an
+    index that counts from the end, as torch's indexing reads it).
+    """
     where = [int(w) for w in np.unravel_index(position, shape)] if shape else []
+    allowed = f"-{K} <= {name} < K = {K}" if negative else f"0 <= {name} < K = {K}"
     return IndexRangeError(
-        f"index{where} = {value} (flat position {position}) is out "
-        f"of range: every index must satisfy 0 <= index < K = {K}"
+        f"{name}{where} = {value} (flat position {position}) is out "
+        f"of range: every {name} must satisfy {allowed}"
     )
 
 
