@@ -122,6 +122,30 @@ def _bind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str,
     return bound
 
 
+def _plain_index(t: Any) -> Any:
+    """An integer tensor subclass that wraps one plain tensor of its shape (torch_geometric's
+    ``Index`` and ``EdgeIndex``, through the ``__tensor_flatten__`` protocol), as that tensor;
+    anything else as it is. Ids are integers: the wrapper changes no sum.
+    """
+    if isinstance(t, list | tuple):
+        return type(t)(_plain_index(x) for x in t)
+    if not isinstance(t, torch.Tensor) or type(t) in _PLAIN or t.dtype not in _INTEGER:
+        return t
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None:
+        return t
+    names, _ = flatten()
+    inner = getattr(t, names[0], None) if len(names) == 1 else None
+    if (
+        type(inner) in _PLAIN
+        and inner.dtype == t.dtype
+        and inner.shape == t.shape
+        and inner.device == t.device
+    ):
+        return inner
+    return t
+
+
 def _written(func: Any) -> str | None:
     """The argument an in-place or ``out=`` overload writes (``self``, ``out``), or None."""
     for arg in func._schema.arguments:
@@ -374,9 +398,37 @@ def _sampled_addmm(a: dict[str, Any]) -> torch.Tensor | _Leave:
 
 def _coalesce(a: dict[str, Any]) -> torch.Tensor | _Leave:
     x = a["self"]
-    if x.dtype in FLOATING:
-        return _Leave("a sparse tensor's duplicates are summed by torch")
-    return _UNTOUCHED
+    if x.dtype not in FLOATING:
+        return _UNTOUCHED if x.dtype in _INTEGER else _Leave("complex duplicates summed by torch")
+    if type(x) not in _PLAIN or x.device.type not in ("cpu", "cuda"):
+        return _Leave(f"a {type(x).__name__} on {x.device}: bitfold folds plain CPU/CUDA tensors")
+    return sparse.coalesce(x)
+
+
+def _to_compressed(a: dict[str, Any], func: Any) -> Any:
+    """A conversion of an uncoalesced COO tensor sums its duplicates: coalesce exactly first."""
+    x = a["self"]
+    if x.layout != torch.sparse_coo or x.is_coalesced() or x.dtype not in FLOATING:
+        return _UNTOUCHED
+    coalesced = _coalesce({"self": x})
+    if isinstance(coalesced, _Leave):
+        return coalesced
+    rest = {k: v for k, v in a.items() if k != "self"}
+    return func(coalesced, **rest)
+
+
+def _to_sparse_csr(a: dict[str, Any]) -> Any:
+    return _to_compressed(a, aten._to_sparse_csr)
+
+
+def _to_sparse_csc(a: dict[str, Any]) -> Any:
+    return _to_compressed(a, aten._to_sparse_csc)
+
+
+def _to_sparse(a: dict[str, Any]) -> Any:
+    if a.get("layout") in (None, torch.sparse_coo):
+        return _UNTOUCHED  # COO to COO: no sum
+    return _to_compressed(a, aten._to_sparse)
 
 
 #: overload packet -> (kind recorded in counts, handler)
@@ -401,6 +453,9 @@ for _kind, _handler, _packets in (
     ),
     ("bincount", _bincount, (aten.bincount,)),
     ("coalesce", _coalesce, (aten._coalesce,)),
+    ("coalesce", _to_sparse_csr, (aten._to_sparse_csr,)),
+    ("coalesce", _to_sparse_csc, (aten._to_sparse_csc,)),
+    ("coalesce", _to_sparse, (aten._to_sparse,)),
     ("segment_reduce", _segment_reduce, (aten.segment_reduce,)),
     ("sparse_mm", _mm, (aten.mm,)),
     ("sparse_mm", _addmm, (aten.addmm, aten._sparse_addmm)),
@@ -622,7 +677,7 @@ class ExactMode(TorchDispatchMode):
         if rule is None:
             return func(*args, **kwargs)
         kind, handler = rule
-        bound = _bind(func, args, kwargs)
+        bound = {k: _plain_index(v) for k, v in _bind(func, args, kwargs).items()}
         result = handler(bound)
         if isinstance(result, _Leave):
             if result.reason is not None:

@@ -204,6 +204,31 @@ class SparseAddmm(torch.autograd.Function):
         return grad_c, grad_a, grad_x, None, None, None
 
 
+def coalesce(A: torch.Tensor) -> torch.Tensor:
+    """``A.coalesce()`` for a COO tensor, exact: each coordinate's value the correctly rounded sum.
+
+    The values at a repeated coordinate are folded exactly (one rounding, in
+    the values' dtype; hybrid tensors fold their dense rows element by
+    element); the coordinates come out sorted, as torch sorts them.
+    """
+    indices, values = A._indices().to(torch.int64), A._values().detach()
+    sizes = [int(s) for s in A.shape[: A.sparse_dim()]]
+    linear = torch.zeros(indices.shape[1], dtype=torch.int64, device=indices.device)
+    for d, size in enumerate(sizes):
+        linear = linear * size + indices[d]
+    coords, inverse = torch.unique(linear, sorted=True, return_inverse=True)
+    if coords.numel():
+        summed = fold_rows(inverse, values, int(coords.numel()))
+    else:
+        summed = values.new_zeros((0, *values.shape[1:]))
+    unravelled = []
+    for size in reversed(sizes):
+        unravelled.append(coords % size)
+        coords = coords // size
+    index = torch.stack(unravelled[::-1]) if unravelled else indices[:, :0]
+    return torch.sparse_coo_tensor(index, summed, A.shape, is_coalesced=True)
+
+
 # -- which calls are sparse products --------------------------------------------------------------
 _DEVICES = ("cpu", "cuda")
 
@@ -314,6 +339,7 @@ __all__ = [
     "Operands",
     "Pattern",
     "SparseAddmm",
+    "coalesce",
     "differentiable_product",
     "is_sparse",
     "operands",
