@@ -30,16 +30,39 @@ ATen op (and its ``_`` / ``out=`` forms)       inside ``exact_mode()``
 ``_embedding_bag_backward`` (dense),           exact (modes sum, mean and max,
 ``_embedding_bag_dense_backward``              ``per_sample_weights``, ``padding_idx``)
 ``bincount`` with floating ``weights``         exact (float32 or float64, as torch)
+``segment_reduce`` "sum", "mean"               exact (``lengths`` or ``offsets``, any
+                                               ``axis``, ``initial``; :mod:`.segment`);
+                                               its backward is a gather: untouched
+``mm``, ``addmm``, ``_sparse_addmm``,          exact when one factor is a COO, CSR or
+``_sparse_mm``, ``_sparse_mm_reduce_impl``     CSC matrix (:mod:`.sparse`): the correctly
+("sum", "mean"); and above autograd            rounded sum of the exact products, for
+``A @ X``, ``X @ A``, ``torch.mm``,            ``addmm`` of ``beta * C + alpha * sum``
+``torch.sparse.mm``, ``addmm``,                (one rounding); the public calls run as an
+``torch.sparse.addmm``                         autograd function whose backward (dense
+                                               operand, sparse values) is exact too
+``sparse_sampled_addmm``                       exact (the CSR backward's sampled product)
+``_coalesce``; ``_to_sparse_csr`` /            exact: each repeated coordinate's values
+``_to_sparse_csc`` / ``_to_sparse`` of an      folded once (coalesced first, then
+uncoalesced COO tensor                         converted)
 the same ops on integer or bool tensors        untouched: integer sums are exact already
-``scatter_reduce`` / ``index_reduce`` "amax",  untouched: exact in any order already
-"amin"
+``scatter_reduce`` / ``index_reduce`` /        untouched: exact in any order already
+``segment_reduce`` "amax", "amin", "max",
+"min"
 "prod" reductions, ``scatter(reduce=           untouched and recorded in ``mode.passed``:
 "multiply")``, complex dtypes, sparse          not sums of reals, or not on a plain CPU /
 gradients (``_embedding_bag_backward(sparse=   CUDA tensor; ``strict=True`` raises
-True)``, ``_coalesce``), other devices,        :class:`bitfold.FoldError` instead
-tensor subclasses
-everything else (``sum``, ``mm``, ...)         untouched
+True)``), sparse @ sparse, BSR/BSC, hybrid     :class:`bitfold.FoldError` instead
+or batched sparse factors, ``out_dtype``
+products, other devices, floating tensor
+subclasses
+everything else (``sum``, dense ``mm``, ...)   untouched
 ============================================  ===========================================
+
+Integer index tensors of a subclass that wraps one plain tensor through
+``__tensor_flatten__`` (torch_geometric's ``Index`` and ``EdgeIndex``) are
+read as that tensor. An integer index out of range in ``index_put`` /
+``put`` (``accumulate=True``) raises :class:`bitfold.IndexRangeError` naming
+the id as given and the size, not torch's own error.
 
 Two places where the exact result follows torch's documentation rather than
 torch 2.13's CPU kernel: with ``scale_grad_by_freq`` the embedding-bag
@@ -50,7 +73,7 @@ last offset belong to no bag and get no gradient (the CPU kernel, whose
 forward leaves them out, gives their rows values anyway).
 
 The forward sums of ``embedding_bag`` (``_embedding_bag``) and plain
-reductions (``sum``, ``mean``, matrix products) are not folds through an
+reductions (``sum``, ``mean``, dense matrix products) are not folds through an
 index: they are untouched, deterministic from run to run on one machine but
 not independent of the order of their terms. Use
 :class:`bitfold.torch.EmbeddingBag` for exact bag sums.
@@ -709,7 +732,9 @@ def exact_mode(*, strict: bool = False) -> ExactMode:
     ``scatter_add``, ``index_add``, ``index_put(accumulate=True)``,
     embedding and embedding-bag backward, ``scatter_reduce`` sum/mean (the
     module docstring's table) the correctly rounded sum, the same bits for any
-    order of the contributions; every other op runs untouched.
+    order of the contributions, and so are ``segment_reduce`` sum/mean and
+    products with a sparse (COO, CSR, CSC) factor, forward and backward;
+    every other op runs untouched.
     ``mode.counts`` says how many ops of each kind it made exact;
     ``mode.passed`` lists the folds it could not (complex, sparse, "prod");
     ``strict=True`` raises :class:`bitfold.FoldError` for those.

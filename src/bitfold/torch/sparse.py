@@ -299,8 +299,6 @@ def differentiable_product(
         m = ops.X.shape[0] if ops.right else ops.A.shape[0]
         n = ops.A.shape[1] if ops.right else ops.X.shape[1]
         C = C.expand(int(m), int(n))  # a broadcast C's gradient is summed by autograd
-        if beta == 0:
-            C = None
     out = SparseAddmm.apply(C, ops.A, ops.X, float(beta), float(alpha), ops.right)
     return out
 
