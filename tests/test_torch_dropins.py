@@ -636,10 +636,13 @@ def test_mode_records_what_it_cannot_make_exact_and_strict_refuses_it():
         with bt.exact_mode(strict=True):
             torch.zeros(3, dtype=torch.complex64).index_add(0, i, c)
     table = torch.zeros(4, 2, requires_grad=True)
+    ids = torch.tensor([1, 1, 1])
+    weight = torch.tensor([1.0, 2.0**-24, 2.0**-24]).view(3, 1)
     with bt.exact_mode() as mode:
-        F.embedding(torch.tensor([1, 1]), table, sparse=True).sum().backward()
-        table.grad.coalesce()
-    assert mode.passed  # the sparse gradient's duplicates are summed by torch
+        (F.embedding(ids, table, sparse=True) * weight).sum().backward()
+        summed = table.grad.coalesce()  # the sparse gradient's duplicates, summed exactly
+    assert summed.values()[0].tolist() == [1 + 2.0**-23] * 2 and mode.counts["coalesce"] == 1
+    assert table.grad.coalesce().values()[0].tolist() == [1.0, 1.0]  # torch's own sum
 
 
 def test_mode_under_torch_compile_runs_eagerly_or_refuses():

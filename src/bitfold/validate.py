@@ -93,19 +93,31 @@ def read_index(index: Any) -> np.ndarray:
 
 
 def index_range_error(
-    shape: tuple[int, ...], position: int, value: int, K: int, bound: str | None = None
+    shape: tuple[int, ...],
+    position: int,
+    value: int,
+    K: int,
+    bound: str | None = None,
+    *,
+    name: str = "index",
+    negative: bool = False,
 ) -> IndexRangeError:
     """The error for an index entry outside ``[0, K)`` at flat ``position``.
 
     ``bound`` names the limit as the caller's user knows it (``"K = 433"`` by
-    default; ``"len(a) = 3"`` for ``add_at``, the table size for an embedding).
-    The error keeps ``position``, ``value`` and ``K`` as attributes, so that a
-    public function can re-raise it in its own words.
+    default; ``"len(a) = 3"`` for ``add_at``, the table size for an
+    embedding). ``name`` names the index in the message (``"input"`` for an
+    embedding's ids); ``negative=True`` says that ``-K <= index < 0`` was
+    allowed too (an index that counts from the end, as torch's indexing reads
+    it). The error keeps ``position``, ``value`` and ``K`` as attributes, so
+    that a public function can re-raise it in its own words.
     """
     where = [int(w) for w in np.unravel_index(position, shape)] if shape else []
+    limit = bound or f"K = {K}"
+    allowed = f"-{K} <= {name} < {limit}" if negative else f"0 <= {name} < {limit}"
     err = IndexRangeError(
-        f"index{where} = {value} (flat position {position}) is out "
-        f"of range: every index must satisfy 0 <= index < {bound or f'K = {K}'}"
+        f"{name}{where} = {value} (flat position {position}) is out "
+        f"of range: every {name} must satisfy {allowed}"
     )
     err.position, err.value, err.K = position, value, K
     return err

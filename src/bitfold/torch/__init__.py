@@ -10,8 +10,9 @@ order their threads or atomics finish.
   inside which every fold that reaches ATen — ``scatter_add``,
   ``index_add``, ``index_put(accumulate=True)`` (the backward of
   ``x[idx]``), the embedding and embedding-bag backwards, ``scatter_reduce``
-  sum/mean — is exact, in the forward and the backward; ``mode.counts`` says
-  what it saw.
+  and ``segment_reduce`` sum/mean, products with a sparse COO/CSR/CSC factor
+  — is exact, in the forward and the backward; ``mode.counts`` says what it
+  saw.
 * Drop-ins with torch's signatures (:mod:`bitfold.torch.functional`,
   :mod:`bitfold.torch.layers`): ``index_add``, ``scatter_add``,
   ``segment_sum``, ``embedding``, ``embedding_bag``, and the modules

@@ -49,21 +49,28 @@ _SPARSE_TARGETS = 8
 
 # -- the two ways in ------------------------------------------------------------------------------
 def fold_rows(
-    index: torch.Tensor, values: torch.Tensor, K: int, *, init: torch.Tensor | None = None
+    index: torch.Tensor,
+    values: torch.Tensor,
+    K: int,
+    *,
+    init: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The exact fold of ``values`` (``(N,) + trailing``) by ``index`` (N ids) into K rows.
 
     The result has shape ``(K,) + trailing`` and the values' dtype (or
-    ``init``'s: ``init`` of shape ``(K,) + trailing`` is added into, one
-    rounding per element), on the values' device. An index outside
-    ``[0, K)`` raises :class:`bitfold.IndexRangeError`.
+    ``out_dtype``, or ``init``'s: ``init`` of shape ``(K,) + trailing`` is
+    added into, one rounding per element), on the values' device: float64
+    values (exact products, say) can be rounded once to float32. An index
+    outside ``[0, K)`` raises :class:`bitfold.IndexRangeError`.
     """
     values = values.detach()
     if not values.is_contiguous():
         values = values.contiguous()
     plan = Fold(index.detach().reshape(-1), K)
     if init is None:
-        return _engine_fold(plan, values, "exact", out_dtype=NAMES[values.dtype])
+        out = NAMES[values.dtype if out_dtype is None else out_dtype]
+        return _engine_fold(plan, values, "exact", out_dtype=out)
     return _engine_fold(plan, values, "exact", init=init.detach().contiguous())
 
 
@@ -93,16 +100,28 @@ def fold_positions(
     return out.view(target.shape)
 
 
-def check_range(index: torch.Tensor, size: int, bound: str | None = None) -> None:
+def check_range(
+    index: torch.Tensor,
+    size: int,
+    bound: str | None = None,
+    *,
+    name: str = "index",
+    negative: bool = False,
+) -> None:
     """Refuse an index outside ``[0, size)`` (:class:`bitfold.IndexRangeError`, naming it).
 
-    ``bound`` names the limit as the user knows it (``"input.shape[0] = 5"``).
+    ``bound`` names the limit as the user knows it (``"input.shape[0] = 5"``);
+    ``negative=True`` accepts ``-size <= index < 0`` too (torch's indexing
+    counts those from the end); ``name`` names the index in the message.
     """
-    bad = (index < 0) | (index >= size)
+    low = -size if negative else 0
+    bad = (index < low) | (index >= size)
     if bool(bad.any()):
         flat = index.reshape(-1)
         at = int(torch.nonzero(bad.reshape(-1))[0, 0])
-        raise index_range_error(tuple(index.shape), at, int(flat[at]), size, bound)
+        raise index_range_error(
+            tuple(index.shape), at, int(flat[at]), size, bound, name=name, negative=negative
+        )
 
 
 def wrap_negative(index: torch.Tensor, size: int) -> torch.Tensor:
@@ -302,8 +321,12 @@ def index_put(
     ``indices`` as ATen takes them: one entry per leading dimension, ``None``
     for a full slice, integer (negative ones wrap) or boolean tensors. Every
     element of ``input`` gets the correctly rounded sum of its old value and
-    every value sent to it.
+    every value sent to it. An integer index outside ``[-size, size)`` of its
+    dimension raises :class:`bitfold.IndexRangeError` naming it as given.
     """
+    for d, ix in enumerate(indices):  # before anything wraps or flattens them: the ids as given
+        if ix is not None and ix.dtype not in (torch.bool, torch.uint8) and d < input.dim():
+            check_range(ix, input.shape[d], negative=True)
     first = indices[0] if len(indices) == 1 else None
     if first is not None and first.dtype not in (torch.bool, torch.uint8) and input.dim() >= 1:
         K = input.shape[0]
@@ -318,6 +341,7 @@ def index_put(
 
 def put(input: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     """``input.put(index, source, accumulate=True)``, exact: flat positions, negative ones wrap."""
+    check_range(index, input.numel(), negative=True)
     positions = wrap_negative(index.reshape(-1), input.numel())
     return fold_positions(positions, source.reshape(-1), input)
 

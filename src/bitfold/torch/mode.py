@@ -30,16 +30,39 @@ ATen op (and its ``_`` / ``out=`` forms)       inside ``exact_mode()``
 ``_embedding_bag_backward`` (dense),           exact (modes sum, mean and max,
 ``_embedding_bag_dense_backward``              ``per_sample_weights``, ``padding_idx``)
 ``bincount`` with floating ``weights``         exact (float32 or float64, as torch)
+``segment_reduce`` "sum", "mean"               exact (``lengths`` or ``offsets``, any
+                                               ``axis``, ``initial``; :mod:`.segment`);
+                                               its backward is a gather: untouched
+``mm``, ``addmm``, ``_sparse_addmm``,          exact when one factor is a COO, CSR or
+``_sparse_mm``, ``_sparse_mm_reduce_impl``     CSC matrix (:mod:`.sparse`): the correctly
+("sum", "mean"); and above autograd            rounded sum of the exact products, for
+``A @ X``, ``X @ A``, ``torch.mm``,            ``addmm`` of ``beta * C + alpha * sum``
+``torch.sparse.mm``, ``addmm``,                (one rounding); the public calls run as an
+``torch.sparse.addmm``                         autograd function whose backward (dense
+                                               operand, sparse values) is exact too
+``sparse_sampled_addmm``                       exact (the CSR backward's sampled product)
+``_coalesce``; ``_to_sparse_csr`` /            exact: each repeated coordinate's values
+``_to_sparse_csc`` / ``_to_sparse`` of an      folded once (coalesced first, then
+uncoalesced COO tensor                         converted)
 the same ops on integer or bool tensors        untouched: integer sums are exact already
-``scatter_reduce`` / ``index_reduce`` "amax",  untouched: exact in any order already
-"amin"
+``scatter_reduce`` / ``index_reduce`` /        untouched: exact in any order already
+``segment_reduce`` "amax", "amin", "max",
+"min"
 "prod" reductions, ``scatter(reduce=           untouched and recorded in ``mode.passed``:
 "multiply")``, complex dtypes, sparse          not sums of reals, or not on a plain CPU /
 gradients (``_embedding_bag_backward(sparse=   CUDA tensor; ``strict=True`` raises
-True)``, ``_coalesce``), other devices,        :class:`bitfold.FoldError` instead
-tensor subclasses
-everything else (``sum``, ``mm``, ...)         untouched
+True)``), sparse @ sparse, BSR/BSC, hybrid     :class:`bitfold.FoldError` instead
+or batched sparse factors, ``out_dtype``
+products, other devices, floating tensor
+subclasses
+everything else (``sum``, dense ``mm``, ...)   untouched
 ============================================  ===========================================
+
+Integer index tensors of a subclass that wraps one plain tensor through
+``__tensor_flatten__`` (torch_geometric's ``Index`` and ``EdgeIndex``) are
+read as that tensor. An integer index out of range in ``index_put`` /
+``put`` (``accumulate=True``) raises :class:`bitfold.IndexRangeError` naming
+the id as given and the size, not torch's own error.
 
 Two places where the exact result follows torch's documentation rather than
 torch 2.13's CPU kernel: with ``scale_grad_by_freq`` the embedding-bag
@@ -50,7 +73,7 @@ last offset belong to no bag and get no gradient (the CPU kernel, whose
 forward leaves them out, gives their rows values anyway).
 
 The forward sums of ``embedding_bag`` (``_embedding_bag``) and plain
-reductions (``sum``, ``mean``, matrix products) are not folds through an
+reductions (``sum``, ``mean``, dense matrix products) are not folds through an
 index: they are untouched, deterministic from run to run on one machine but
 not independent of the order of their terms. Use
 :class:`bitfold.torch.EmbeddingBag` for exact bag sums.
@@ -79,6 +102,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -86,7 +110,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import FoldError
-from . import folds
+from . import folds, segment, sparse
 from .folds import FLOATING
 
 aten = torch.ops.aten
@@ -119,6 +143,30 @@ def _bind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str,
         elif arg.has_default_value():
             bound[arg.name] = arg.default_value
     return bound
+
+
+def _plain_index(t: Any) -> Any:
+    """An integer tensor subclass that wraps one plain tensor of its shape (torch_geometric's
+    ``Index`` and ``EdgeIndex``, through the ``__tensor_flatten__`` protocol), as that tensor;
+    anything else as it is. Ids are integers: the wrapper changes no sum.
+    """
+    if isinstance(t, list | tuple):
+        return type(t)(_plain_index(x) for x in t)
+    if not isinstance(t, torch.Tensor) or type(t) in _PLAIN or t.dtype not in _INTEGER:
+        return t
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None:
+        return t
+    names, _ = flatten()
+    inner = getattr(t, names[0], None) if len(names) == 1 else None
+    if (
+        type(inner) in _PLAIN
+        and inner.dtype == t.dtype
+        and inner.shape == t.shape
+        and inner.device == t.device
+    ):
+        return inner
+    return t
 
 
 def _written(func: Any) -> str | None:
@@ -157,7 +205,7 @@ def _same_dtype(target: torch.Tensor, values: torch.Tensor) -> bool:
 
 
 # -- one handler per kind of op: the exact result, or a verdict to leave it to ATen ---------------
-Handler = Callable[[dict[str, Any]], "torch.Tensor | _Leave"]
+Handler = Callable[[dict[str, Any]], Any]
 
 
 def _scatter_add(a: dict[str, Any]) -> torch.Tensor | _Leave:
@@ -297,11 +345,113 @@ def _bincount(a: dict[str, Any]) -> torch.Tensor | _Leave:
     return folds.bincount(x, weights, int(a.get("minlength", 0)))
 
 
+def _segment_reduce(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    data, reduce = a["data"], a["reduce"]
+    lengths, offsets, axis = a.get("lengths"), a.get("offsets"), a.get("axis", 0)
+    leave = _check(data, *[t for t in (lengths, offsets) if t is not None])
+    if leave is not None:
+        return leave
+    if reduce in ("max", "min"):
+        return _UNTOUCHED  # a maximum is exact in any order
+    if reduce not in ("sum", "mean"):
+        return _Leave(f"reduce={reduce!r}: a product, not a sum")
+    if a.get("indices") is not None or segment.problem(
+        data, lengths, offsets, axis % max(data.dim(), 1), bool(a.get("unsafe", False))
+    ):
+        return _UNTOUCHED  # ATen raises its own error
+    initial = a.get("initial")
+    return segment.segment_reduce(
+        data, reduce, lengths, offsets, axis % data.dim(), None if initial is None else initial
+    )
+
+
+def _sparse_product(
+    C: Any, a: Any, b: Any, beta: Any = 1, alpha: Any = 1, reduce: str = "sum"
+) -> torch.Tensor | _Leave:
+    """``beta * C + alpha * (a @ b)`` with a sparse factor, exact; ``reduce="mean"`` per row."""
+    ops = sparse.operands(a, b, C)
+    if ops is None:
+        return _UNTOUCHED
+    if isinstance(ops, str):
+        return _Leave(ops)
+    if reduce not in ("sum", "mean"):
+        return _UNTOUCHED  # max, min: exact in any order
+    if reduce == "mean" and (ops.right or C is not None):
+        return _UNTOUCHED  # torch has no such product
+    out = sparse.product(ops, C, float(beta), float(alpha))
+    if reduce == "mean":
+        out = out / sparse.row_counts(ops.A).clamp(min=1).to(out.dtype).view(-1, 1)
+    return out
+
+
+def _mm(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    if "out_dtype" in a:
+        return _Leave("mm with out_dtype") if sparse.operands(a["self"], a["mat2"]) else _UNTOUCHED
+    return _sparse_product(None, a["self"], a["mat2"])
+
+
+def _addmm(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    x, mat1, mat2 = a["self"], a["mat1"], a["mat2"]
+    if "out_dtype" in a:
+        return _Leave("addmm with out_dtype") if sparse.operands(mat1, mat2, x) else _UNTOUCHED
+    return _sparse_product(x, mat1, mat2, a["beta"], a["alpha"])
+
+
+def _sparse_mm(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    return _sparse_product(None, a["sparse"], a["dense"], reduce=a.get("reduce", "sum"))
+
+
+def _sparse_mm_reduce(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | _Leave:
+    out = _sparse_product(None, a["self"], a["other"], reduce=a["reduce"])
+    if isinstance(out, _Leave):
+        return out
+    return out, torch.empty(0, dtype=torch.int64, device=out.device)
+
+
+def _sampled_addmm(a: dict[str, Any]) -> torch.Tensor | _Leave:
+    S, mat1, mat2 = a["self"], a["mat1"], a["mat2"]
+    if S.layout != torch.sparse_csr or S.dim() != 2 or mat1.dim() != 2 or mat2.dim() != 2:
+        return _UNTOUCHED
+    if S.dtype not in FLOATING or mat1.dtype != S.dtype or mat2.dtype != S.dtype:
+        return _Leave(f"{_dtype_name(S.dtype)}: bitfold folds float16 .. float64")
+    if sparse.is_sparse(mat1) or sparse.is_sparse(mat2) or sparse.problem(S) is not None:
+        return _Leave("sparse factors or a hybrid pattern: summed by torch")
+    return sparse.sampled_addmm(S, mat1, mat2, float(a["beta"]), float(a["alpha"]))
+
+
 def _coalesce(a: dict[str, Any]) -> torch.Tensor | _Leave:
     x = a["self"]
-    if x.dtype in FLOATING:
-        return _Leave("a sparse tensor's duplicates are summed by torch")
-    return _UNTOUCHED
+    if x.dtype not in FLOATING:
+        return _UNTOUCHED if x.dtype in _INTEGER else _Leave("complex duplicates summed by torch")
+    if type(x) not in _PLAIN or x.device.type not in ("cpu", "cuda"):
+        return _Leave(f"a {type(x).__name__} on {x.device}: bitfold folds plain CPU/CUDA tensors")
+    return sparse.coalesce(x)
+
+
+def _to_compressed(a: dict[str, Any], func: Any) -> Any:
+    """A conversion of an uncoalesced COO tensor sums its duplicates: coalesce exactly first."""
+    x = a["self"]
+    if x.layout != torch.sparse_coo or x.is_coalesced() or x.dtype not in FLOATING:
+        return _UNTOUCHED
+    coalesced = _coalesce({"self": x})
+    if isinstance(coalesced, _Leave):
+        return coalesced
+    rest = {k: v for k, v in a.items() if k != "self"}
+    return func(coalesced, **rest)
+
+
+def _to_sparse_csr(a: dict[str, Any]) -> Any:
+    return _to_compressed(a, aten._to_sparse_csr)
+
+
+def _to_sparse_csc(a: dict[str, Any]) -> Any:
+    return _to_compressed(a, aten._to_sparse_csc)
+
+
+def _to_sparse(a: dict[str, Any]) -> Any:
+    if a.get("layout") in (None, torch.sparse_coo):
+        return _UNTOUCHED  # COO to COO: no sum
+    return _to_compressed(a, aten._to_sparse)
 
 
 #: overload packet -> (kind recorded in counts, handler)
@@ -326,6 +476,15 @@ for _kind, _handler, _packets in (
     ),
     ("bincount", _bincount, (aten.bincount,)),
     ("coalesce", _coalesce, (aten._coalesce,)),
+    ("coalesce", _to_sparse_csr, (aten._to_sparse_csr,)),
+    ("coalesce", _to_sparse_csc, (aten._to_sparse_csc,)),
+    ("coalesce", _to_sparse, (aten._to_sparse,)),
+    ("segment_reduce", _segment_reduce, (aten.segment_reduce,)),
+    ("sparse_mm", _mm, (aten.mm,)),
+    ("sparse_mm", _addmm, (aten.addmm, aten._sparse_addmm)),
+    ("sparse_mm", _sparse_mm, (aten._sparse_mm,)),
+    ("sparse_mm", _sparse_mm_reduce, (aten._sparse_mm_reduce_impl,)),
+    ("sparse_sampled_addmm", _sampled_addmm, (aten.sparse_sampled_addmm,)),
 ):
     for _packet in _packets:
         _RULES[_packet] = (_kind, _handler)
@@ -354,6 +513,106 @@ def _compiled_node_in(roots: Any) -> str | None:
     return None
 
 
+# -- sparse products, seen above autograd ------------------------------------------------------
+# The dispatch rules above make a sparse product's forward exact, and the dense operand's
+# gradient (another sparse product); but ATen's backward into the sparse *values* of a COO
+# matrix is a dense ``mm`` of two dense matrices, masked afterwards, which no rule can tell from
+# any other ``mm``. So the public calls are caught above autograd and run as
+# ``sparse.SparseAddmm``, whose backward is exact too.
+@dataclass(frozen=True)
+class _Product:
+    """A call's operands: ``beta * C + alpha * (a @ b)``, ``reduce`` per row."""
+
+    a: Any
+    b: Any
+    C: Any = None
+    beta: Any = 1
+    alpha: Any = 1
+    reduce: Any = None
+
+
+def _two(args: tuple[Any, ...], kwargs: dict[str, Any], names: tuple[str, ...]) -> _Product | None:
+    if kwargs.keys() - set(names) - {"reduce"} or len(args) > 3:
+        return None  # out= and the like: the dispatch rules make the forward exact
+    got = dict(zip(names, args, strict=False)) | kwargs
+    if not all(n in got for n in names):
+        return None
+    a, b = (got[n] for n in names)
+    return _Product(a, b, reduce=got.get("reduce", args[2] if len(args) > 2 else None))
+
+
+def _mm_call(*args: Any, **kwargs: Any) -> _Product | None:
+    return _two(args, kwargs, ("input", "mat2")) or _two(args, kwargs, ("self", "mat2"))
+
+
+def _matmul_call(*args: Any, **kwargs: Any) -> _Product | None:
+    return _two(args, kwargs, ("input", "other")) or _two(args, kwargs, ("self", "other"))
+
+
+def _rmatmul_call(*args: Any, **kwargs: Any) -> _Product | None:
+    got = _two(args, kwargs, ("self", "other"))
+    return None if got is None else _Product(got.b, got.a)
+
+
+def _sparse_mm_call(*args: Any, **kwargs: Any) -> _Product | None:
+    return _two(args, kwargs, ("mat1", "mat2")) or _two(args, kwargs, ("sparse", "dense"))
+
+
+def _addmm_call(*args: Any, **kwargs: Any) -> _Product | None:
+    names = ("input", "mat1", "mat2", "beta", "alpha")
+    if "self" in kwargs:
+        kwargs = {"input": kwargs.pop("self"), **kwargs}
+    if kwargs.keys() - set(names) or len(args) > 5:
+        return None
+    got = dict(zip(names, args, strict=False)) | kwargs
+    if not all(n in got for n in names[:3]):
+        return None
+    return _Product(got["mat1"], got["mat2"], got["input"], got.get("beta", 1), got.get("alpha", 1))
+
+
+_SPARSE_CALLS: dict[Any, Callable[..., _Product | None]] = {
+    torch.mm: _mm_call,
+    torch.Tensor.mm: _mm_call,
+    torch.matmul: _matmul_call,
+    torch.Tensor.matmul: _matmul_call,
+    torch.Tensor.__matmul__: _matmul_call,
+    torch.Tensor.__rmatmul__: _rmatmul_call,
+    torch.sparse.mm: _sparse_mm_call,
+    torch.addmm: _addmm_call,
+    torch.Tensor.addmm: _addmm_call,
+    torch.sparse.addmm: _addmm_call,
+}
+
+
+def _sparse_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The exact, differentiable result of a sparse product call; a :class:`_Leave` otherwise."""
+    try:
+        binder = _SPARSE_CALLS.get(func)
+    except TypeError:  # an unhashable callable
+        return _UNTOUCHED
+    call = None if binder is None else binder(*args, **kwargs)
+    if call is None:
+        return _UNTOUCHED
+    a, b, vector = call.a, call.b, None
+    if isinstance(b, torch.Tensor) and b.dim() == 1 and sparse.is_sparse(a) and call.C is None:
+        b, vector = b.unsqueeze(1), 1  # matmul of a matrix and a vector
+    elif isinstance(a, torch.Tensor) and a.dim() == 1 and sparse.is_sparse(b) and call.C is None:
+        a, vector = a.unsqueeze(0), 0
+    ops = sparse.operands(a, b, call.C)
+    if ops is None:
+        return _UNTOUCHED
+    if isinstance(ops, str):
+        return _Leave(ops)
+    reduce = "sum" if call.reduce in (None, "sum") else call.reduce
+    if reduce != "sum" and (reduce != "mean" or ops.right):
+        return _UNTOUCHED  # max, min: exact in any order
+    beta, alpha = float(call.beta), float(call.alpha)
+    out = sparse.differentiable_product(ops, call.C, beta, alpha)
+    if reduce == "mean":
+        out = out / sparse.row_counts(ops.A).clamp(min=1).to(out.dtype).view(-1, 1)
+    return out if vector is None else out.squeeze(vector)
+
+
 class _CompiledBackwardGuard(TorchFunctionMode):
     """Refuses a backward, inside the mode, through a graph that torch.compile compiled outside it.
 
@@ -361,7 +620,14 @@ class _CompiledBackwardGuard(TorchFunctionMode):
     compiled inside the mode runs op by op; but a forward compiled and run
     outside the mode leaves compiled backward kernels (atomics included) that
     no ATen op of the mode would see.
+
+    It also runs the sparse products (``_SPARSE_CALLS``) as exact autograd
+    functions, counted in ``mode``.
     """
+
+    def __init__(self, mode: ExactMode) -> None:
+        super().__init__()
+        self.mode = mode
 
     def __torch_function__(
         self,
@@ -380,7 +646,13 @@ class _CompiledBackwardGuard(TorchFunctionMode):
                     "would not be exact); run the forward inside exact_mode() too (torch.compile "
                     "then runs it op by op), or use bitfold.torch's drop-in functions and modules"
                 )
-        return func(*args, **kwargs)
+        result = _sparse_call(func, args, kwargs)
+        if isinstance(result, _Leave):
+            if result.reason is not None:
+                self.mode.leave(str(func), "sparse_mm", result.reason)
+            return func(*args, **kwargs)
+        self.mode.counts["sparse_mm"] += 1
+        return result
 
 
 class ExactMode(TorchDispatchMode):
@@ -400,7 +672,7 @@ class ExactMode(TorchDispatchMode):
         self._guards: list[_CompiledBackwardGuard] = []
 
     def __enter__(self) -> ExactMode:
-        guard = _CompiledBackwardGuard()
+        guard = _CompiledBackwardGuard(self)
         guard.__enter__()
         self._guards.append(guard)
         try:
@@ -428,16 +700,11 @@ class ExactMode(TorchDispatchMode):
         if rule is None:
             return func(*args, **kwargs)
         kind, handler = rule
-        bound = _bind(func, args, kwargs)
+        bound = {k: _plain_index(v) for k, v in _bind(func, args, kwargs).items()}
         result = handler(bound)
         if isinstance(result, _Leave):
             if result.reason is not None:
-                key = f"{kind}: {result.reason}"
-                if self.strict:
-                    raise FoldError(
-                        f"exact_mode(strict=True): {func} cannot be made exact ({result.reason})"
-                    )
-                self.passed[key] += 1
+                self.leave(str(func), kind, result.reason)
             return func(*args, **kwargs)
         self.counts[kind] += 1
         written = _written(func)
@@ -447,6 +714,12 @@ class ExactMode(TorchDispatchMode):
         if target.shape != result.shape:
             target.resize_(result.shape)
         return target.copy_(result)
+
+    def leave(self, func: str, kind: str, reason: str) -> None:
+        """Record a fold left to torch (``passed``), or refuse it with ``strict=True``."""
+        if self.strict:
+            raise FoldError(f"exact_mode(strict=True): {func} cannot be made exact ({reason})")
+        self.passed[f"{kind}: {reason}"] += 1
 
     def __repr__(self) -> str:
         return f"ExactMode(counts={dict(self.counts)}, passed={dict(self.passed)})"
@@ -459,7 +732,9 @@ def exact_mode(*, strict: bool = False) -> ExactMode:
     ``scatter_add``, ``index_add``, ``index_put(accumulate=True)``,
     embedding and embedding-bag backward, ``scatter_reduce`` sum/mean (the
     module docstring's table) the correctly rounded sum, the same bits for any
-    order of the contributions; every other op runs untouched.
+    order of the contributions, and so are ``segment_reduce`` sum/mean and
+    products with a sparse (COO, CSR, CSC) factor, forward and backward;
+    every other op runs untouched.
     ``mode.counts`` says how many ops of each kind it made exact;
     ``mode.passed`` lists the folds it could not (complex, sparse, "prod");
     ``strict=True`` raises :class:`bitfold.FoldError` for those.

@@ -232,6 +232,7 @@ def fold(
 def _embedding_op(
     weight: torch.Tensor, indices: torch.Tensor, padding_idx: int, scale_grad_by_freq: bool
 ) -> torch.Tensor:
+    folds.check_range(indices, weight.shape[0], name="input")  # bitfold's error, not torch's
     rows = weight.index_select(0, indices.reshape(-1))
     return rows.reshape((*indices.shape, *weight.shape[1:]))
 
