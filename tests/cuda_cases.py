@@ -369,7 +369,7 @@ def test_the_scratch_state_is_left_zeroed_and_a_dirty_one_is_cleaned_first():
     scratch.array.copy_to_device(np.full(tuple(scratch.array.shape), 12345, np.int64))
     scratch.dirty = True
     _assert_bits_equal(_fold(plan, vals, exact_path="shared"), first, "after a dirty state")
-    assert len(entry.scratch) == 1, "one scratch state for one plan, device and stream"
+    assert len(entry.scratch) == 1, "one scratch state for one plan and device"
 
 
 def test_bfloat16_bits_are_decoded_in_the_kernels():
@@ -475,6 +475,202 @@ def test_accumulator_of_device_rows_equals_the_host():
     result = acc.result()  # the library of the first values added: a numba device array
     assert is_cuda_array(result)
     _assert_bits_equal(result.copy_to_host(), plan(vals), "device rows accumulator")
+
+
+# -- hot buckets split across threads and blocks ----------------------------------------------
+HOT_CASES = {
+    # name: (positions, K, D, map)
+    "K=1 rows": (700, 1, 3, "one"),
+    "K=1 scalar": (900, 1, 1, "one"),
+    "zipf rows": (800, 40, 2, "zipf"),
+    "zipf scalars, large K": (900, 700, 1, "zipf"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # NaN in the simulator's adds
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("case", sorted(HOT_CASES))
+def test_hot_buckets_split_into_segments_equal_the_cpu_and_the_oracle(case, dtype):
+    """Buckets longer than a segment are summed by many threads into limbs, rounded once."""
+    n, K, D, mapping = HOT_CASES[case]
+    rng = np.random.default_rng(31)
+    idx = np.zeros(n, np.int64) if mapping == "one" else np.minimum(rng.zipf(1.3, n) - 1, K - 1)
+    spread = 8 if dtype == "float16" else 30
+    vals = _wide_values(rng, n * D, np.dtype(dtype), spread).reshape((n, D) if D > 1 else n)
+    flat = vals.reshape(n, D)
+    flat[: n // 3] = np.abs(flat[: n // 3])
+    flat[3, 0], flat[4, 0], flat[5, D - 1] = -0.0, np.inf, np.nan  # in the hot bucket 0
+    plan = bitfold.Fold(idx, K)
+    want = plan(vals)
+    if D == 1:
+        _assert_bits_equal(want, exact_fold_oracle(idx, vals, K, want.dtype.name), "CPU vs oracle")
+    table = kernels.hot_table(plan.offsets, 16)
+    assert table.hot >= 1 and table.segments > table.hot, "the case must have split buckets"
+    for segment in (16, 37, n):  # split (two lengths) and whole (one thread a bucket)
+        got = _fold(plan, vals, exact_path="buckets", segment=segment)
+        _assert_bits_equal(got.reshape(want.shape), want, f"{case} segment={segment}")
+    init = _wide_values(rng, K * D, np.dtype(dtype), spread).reshape((K, D) if D > 1 else K)
+    init.reshape(K, D)[0, 0] = -0.0
+    want_init = dispatch.fold(plan, vals, init=init)
+    got = cuda_fold(plan, cuda.to_device(vals), init=cuda.to_device(init), segment=16)
+    _assert_bits_equal(got.copy_to_host(), want_init, f"{case} init, split")
+
+
+def test_a_hot_state_is_left_zeroed_and_reused():
+    rng = np.random.default_rng(32)
+    idx = np.zeros(500, np.int64)
+    vals = _wide_values(rng, 1000).reshape(500, 2)
+    plan = bitfold.Fold(idx, 1)
+    first = _fold(plan, vals, segment=16)
+    entry = plan._prepared[("numba-cuda", 0)]
+    (scratch,) = [b for key, b in entry.scratch.items() if key[0] == "hot-state"]
+    assert scratch.array.shape[0] == 2 and not scratch.array.copy_to_host().any()
+    scratch.array.copy_to_device(np.full(tuple(scratch.array.shape), 7, np.int64))
+    scratch.dirty = True  # an interrupted fold: the next one zeroes the state first
+    _assert_bits_equal(_fold(plan, vals, segment=16), first, "after a dirty hot state")
+    _assert_bits_equal(first, plan(vals), "split K=1 rows vs CPU")
+
+
+def test_segment_lengths_balance_the_work_and_bound_the_state():
+    W = kernels.SOURCES["float32"][1].width
+    threads = 132 * 2048
+    assert kernels.segment_length(10**8, 1, W, threads) == 512  # K = 1 at 10^8: 195,313 segments
+    # K = 1, D = 4096 over 1,000 positions: 16 segments x 4096 columns (was 4096 threads)
+    assert kernels.segment_length(1000, 4096, W, threads) == kernels.SEGMENT_MIN == 64
+    assert kernels.segment_length(262_144, 64, W, threads) == 64
+    assert kernels.segment_length(10, 1, W, threads) == kernels.SEGMENT_MIN
+    n = 10**9
+    length = kernels.segment_length(n, 64, W, threads)
+    assert (n // length) * 64 * W * 8 <= kernels.HOT_STATE_BYTES
+    table = kernels.hot_table(np.array([0, 100, 100, 1100]), 64)
+    assert table.buckets.tolist() == [0, 2] and table.starts.tolist() == [0, 2, 18]
+    assert table.segment_bucket.tolist() == [0] * 2 + [1] * 16
+
+
+# -- streams: scratch shared by every stream, ordered, never allocated twice -------------------
+def _allocations(monkeypatch):
+    """Record the shape of every device allocation the backend makes through numba."""
+    seen = []
+    real_array, real_to_device = cuda.device_array, cuda.to_device
+
+    def device_array(shape, *a, **kw):
+        seen.append(("device_array", tuple(np.atleast_1d(shape))))
+        return real_array(shape, *a, **kw)
+
+    def to_device(ary, *a, **kw):
+        seen.append(("to_device", np.shape(ary)))
+        return real_to_device(ary, *a, **kw)
+
+    monkeypatch.setattr(cuda, "device_array", device_array)
+    monkeypatch.setattr(cuda, "to_device", to_device)
+    return seen
+
+
+@pytest.mark.parametrize("path", ["shared", "buckets"])
+def test_a_second_fold_on_another_stream_reuses_the_scratch_after_waiting(monkeypatch, path):
+    """One scratch a plan and device: a fold on stream B waits for the one on stream A and
+    allocates nothing but its result, even while a capture is reported (no warm-up needed
+    on B)."""
+    rng = np.random.default_rng(33)
+    K = 9 if path == "shared" else 1
+    idx = rng.integers(0, K, 400)
+    vals = _wide_values(rng, 400)
+    plan = bitfold.Fold(idx, K)
+    want = plan(vals)
+    a, b = cuda.stream(), cuda.stream()
+    first = cuda_fold(plan, cuda.to_device(vals).bind(a), exact_path=path, segment=16,
+                      launch=LAUNCHES[0])  # fmt: skip
+    _assert_bits_equal(first.copy_to_host(), want, "stream A")
+    entry = plan._prepared[("numba-cuda", 0)]
+    (scratch,) = entry.scratch.values()
+    uses, waits = scratch.uses, scratch.waits
+    on_b = cuda.to_device(vals).bind(b)  # a numba array's stream is its own
+    seen = _allocations(monkeypatch)
+    monkeypatch.setattr(gpu, "capturing", lambda stream: True)  # as inside a graph capture
+    second = cuda_fold(plan, on_b, exact_path=path, segment=16, launch=LAUNCHES[0])
+    assert seen == [("device_array", (K, 1))], f"only the result is allocated: {seen}"
+    assert list(entry.scratch.values()) == [scratch], "the same scratch serves stream B"
+    assert (scratch.uses, scratch.waits) == (uses + 1, waits + 1), "B waited for A's fold"
+    _assert_bits_equal(second.copy_to_host(), want, "stream B")
+
+
+def test_the_first_fold_of_a_plan_inside_a_capture_is_refused_by_name(monkeypatch):
+    plan = bitfold.Fold(np.array([0, 1, 1]), 2)
+    vals = cuda.to_device(np.ones(3, np.float32))
+    monkeypatch.setattr(gpu, "capturing", lambda stream: True)
+    with pytest.raises(bitfold.FoldError, match="before capturing it"):
+        cuda_fold(plan, vals)
+    monkeypatch.setattr(gpu, "capturing", lambda stream: False)
+    assert cuda_fold(plan, vals).copy_to_host().tolist() == [1.0, 2.0]
+
+
+def test_uploads_and_the_state_copy_run_on_the_values_stream(monkeypatch):
+    """The plan's upload, a part's counts and the state's copy back follow the values' stream."""
+    rng = np.random.default_rng(34)
+    idx = rng.integers(0, 5, 300)
+    vals = _wide_values(rng, 300)
+    plan = bitfold.Fold(idx, 5)
+    s = cuda.stream()
+    streams = []
+    real_to_device = cuda.to_device
+
+    def to_device(ary, stream=0, **kw):
+        streams.append(stream)
+        return real_to_device(ary, stream=stream, **kw)
+
+    monkeypatch.setattr(cuda, "to_device", to_device)
+    acc = plan.accumulator()
+    acc.add(real_to_device(vals[:100]).bind(s), start=0)  # uploads the plan, then a part's counts
+    assert len(streams) == 5 and all(x is s for x in streams), streams
+    copies = []
+    real_state = gpu.device_values_of_state
+
+    class Watched:
+        def __init__(self, array):
+            self.array = array
+
+        def copy_to_host(self, stream=0):
+            copies.append(stream)
+            return self.array.copy_to_host(stream=stream)
+
+    monkeypatch.setattr(gpu, "device_values_of_state",
+                        lambda st: gpu._StateView(0, Watched(real_state(st).array)))  # fmt: skip
+    acc.add(real_to_device(vals[100:]).bind(s), start=100)
+    assert copies == [s], "the device state is copied back on the stream that wrote it"
+    _assert_bits_equal(acc.result(), plan(vals), "accumulated on a stream")
+
+
+def test_per_thread_default_streams_of_several_threads_share_one_ordered_scratch():
+    import threading
+
+    rng = np.random.default_rng(35)
+    idx = rng.integers(0, 7, 300)
+    vals = _wide_values(rng, 300)
+    plan = bitfold.Fold(idx, 7)
+    want = plan(vals)
+    cuda_fold(plan, cuda.to_device(vals))  # the plan's upload and scratch
+    results, errors = [], []
+
+    def work():
+        try:
+            stream = cuda.per_thread_default_stream()
+            for _ in range(2):
+                out = cuda_fold(plan, cuda.to_device(vals).bind(stream), launch=LAUNCHES[0])
+                results.append(out.copy_to_host())
+        except Exception as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    entry = plan._prepared[("numba-cuda", 0)]
+    (scratch,) = entry.scratch.values()
+    assert scratch.uses == 5 and scratch.waits >= 4, "every fold after the first waited"
+    for got in results:
+        _assert_bits_equal(got, want, "per-thread default stream")
 
 
 # -- ordered -------------------------------------------------------------------------------------

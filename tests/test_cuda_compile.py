@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from unittest import mock
@@ -66,6 +67,9 @@ EXPECTED = [
     (r"atomic\[\w+->float32\]", ["atom.global.add.f32"], []),
     (r"atomic\[\w+->float64\]", ["atom.global.add.f64"], []),
     (r"buckets\[", ["st.global", "add.f64", "sub.f64"], ["atom.", "fma."]),
+    (r"hot_segments\[", ["atom.global.add.u64", "add.f64", "sub.f64"],
+     ["atom.shared", "atom.global.cas", "fma.", "div.rn.f"]),
+    (r"hot_round\[", ["st.global"], ["atom.", "fma.", "add.f"]),
     (r"gather_rows", ["st.global"], ["atom.", "add.f", "fma."]),
     (r"cast_f32_to_f16", ["cvt.rn.f16.f32"], ["atom."]),
     (r"zero_fill", ["st.global"], ["atom."]),
@@ -126,6 +130,8 @@ SASS_EXPECTED = [
     (r"exact_", [], ["CAS", "SPIN", "FTZ", "MUFU"]),
     (r"exact_shared", ["ATOMS.ADD", "ATOMG.E.ADD.64"], ["ATOMS.ADD.64"]),
     (r"exact_global", ["ATOMG.E.ADD.64"], ["ATOMS"]),
+    (r"hot_segments", ["ATOMG.E.ADD.64"], ["CAS", "SPIN", "ATOMS"]),
+    (r"hot_round", [], ["ATOM", "RED"]),
     (r"round\[|settle\[", [], ["ATOM", "RED", "FTZ"]),
     (r"atomic\[\w+->float32\]", ["ATOMG.E.ADD.F32.FTZ.RN"], ["CAS"]),
     (r"atomic\[\w+->float64\]", ["ATOMG.E.ADD.F64.RN"], ["CAS", "ADD.F64.FTZ"]),
@@ -137,10 +143,18 @@ DIVISION = ("I2F.U32.RP", "MUFU.RCP")
 
 
 def _nvdisasm() -> str | None:
-    """The ``nvdisasm`` of the ``nvidia-cuda-nvdisasm`` wheel, or None."""
+    """``nvdisasm``: the wheel's, else on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin."""
     spec = importlib.util.find_spec("nvidia")
     for root in spec.submodule_search_locations if spec else []:
         for found in sorted(Path(root).glob("cu*/bin/nvdisasm")):
+            return str(found)
+    on_path = shutil.which("nvdisasm")
+    if on_path:
+        return on_path
+    homes = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")] + ["/usr/local/cuda"]
+    for home in filter(None, homes):
+        found = Path(home) / "bin" / "nvdisasm"
+        if found.is_file() and os.access(found, os.X_OK):
             return str(found)
     return None
 
@@ -148,7 +162,10 @@ def _nvdisasm() -> str | None:
 def _sass_opcodes(cubin: bytes, tmp_path: Path) -> list[str]:
     """The opcodes (with modifiers) of an sm_90 cubin's machine code, in order."""
     tool = _nvdisasm()
-    assert tool, "nvdisasm missing: pip install nvidia-cuda-nvdisasm (in the cuda extra)"
+    assert tool, (
+        "nvdisasm missing (looked in the nvidia-cuda-nvdisasm wheel, on PATH, in $CUDA_HOME/bin "
+        "and /usr/local/cuda/bin): pip install nvidia-cuda-nvdisasm (in the cuda extra)"
+    )
     path = tmp_path / "kernel.cubin"
     path.write_bytes(cubin)
     sass = subprocess.run([tool, "-c", str(path)], capture_output=True, text=True, check=True)

@@ -84,7 +84,6 @@ class DeviceValues:
     array: Any  # flat numba device array: float16/32/64 values, or bfloat16's uint16 bits
     dtype: str  # dtype name of the values as given (bfloat16 included)
     keep: Any = None  # converted copy that ``array`` points into, kept alive
-    stream_key: int = 0  # the stream's handle (0: the default stream), for scratch buffers
 
     @property
     def bits(self) -> Any:
@@ -169,7 +168,6 @@ def device_values(values: Any) -> DeviceValues:
         dv = _numba_values(values, arr, kind="numba")
         dv.device = dev
         dv.stream = _numba_stream(iface.get("stream"))
-        dv.stream_key = int(iface.get("stream") or 0)
         return dv
     raise _host_error(values)
 
@@ -186,19 +184,8 @@ def _numba_values(original: Any, arr: Any, kind: str) -> DeviceValues:
         )
     stream = getattr(arr, "stream", 0) or _numba_stream(None)
     return DeviceValues(
-        kind, _numba_array_device(arr), stream, arr.reshape(int(arr.size)), name, keep=original,
-        stream_key=_stream_handle(stream),
+        kind, _numba_array_device(arr), stream, arr.reshape(int(arr.size)), name, keep=original
     )
-
-
-def _stream_handle(stream: Any) -> int:
-    """The integer handle of a numba stream (0 for the default stream or the simulator's)."""
-    handle = getattr(stream, "handle", None)
-    value = getattr(handle, "value", handle)
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):  # the simulator's streams: one queue, no handle
-        return 0
 
 
 def _torch_values(values: Any) -> DeviceValues:
@@ -217,7 +204,7 @@ def _torch_values(values: Any) -> DeviceValues:
     if name == "bfloat16":
         arr = arr.view(np.uint16)
     handle = int(torch.cuda.current_stream(t.device).cuda_stream)
-    return DeviceValues("torch", dev, _numba_stream(handle), arr, name, keep=t, stream_key=handle)
+    return DeviceValues("torch", dev, _numba_stream(handle), arr, name, keep=t)
 
 
 def _cupy_values(values: Any) -> DeviceValues:
@@ -231,7 +218,7 @@ def _cupy_values(values: Any) -> DeviceValues:
         handle = int(cupy.cuda.get_current_stream().ptr)
     with cuda.gpus[dev]:
         arr = cuda.as_cuda_array(a, sync=False)
-    return DeviceValues("cupy", dev, _numba_stream(handle), arr, name, keep=a, stream_key=handle)
+    return DeviceValues("cupy", dev, _numba_stream(handle), arr, name, keep=a)
 
 
 # -- results, allocated in the values' library -----------------------------------------------
@@ -263,7 +250,95 @@ def _view(obj: Any, kind: str, name: str) -> Any:
     return obj.view(np.dtype(name))
 
 
+# -- streams: ordering and graph capture ---------------------------------------------------
+def capturing(stream: Any) -> bool:
+    """Whether ``stream`` (a numba stream) is capturing a CUDA graph; False on the simulator."""
+    if _kernels()._SIMULATOR:
+        return False
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    status = driver.cuStreamIsCapturing(_raw_stream(stream))
+    return status != binding.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def _raw_stream(stream: Any) -> Any:
+    """The driver handle of a numba stream (or of 0, the default stream)."""
+    from numba.cuda.cudadrv.driver import binding
+
+    handle = getattr(stream, "handle", None)
+    return handle if handle is not None else binding.CUstream(0)
+
+
+def _wait_event(stream: Any, event: Any, in_capture: bool) -> None:
+    """``stream`` waits for ``event``'s last record; in a capture, as an external event node."""
+    if _kernels()._SIMULATOR:
+        return  # the simulator runs every launch to completion, in call order
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    flags = binding.CUevent_wait_flags.CU_EVENT_WAIT_EXTERNAL if in_capture else 0
+    driver.cuStreamWaitEvent(_raw_stream(stream), event.handle, int(flags))
+
+
+def _record_event(event: Any, stream: Any, in_capture: bool) -> None:
+    """Record ``event`` on ``stream``; in a capture, as an external record node of the graph."""
+    if _kernels()._SIMULATOR:
+        return
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    flags = binding.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL if in_capture else 0
+    driver.cuEventRecordWithFlags(event.handle, _raw_stream(stream), int(flags))
+
+
+def _refuse_in_capture(stream: Any, what: str) -> None:
+    """Raise a clear error instead of a driver allocation or copy inside a graph capture."""
+    if capturing(stream):
+        raise FoldError(
+            f"{what} needs a device allocation or a copy from the host, which a CUDA graph "
+            "capture does not allow: call the fold once on this device, with the same shapes, "
+            "before capturing it (a warm-up call prepares everything a captured call uses)"
+        )
+
+
 # -- the plan on a device ----------------------------------------------------------------------
+@dataclass
+class Scratch:
+    """A device buffer of one plan on one device, reused by every fold on any stream.
+
+    Uses are ordered on the device as well as on the host: :meth:`use` holds
+    ``lock`` (one fold at a time from the host's threads), makes the fold's
+    stream wait for ``event`` (the end of the previous fold that used the
+    buffer, on whatever stream it ran), and records ``event`` again at the end
+    of this fold. Inside a CUDA graph capture the wait and the record are
+    external event nodes of the graph, so replays are ordered with eager folds
+    too, and a capture allocates nothing. ``dirty`` is set while a fold uses
+    the buffer, so a fold interrupted between its launches leaves a buffer
+    that the next one zeroes first.
+    """
+
+    array: Any
+    event: Any = None  # numba event (no timing); None on the simulator's first use
+    used: bool = False  # ``event`` has been recorded at least once
+    dirty: bool = False
+    uses: int = 0
+    waits: int = 0  # how many uses waited for an earlier one (tests read it)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    @contextmanager
+    def use(self, stream: Any) -> Iterator[Any]:
+        """The buffer, for launches on ``stream`` ordered after every earlier use of it."""
+        with self.lock:
+            in_capture = capturing(stream)
+            if self.used:
+                _wait_event(stream, self.event, in_capture)
+                self.waits += 1
+            try:
+                yield self.array
+            finally:
+                _record_event(self.event, stream, in_capture)
+                self.used = True
+                self.uses += 1
+
+
 @dataclass
 class DevicePlan:
     """A plan's index data on one CUDA device (numba device arrays), uploaded once."""
@@ -276,58 +351,89 @@ class DevicePlan:
     launch: Any  # kernels.LaunchShape sized for the device
     limits: Any  # kernels.DeviceLimits of the device
     scratch: dict[Any, Scratch] = field(default_factory=dict)
+    hot: dict[int, Any] = field(default_factory=dict)  # segment length -> kernels.DeviceHotTable
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def buffer(
         self, dv: DeviceValues, name: str, shape: tuple[int, ...], dtype: Any, zeroed: bool
     ) -> Scratch:
-        """A scratch buffer for ``dv``'s stream, allocated (``zeroed``) the first time only."""
-        key = (name, dv.stream_key, tuple(shape), np.dtype(dtype).str)
+        """The plan's scratch buffer ``name`` of this shape on this device, made the first time.
+
+        The same buffer serves every stream (:meth:`Scratch.use` orders the
+        folds); it is allocated, and zeroed with a kernel, on ``dv``'s stream
+        by the first fold that needs it, which therefore cannot be inside a
+        graph capture (refused with a clear error).
+        """
+        key = (name, tuple(shape), np.dtype(dtype).str)
         with self.lock:
             found = self.scratch.get(key)
             if found is None:
+                _refuse_in_capture(dv.stream, f"the first GPU fold's scratch buffer {name!r}")
                 cuda = _cuda()
+                kernels = _kernels()
+                array = cuda.device_array(shape, dtype, stream=dv.stream)
                 if zeroed:
-                    array = cuda.to_device(np.zeros(shape, dtype), stream=dv.stream)
+                    kernels.launch_zero(array.reshape(int(np.prod(shape))), dv.stream)
+                event = None if kernels._SIMULATOR else cuda.event(timing=False)
+                found = self.scratch[key] = Scratch(array, event)
+                if event is not None:  # later folds on other streams wait for the zeroing
+                    _record_event(event, dv.stream, False)
+                    found.used = True
+            return found
+
+    def hot_table(self, dv: DeviceValues, plan: Fold, length: int) -> Any:
+        """The hot buckets of the plan for segments of ``length`` positions, on the device."""
+        with self.lock:
+            found = self.hot.get(length)
+            if found is None:
+                kernels = _kernels()
+                table = kernels.hot_table(plan.offsets, length)
+                if table.hot:
+                    _refuse_in_capture(dv.stream, "the first GPU fold of rows with hot buckets")
+                    arrays = _upload(dv.stream, table.buckets, table.starts, table.segment_bucket)
                 else:
-                    array = cuda.device_array(shape, dtype, stream=dv.stream)
-                found = self.scratch[key] = Scratch(array)
+                    arrays = (None, None, None)
+                found = self.hot[length] = kernels.DeviceHotTable(
+                    table.length, table.hot, table.segments, *arrays
+                )
             return found
 
 
-@dataclass
-class Scratch:
-    """A device buffer reused by the calls of one plan on one device and stream.
+def _upload(stream: Any, *arrays: np.ndarray) -> tuple[Any, ...]:
+    """Copy host arrays to the device on ``stream`` and wait for the copies, once.
 
-    ``dirty`` is set while a fold uses it, so a fold interrupted between its
-    launches leaves a buffer that the next one zeroes first; ``lock``
-    serialises the launches of calls from several host threads.
+    The copies are ordered on the stream in use (not the legacy default
+    stream, which a non-blocking stream does not wait for), and the host waits
+    for them before the arrays are shared with folds on other streams.
     """
+    cuda = _cuda()
+    out = tuple(cuda.to_device(np.ascontiguousarray(a), stream=stream) for a in arrays)
+    stream.synchronize()
+    return out
 
-    array: Any
-    dirty: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
-
-def device_plan(plan: Fold, device: int) -> DevicePlan:
+def device_plan(plan: Fold, device: int, stream: Any = None) -> DevicePlan:
     """The plan's data on ``device``: uploaded the first time the plan meets it, then kept.
 
-    Must be called with ``device``'s context current.
+    Must be called with ``device``'s context current. The upload runs on
+    ``stream`` (the default stream when None) and the host waits for it, so
+    the arrays are ready for every stream afterwards; it cannot happen inside
+    a graph capture (refused with a clear error).
     """
 
     def upload() -> DevicePlan:
         cuda = _cuda()
         kernels = _kernels()
+        on = stream if stream is not None else cuda.default_stream()
+        _refuse_in_capture(on, "the first GPU fold of a plan on a device (the plan's upload)")
         limits = kernels.device_limits(cuda.get_current_device())
-        return DevicePlan(
-            int(device),
-            cuda.to_device(plan.index),
-            cuda.to_device(plan.counts),
-            cuda.to_device(plan.order),
-            cuda.to_device(plan.offsets),
-            kernels.LaunchShape(max_blocks=2 * limits.sms),
-            limits,
+        index, counts, order, offsets = _upload(
+            on, plan.index, plan.counts, plan.order, plan.offsets
         )
+        return DevicePlan(
+            int(device), index, counts, order, offsets,
+            kernels.LaunchShape(max_blocks=2 * limits.sms), limits,
+        )  # fmt: skip
 
     entry = plan.prepared(("numba-cuda", int(device)), upload)
     if entry.device != int(device):
@@ -343,7 +449,7 @@ def _on_device(plan: Fold, values: Any) -> Iterator[tuple[DeviceValues, DevicePl
     """The wrapped values, the plan's data on their device and the kernels, in its context."""
     dv = device_values(values)
     with _cuda().gpus[dv.device]:
-        yield dv, device_plan(plan, dv.device), _kernels()
+        yield dv, device_plan(plan, dv.device, dv.stream), _kernels()
 
 
 # -- the strategies ----------------------------------------------------------------------------
@@ -356,6 +462,7 @@ def fold_exact(
     launch: Any = None,
     exact_path: str = "auto",
     init: Any = None,
+    segment: int | None = None,
 ) -> Any:
     """The exact fold on the values' device: the same bits as the CPU.
 
@@ -371,7 +478,8 @@ def fold_exact(
     2,400 buckets of float32 values, 420 of float64), else ``"buckets"``; a
     ``"shared"`` path that does not fit is refused. ``launch`` (a
     :class:`bitfold.kernels.cuda.LaunchShape`) and the path tune the kernels;
-    they never change the result.
+    they never change the result; nor does ``segment`` (the positions a
+    thread of the ``"buckets"`` path sums at most; longer buckets are split).
     """
     with _on_device(plan, values) as (dv, entry, kernels):
         K, D = plan.K, spec.row_size
@@ -406,14 +514,13 @@ def fold_exact(
         widen = out_name == "bfloat16" and dv.kind != "torch"
         out, out_bits = _empty(dv, (K, D), kernels.out_bits_dtype(out_name, widen))
         if exact_path == "buckets":
-            _fold_buckets(kernels, entry, dv, spec, out_name, out_bits, widen, init)
+            _fold_buckets(plan, kernels, entry, dv, spec, out_name, out_bits, widen, init, segment)
         else:
             shape = launch or (
                 entry.limits.shared_launch(nbytes) if exact_path == "shared" else entry.launch
             )
             scratch = entry.buffer(dv, "exact-state", (K, fmt.width), np.int64, zeroed=True)
-            with scratch.lock:
-                state = scratch.array
+            with scratch.use(dv.stream) as state:
                 if scratch.dirty:
                     kernels.launch_zero(state.reshape(K * fmt.width), dv.stream, shape)
                 scratch.dirty = True
@@ -428,10 +535,18 @@ def fold_exact(
 
 
 def _fold_buckets(
-    kernels: Any, entry: DevicePlan, dv: DeviceValues, spec: Values, out_name: str,
-    out_bits: Any, widen: bool, init: Any,
+    plan: Fold, kernels: Any, entry: DevicePlan, dv: DeviceValues, spec: Values, out_name: str,
+    out_bits: Any, widen: bool, init: Any, segment: int | None,
 ) -> None:  # fmt: skip
-    """The ``"buckets"`` path: a thread an output element sums its bucket and rounds it."""
+    """The ``"buckets"`` path: a thread an output element sums its bucket and rounds it.
+
+    Buckets of more than a segment's positions (hot buckets: K = 1, a Zipf
+    map's head) are split into segments that many threads, in many blocks,
+    sum into integer limbs with order-free atomics, then rounded once
+    (:func:`bitfold.kernels.cuda.launch_buckets`); ``segment`` (tests) sets
+    the segment length, else :func:`bitfold.kernels.cuda.segment_length`
+    balances the work over the device's resident threads.
+    """
     K, D = int(out_bits.shape[0]), spec.row_size
     bits = dv.bits.reshape(spec.positions, D)
     rows = bits if dv.dtype == "bfloat16" else dv.array.reshape(spec.positions, D)
@@ -440,10 +555,27 @@ def _fold_buckets(
         iv = _same_dtype(device_values(init), dv)
         start_bits = iv.bits.reshape(K, D)
         start = start_bits if dv.dtype == "bfloat16" else iv.array.reshape(K, D)
-    kernels.launch_buckets(
-        rows, bits, entry.order, entry.offsets, dv.dtype, out_name, out_bits, dv.stream,
-        widen_bfloat16=widen, init=start, init_bits=start_bits,
-    )  # fmt: skip
+    fmt = limb_format_for(dv.dtype)
+    length = segment or kernels.segment_length(
+        spec.positions, D, fmt.width, entry.limits.sms * entry.limits.threads_per_sm
+    )
+    hot = entry.hot_table(dv, plan, int(length))
+    if not hot.hot:
+        kernels.launch_buckets(
+            rows, bits, entry.order, entry.offsets, dv.dtype, out_name, out_bits, dv.stream,
+            widen_bfloat16=widen, init=start, init_bits=start_bits,
+        )  # fmt: skip
+        return
+    scratch = entry.buffer(dv, "hot-state", (hot.hot * D, fmt.width), np.int64, zeroed=True)
+    with scratch.use(dv.stream) as state:
+        if scratch.dirty:
+            kernels.launch_zero(state.reshape(hot.hot * D * fmt.width), dv.stream)
+        scratch.dirty = True
+        kernels.launch_buckets(
+            rows, bits, entry.order, entry.offsets, dv.dtype, out_name, out_bits, dv.stream,
+            widen_bfloat16=widen, init=start, init_bits=start_bits, hot=hot, hot_state=state,
+        )  # fmt: skip
+        scratch.dirty = False
 
 
 def _same_dtype(iv: DeviceValues, dv: DeviceValues) -> DeviceValues:
@@ -477,8 +609,8 @@ def fold_ordered(
         out, out_bits = _empty(dv, (plan.K, D), kernels.out_bits_dtype(out_name))
         out_f = out_bits.view(np.dtype(out_name))
         scratch = entry.buffer(dv, "ordered-gather", tuple(rows.shape), rows.dtype, zeroed=False)
-        with scratch.lock:
-            kernels.launch_ordered(entry.order, entry.offsets, rows, scratch.array, out_f,
+        with scratch.use(dv.stream) as gathered:
+            kernels.launch_ordered(entry.order, entry.offsets, rows, gathered, out_f,
                                    out_bits, out_name, dv.stream, shape=entry.launch)  # fmt: skip
         return _shaped(_view(out, dv.kind, out_name), dv.kind, plan.K, spec)
 
@@ -550,13 +682,16 @@ def exact_state(
     width = fmt.width
     n = int(dv.array.shape[0])
     with cuda.gpus[dv.device]:
-        entry = device_plan(plan, dv.device)
+        entry = device_plan(plan, dv.device, dv.stream)
         shape = launch or entry.launch
         if start == 0 and n == plan.size:
             index, counts = entry.index, entry.counts
         else:
             index = entry.index[start : start + n]
-            counts = cuda.to_device(np.bincount(plan.index[start : start + n], minlength=plan.K))
+            # the counts of this range, copied on the values' stream (ordered with the kernels)
+            _refuse_in_capture(dv.stream, "an exact state of part of a plan's positions")
+            part = np.bincount(plan.index[start : start + n], minlength=plan.K).astype(np.int64)
+            counts = cuda.to_device(part, stream=dv.stream)
         if state is None:
             result, view = _empty(dv, (plan.K, width), np.int64)
             kernels.launch_zero(view.reshape(plan.K * width), dv.stream, shape)
@@ -594,9 +729,16 @@ def add_to_state(
     if spec.trailing:
         host.add_to_state(state, plan, values, spec, fmt)
         return
+    dv = device_values(values)
     device_state = exact_state(plan, values, start=spec.start, **options)
-    merge_states = host.merge_states
-    merge_states(state, device_values_of_state(device_state).array.copy_to_host(), fmt)
+    cuda = _cuda()
+    with cuda.gpus[dv.device]:
+        # the state was written on the values' stream (torch's or CuPy's current stream, which
+        # need not wait for the legacy default stream): copy it on that stream, then wait for it
+        view = device_values_of_state(device_state).array
+        host_copy = view.copy_to_host(stream=dv.stream)
+        dv.stream.synchronize()
+    host.merge_states(state, host_copy, fmt)
 
 
 @dataclass

@@ -94,9 +94,14 @@ from numba.core.types import float16
 
 from ..formats import F64, FLOATS, LIMBS, OUT_DTYPES, LimbFormat, decode_shift, limb_format_for
 from .ieee import (
+    CHUNK,
     FINITE,
     NEGZERO,
     POSZERO,
+    add_bits,
+    add_exact_sum,
+    bits_value,
+    checked_add,
     decode,
     normalise,
     round_row,
@@ -377,9 +382,10 @@ def round_kernel(limbs: int, unit_exp: int, out_name: str, widen_bfloat16: bool 
 # -- exact, bucket by bucket ------------------------------------------------------------------
 @cache
 def buckets_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> Any:
-    """Kernel ``(values, bits, order, offsets, out_bits, init, init_bits, has_init)``.
+    """Kernel ``(values, bits, order, offsets, out_bits, init, init_bits, has_init, split)``.
 
-    One thread an output element.
+    One thread an output element; with ``split`` > 0, buckets of more than
+    ``split`` positions are left alone (written by :func:`hot_round_kernel`).
 
     ``values`` (N, D) and ``bits`` (its integer view), ``out_bits`` (K, D) the
     signed-integer view of the output (as :func:`round_kernel`). Thread
@@ -399,7 +405,7 @@ def buckets_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> 
     OUT_SHIFT = 16 if (widen_bfloat16 and out_name == "bfloat16") else 0
     FROM_BITS = source == "bfloat16"
 
-    def exact_buckets(values, bits, order, offsets, out_bits, init, init_bits, has_init):
+    def exact_buckets(values, bits, order, offsets, out_bits, init, init_bits, has_init, split):
         # pragma: no cover - compiled
         i = cuda.grid(1)
         D = out_bits.shape[1]
@@ -409,6 +415,8 @@ def buckets_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> 
         d = i - k * D
         lo = offsets[k]
         hi = offsets[k + 1]
+        if split > 0 and hi - lo > split:
+            return  # a hot bucket: summed in segments by hot_segments_kernel, rounded by hot_round
         if lo == hi and has_init == 0:
             out_bits[k, d] = 0
             return
@@ -421,6 +429,175 @@ def buckets_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> 
         )  # fmt: skip
 
     return cuda.jit(exact_buckets)
+
+
+# -- exact, hot buckets split across threads and blocks ---------------------------------------
+#: The fewest positions a segment of a hot bucket holds (fewer would spend more on merging).
+SEGMENT_MIN = 64
+#: The most positions a segment holds: a thread's row of limbs never needs normalising.
+SEGMENT_MAX = 1 << 20
+#: The most bytes the state of the hot buckets' segments may take on the device.
+HOT_STATE_BYTES = 64 << 20
+
+
+def segment_length(positions: int, row_size: int, width: int, threads: int) -> int:
+    """The positions a thread sums at most in a fold of rows (a power of two).
+
+    About the work of one thread when ``positions * row_size`` values are
+    spread over ``threads`` resident threads (at least :data:`SEGMENT_MIN`),
+    and large enough that the hot buckets' state, at most ``positions /
+    length`` rows of ``row_size * width`` int64, stays under
+    :data:`HOT_STATE_BYTES`. Buckets with more positions are *hot*: split into
+    segments of at most this many positions. It tunes the work; never the result.
+    """
+    work = -(-positions * row_size // max(1, threads))
+    state = -(-positions * row_size * width * 8 // HOT_STATE_BYTES)
+    want = max(SEGMENT_MIN, work, state)
+    return min(SEGMENT_MAX, 1 << (want - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class HotTable:
+    """The hot buckets of a plan for one segment length (host arrays; built once per plan).
+
+    ``buckets[h]`` is the h-th bucket with more than ``length`` positions;
+    its ``ceil(count / length)`` segments are numbered ``starts[h] ..
+    starts[h+1]-1`` and ``segment_bucket[s]`` maps a segment back to ``h``.
+    Segment ``j`` of bucket ``k`` takes the bucket's positions ``offsets[k] +
+    j``, ``+ n_segments``, ... (interleaved: adjacent threads read adjacent
+    positions).
+    """
+
+    length: int
+    buckets: np.ndarray  # int64 (H,)
+    starts: np.ndarray  # int64 (H + 1,)
+    segment_bucket: np.ndarray  # int32 (S,)
+
+    @property
+    def hot(self) -> int:
+        return int(self.buckets.shape[0])
+
+    @property
+    def segments(self) -> int:
+        return int(self.segment_bucket.shape[0])
+
+
+def hot_table(offsets: np.ndarray, length: int) -> HotTable:
+    """The :class:`HotTable` of a plan's bucket ``offsets`` for segments of ``length`` positions."""
+    counts = np.diff(np.asarray(offsets, np.int64))
+    buckets = np.flatnonzero(counts > length).astype(np.int64)
+    per = -(-counts[buckets] // length)
+    starts = np.zeros(buckets.size + 1, np.int64)
+    np.cumsum(per, out=starts[1:])
+    segment_bucket = np.repeat(np.arange(buckets.size, dtype=np.int32), per)
+    return HotTable(int(length), buckets, starts, segment_bucket)
+
+
+@cache
+def hot_segments_kernel(source: str) -> Any:
+    """Kernel ``(values, bits, order, offsets, hot, starts, seg_bucket, s0, s1, state)``.
+
+    One thread a (segment, column) of the segments ``s0 .. s1-1``, column
+    fastest: it sums its segment's positions of column d exactly in a private
+    row of limbs (chunks of :data:`bitfold.kernels.ieee.CHUNK` values summed in
+    float64 with every addition checked, an inexact chunk value by value:
+    :func:`bitfold.kernels.ieee.segment_bits`'s method), then adds the row's
+    non-zero words to ``state[h * D + d]`` ((H * D, L + 5) int64) with 64-bit
+    integer atomics, which are order-free. A segment holds at most
+    :data:`SEGMENT_MAX` values, so a private limb stays below ``2^54``; the
+    caller settles ``state`` before a bucket could have received ``2^29`` values.
+    """
+    EXP, FRAC, SHIFT = _decoding(source)
+    fmt = SOURCES[source][1]
+    WIDE = fmt is F64
+    L = fmt.limbs
+    W = L + 5
+    UNIT = fmt.unit_exp
+    FROM_BITS = source == "bfloat16"
+
+    def hot_segments(values, bits, order, offsets, hot, starts, seg_bucket, s0, s1, state):
+        # pragma: no cover - compiled
+        D = int64(bits.shape[1])
+        i = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
+        s = s0 + i // D
+        if s >= s1:
+            return
+        d = i - (s - s0) * D
+        h = int64(seg_bucket[s])
+        step = starts[h + 1] - starts[h]
+        k = hot[h]
+        t = int64(offsets[k]) + (s - starts[h])
+        hi = int64(offsets[k + 1])
+        row = cuda.local.array(W, int64)
+        for j in range(W):
+            row[j] = 0
+        while t < hi:
+            acc = -0.0
+            first = t
+            n = int64(0)
+            while n < CHUNK and t < hi:
+                if FROM_BITS:
+                    x = bits_value(bits[order[t], d], EXP, FRAC, SHIFT, UNIT)
+                else:
+                    x = float64(values[order[t], d])
+                acc = checked_add(acc, x)
+                t += step
+                n += 1
+            if acc == acc:
+                add_exact_sum(row, L, acc, n, UNIT)
+            else:
+                u = first
+                for _ in range(n):
+                    add_bits(row, L, bits[order[u], d], EXP, FRAC, SHIFT, WIDE)
+                    u += step
+        base = h * D + d
+        for j in range(W):
+            if row[j] != 0:
+                cuda.atomic.add(state, (base, j), row[j])
+
+    return cuda.jit(hot_segments)
+
+
+@cache
+def hot_round_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> Any:
+    """Kernel ``(state, hot, out_bits, init_bits, has_init)``: round the hot buckets once.
+
+    A thread a column d, for the hot buckets h of its grid row (2-D grid, no division):
+    copies ``state[h * D + d]``, adds
+    ``init_bits[hot[h], d]`` as one more term with ``has_init`` != 0, rounds
+    with :func:`bitfold.kernels.ieee.round_row` (the CPU's rounding) into
+    ``out_bits[hot[h], d]`` and zeroes the state row for the next fold.
+    """
+    EXP, FRAC, SHIFT = _decoding(source)
+    fmt = SOURCES[source][1]
+    WIDE = fmt is F64
+    L = fmt.limbs
+    W = L + 5
+    UNIT = fmt.unit_exp
+    P, EBITS, SUB_EXP, NAN_BITS = _rounding_target(out_name)
+    OUT_SHIFT = 16 if (widen_bfloat16 and out_name == "bfloat16") else 0
+
+    def hot_round(state, hot, out_bits, init_bits, has_init):  # pragma: no cover - compiled
+        d = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
+        D = out_bits.shape[1]
+        if d >= D:
+            return
+        row = cuda.local.array(W, int64)
+        mag = cuda.local.array(L, int64)
+        h = int64(cuda.blockIdx.y)
+        while h < hot.shape[0]:  # grid-stride over the hot buckets (gridDim.y <= 65,535)
+            i = h * D + d
+            k = hot[h]
+            for j in range(W):
+                row[j] = state[i, j]
+                state[i, j] = 0
+            if has_init != 0:
+                add_bits(row, L, init_bits[k, d], EXP, FRAC, SHIFT, WIDE)
+            out_bits[k, d] = round_row(row, L, 0, UNIT, P, EBITS, SUB_EXP, NAN_BITS, OUT_SHIFT,
+                                       mag)  # fmt: skip
+            h += int64(cuda.gridDim.y)
+
+    return cuda.jit(hot_round)
 
 
 # -- ordered and atomic ---------------------------------------------------------------------
@@ -566,7 +743,7 @@ def device_limits(device: Any) -> DeviceLimits:
         sms=attr("MULTIPROCESSOR_COUNT", base.sms),
         shared_per_block=SHARED_LIMIT_BYTES if _SIMULATOR else max(SHARED_LIMIT_BYTES, optin),
         shared_per_sm=attr("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", base.shared_per_sm),
-        threads_per_sm=attr("MAX_THREADS_PER_MULTI_PROCESSOR", base.threads_per_sm),
+        threads_per_sm=attr("MAX_THREADS_PER_MULTIPROCESSOR", base.threads_per_sm),
     )
 
 
@@ -755,11 +932,17 @@ def launch_atomic(
 def launch_buckets(
     values: Any, bits: Any, order: Any, offsets: Any, source: str, out_name: str, out_bits: Any,
     stream: Any, *, widen_bfloat16: bool = False, init: Any = None, init_bits: Any = None,
-) -> None:
+    hot: DeviceHotTable | None = None, hot_state: Any = None,
+) -> None:  # fmt: skip
     """The exact fold of rows ``values`` (N, D), bucket by bucket, into ``out_bits`` (K, D).
 
     ``init`` (K, D) in the values' dtype, and its bit view, add one term a
     bucket. For bfloat16 ``values`` and ``init`` may be the bits themselves.
+    With ``hot`` (a :class:`DeviceHotTable` with hot buckets) the buckets of
+    more than ``hot.length`` positions are split into segments summed by
+    many threads (:func:`launch_hot`) into ``hot_state`` ((H * D, L + 5)
+    int64, zero on entry, left zero); the others take one thread an element.
+    Either way each element is its bucket's correctly rounded sum.
     """
     n = int(out_bits.shape[0]) * int(out_bits.shape[1])
     if n:
@@ -767,8 +950,63 @@ def launch_buckets(
         has_init = init is not None
         if not has_init:
             init, init_bits = values, bits  # never read
+        split = hot.length if hot is not None and hot.hot else 0
         kernel[(*_per_bucket(n, 128), stream)](values, bits, order, offsets, out_bits, init,
-                                               init_bits, 1 if has_init else 0)  # fmt: skip
+                                               init_bits, 1 if has_init else 0,
+                                               split)  # fmt: skip
+        if split:
+            launch_hot(values, bits, order, offsets, source, out_name, out_bits, stream, hot,
+                       hot_state, widen_bfloat16=widen_bfloat16, init_bits=init_bits,
+                       has_init=has_init)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DeviceHotTable:
+    """A :class:`HotTable` on one device: its three arrays uploaded, its sizes kept."""
+
+    length: int
+    hot: int
+    segments: int
+    buckets: Any
+    starts: Any
+    segment_bucket: Any
+
+
+#: Values a bucket may receive between two settles of the hot state (2^33 each at most).
+_HOT_SETTLE_EVERY = 1 << 29
+
+
+def launch_hot(
+    values: Any, bits: Any, order: Any, offsets: Any, source: str, out_name: str, out_bits: Any,
+    stream: Any, hot: DeviceHotTable, state: Any, *, widen_bfloat16: bool = False,
+    init_bits: Any = None, has_init: bool = False, threads: int = 256,
+) -> None:  # fmt: skip
+    """Sum the hot buckets' segments into ``state`` and round them into ``out_bits``.
+
+    A launch takes at most ``2^29 / hot.length`` segments, so no bucket
+    receives ``2^29`` values before :func:`settle_kernel` normalises the state
+    again; the rounding kernel adds ``init`` and leaves the state zeroed.
+    """
+    fmt = SOURCES[source][1]
+    D = int(bits.shape[1])
+    per_launch = max(1, _HOT_SETTLE_EVERY // hot.length)
+    kernel = hot_segments_kernel(source)
+    s0 = 0
+    while s0 < hot.segments:
+        s1 = min(hot.segments, s0 + per_launch)
+        blocks = -(-(s1 - s0) * D // threads)
+        kernel[blocks, threads, stream](values, bits, order, offsets, hot.buckets, hot.starts,
+                                        hot.segment_bucket, s0, s1, state)  # fmt: skip
+        s0 = s1
+        if s0 < hot.segments:
+            settle_kernel(fmt.limbs)[(*_per_bucket(hot.hot * D), stream)](state, hot.starts, 0)
+    if init_bits is None:
+        init_bits = bits  # never read
+    tx = min(128, 32 * -(-D // 32))
+    grid = (-(-D // tx), min(hot.hot, 65535))
+    hot_round_kernel(source, out_name, widen_bfloat16)[grid, (tx, 1), stream](
+        state, hot.buckets, out_bits, init_bits, 1 if has_init else 0
+    )
 
 
 def launch_zero(flat: Any, stream: Any, shape: LaunchShape = LaunchShape()) -> None:
@@ -877,9 +1115,31 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
                     arr(value_t, 2, "C"),
                     arr(bit_types[source], 2, "C"),
                     i64,
+                    i64,
                 ),
             )
         )
+    for source, bt in bit_types.items():
+        value_t = bt if source == "bfloat16" else floats[source]
+        targets.append(
+            (
+                f"hot_segments[{source}]",
+                hot_segments_kernel(source).py_func,
+                (arr(value_t, 2, "C"), arr(bt, 2, "C"), arr(i32, 1, "C"), arr(i32, 1, "C"),
+                 arr(i64, 1, "C"), arr(i64, 1, "C"), arr(i32, 1, "C"), i64, i64,
+                 arr(i64, 2, "C")),
+            )
+        )  # fmt: skip
+    for source, out_name, widen in bucket_cases:
+        bits_t = types.int32 if widen else ints.get(out_name, types.int16)
+        targets.append(
+            (
+                f"hot_round[{source}->{out_name}{'>float32' if widen else ''}]",
+                hot_round_kernel(source, out_name, widen).py_func,
+                (arr(i64, 2, "C"), arr(i64, 1, "C"), arr(bits_t, 2, "C"),
+                 arr(bit_types[source], 2, "C"), i64),
+            )
+        )  # fmt: skip
     targets.append(
         (
             "cast_f32_to_f16",
