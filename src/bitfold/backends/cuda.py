@@ -14,17 +14,20 @@ the plan and allocates the scratch buffers).
 
 The plan's index data (index, counts, sorted order and offsets) is uploaded
 once per device, the first time the plan meets that device, through
-:meth:`bitfold.Fold.prepared` under the key ``("numba-cuda", device)``; no
-later call copies anything between host and device. Scratch buffers (the
-exact state of a scalar fold, the gathered values of an ordered fold) are
-allocated once per plan, device, stream and shape and reused: the exact
-rounding kernel leaves its state zeroed for the next call, so a call is two
-launches (accumulate, round) and one allocation, the result's, made by the
-values' own library (torch's caching allocator and CuPy's memory pool can be
-used during graph capture; numba device arrays and other
-``__cuda_array_interface__`` objects get a driver allocation, which cannot).
-Calls that share a plan, a device and a stream are serialised by a lock
-around their launches.
+:meth:`bitfold.Fold.prepared` under the key ``("numba-cuda", device)``: the
+copies run on the values' stream and the host waits for them once, so every
+stream may use the arrays afterwards. Scratch buffers (the exact state of a
+scalar fold, the state of the hot buckets of a fold of rows, the gathered
+values of an ordered fold) are allocated once per plan, device and shape and
+shared by every stream: a fold holds a buffer's lock, makes its stream wait
+for the event that marks the end of the buffer's previous use (on whatever
+stream, host thread or graph replay it ran) and records the event again at its
+end. Inside a CUDA graph capture the wait and the record are external event
+nodes, so a capture allocates nothing but the result, which the values' own
+library makes (torch's caching allocator and CuPy's memory pool can be used
+during graph capture; numba device arrays and other ``__cuda_array_interface__``
+objects get a driver allocation, which cannot). A first call inside a capture,
+which would have to upload or allocate, is refused with a clear error.
 
 Numeric contracts: see :mod:`bitfold.kernels.cuda`. In short, ``exact``
 gives the same bits as on the CPU (the correctly rounded sum), ``ordered``

@@ -61,6 +61,13 @@ Numeric contracts
       registers (:func:`bitfold.kernels.ieee.segment_bits`, the CPU's exact
       segment sum) and rounds in the same kernel: no state, no atomics; rows,
       folds into an existing array and K too large for shared memory.
+    * ``hot_segments`` and ``hot_round``: a bucket with more positions than a
+      segment (:func:`segment_length`) is skipped by ``exact_buckets`` and
+      split into interleaved segments; a thread sums a segment's column
+      exactly into a private row of limbs and adds it to the hot state with
+      64-bit integer atomics (order-free), then one thread an element adds
+      ``init`` and rounds once with the CPU's rounding. Same bits as one thread
+      walking the bucket, with the work spread over the device.
 
     bfloat16 values are decoded from their 16-bit patterns in the kernels
     (no widened copy).
