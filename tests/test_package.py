@@ -85,3 +85,24 @@ def test_folding_keeps_the_torch_thread_count():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
+
+
+#: Optional modules the suite may skip without: they exist only on a machine with a GPU.
+DEVICE_ONLY = {"cupy": "CuPy needs a CUDA device; tests/cuda_cases.py's device cases use it"}
+
+
+def test_every_optional_module_of_the_suite_is_required_by_make_test():
+    """A module a test skips without is in the Makefile's REQUIRED_BACKENDS (or device-only),
+    so that ``make test`` fails when the test extras did not install it, never skips quietly."""
+    tests = Path(__file__).resolve().parent
+    makefile = (tests.parent / "Makefile").read_text()
+    required = set(re.search(r"^REQUIRED_BACKENDS := (.*)$", makefile, re.M).group(1).split(","))
+    skipped_without = set()
+    for path in tests.glob("*.py"):
+        for name in re.findall(r'importorskip\(\s*"([A-Za-z_][\w.]*)"', path.read_text()):
+            top = name.split(".")[0]
+            if top != "bitfold":
+                skipped_without.add(top)
+    assert "torch" in skipped_without and "grimp" in skipped_without  # the scan finds them
+    missing = skipped_without - required - set(DEVICE_ONLY)
+    assert not missing, f"tests skip without {sorted(missing)}: add them to REQUIRED_BACKENDS"
