@@ -124,6 +124,32 @@ def test_carries_are_normalised_before_a_limb_overflows(kernel):
     assert big[0] == np.inf
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("every", [1, 7])
+def test_a_limb_that_would_overflow_is_carried_in_time(kernel, every):
+    """A limb preloaded 2^36 below int64's limit overflows after 16 additions unless carried.
+
+    The state starts as a valid representation of zero whose limb 3 is
+    2^63 - 2^36 (limb 4 compensates); each value adds nearly 2^32 to limb 3,
+    so a kernel that skipped its carry normalisation would wrap around and
+    give a wrong sum. With a carry every ``every`` values it gives the oracle.
+    """
+    value = np.array([(105 << 23) | 0x7FFFFF], np.uint32).view(np.float32)[0]  # M·2^8 in limb 3
+    n = 100
+    vals = np.full(n, value, np.float32)
+    plan = bitfold.Fold(np.zeros(n, np.int64), 1)
+    fmt_width = ExactAccumulator(plan, "float32").format.width
+    state = np.zeros((1, fmt_width), np.int64)
+    state[0, 3] = (1 << 63) - (1 << 36)
+    state[0, 4] = -((1 << 31) - (1 << 4))  # (2^63 - 2^36)·2^96 == (2^31 - 2^4)·2^128
+    acc = ExactAccumulator.from_state(plan, state)
+    assert acc.result().view(np.uint32)[0] == 0  # the preloaded state is zero
+    acc.options.update(kernel=kernel, carry_every=every)
+    got = acc.add(vals).result()
+    want = exact_fold_oracle(np.zeros(n, np.int64), vals, 1)
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
 # --------------------------------------------------------------------------- properties
 floats32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
 finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False)

@@ -305,6 +305,23 @@ def test_every_route_gives_the_oracle_bits(dtype, route, K):
         == [1 << (8 * np.dtype(out).itemsize - 1), 0, 0]  # fmt: skip
 
 
+@pytest.mark.parametrize(("dtype", "route"), ROUTE_CASES)
+def test_buckets_of_more_than_a_chunk_of_negative_zeros(dtype, route):
+    """40 x -0.0 (more than one float64 chunk) is -0.0; one +0.0 among them makes +0.0."""
+    n = 40
+    vals = np.full(2 * n + 3, -0.0, dtype)
+    vals[-1] = 0.0  # bucket 1: 40 x -0.0 and one +0.0
+    idx = np.array([0] * n + [1] * n + [2, 2, 1])
+    plan = bitfold.Fold(idx, 4)
+    got = dispatch.fold(plan, vals, route=route)
+    sign = 1 << (8 * got.dtype.itemsize - 1)
+    assert bits(got).tolist() == [sign, 0, sign, 0]
+    assert_bits(got, exact_fold_oracle(idx, vals, 4, got.dtype.name))
+    if route == "buckets":  # and in a fold of rows
+        rows = dispatch.fold(plan, np.stack([vals, vals], 1), route=route)
+        assert bits(rows).tolist() == [[sign, sign], [0, 0], [sign, sign], [0, 0]]
+
+
 def test_routes_are_chosen_by_shape_and_thresholds(monkeypatch):
     spec = dispatch.validate
     plan = bitfold.Fold(np.arange(50) % 10, 10)
@@ -410,12 +427,16 @@ def test_folding_into_an_existing_array_rounds_once(D, n):
             if np.isnan(want):
                 want = np.array(bitfold.CANONICAL_NAN_BITS["float32"], np.uint32).view(np.float32)
             assert bits(got[k, d]) == bits(want), (k, d, terms)
-    for strategy in ("ordered", "atomic"):
-        ref = init.astype(np.float64)
-        np.add.at(ref, idx, vals.astype(np.float64))
-        other = dispatch.fold(plan, vals, strategy, init=init)
-        finite = np.isfinite(ref)
-        np.testing.assert_allclose(other[finite], ref[finite], rtol=1e-5, atol=1e-30)
+    ordered = init.copy()  # the documented order: from init, position after position
+    for i, k in enumerate(idx.tolist()):
+        ordered[k] = ordered[k] + vals[i]
+    ordered.view(np.uint32)[np.isnan(ordered)] = bitfold.CANONICAL_NAN_BITS["float32"]
+    assert_bits(dispatch.fold(plan, vals, "ordered", init=init), ordered)
+    ref = init.astype(np.float64)  # atomic promises no order: within float rounding
+    np.add.at(ref, idx, vals.astype(np.float64))
+    other = dispatch.fold(plan, vals, "atomic", init=init)
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(other[finite], ref[finite], rtol=1e-5, atol=1e-30)
 
 
 def test_init_is_checked():

@@ -763,3 +763,74 @@ def test_training_with_the_drop_ins_needs_no_mode():
         torch.randperm(256, generator=torch.Generator().manual_seed(5)),
     )
     assert _train_recommender(first, False, bt) == _train_recommender(second, False, bt)
+
+
+# -- exact_mode against the correctly rounded sum, bit for bit ------------------------------------
+#: Terms of 25 significant bits at most, all multiples of 2^-25 below 2: any sum of them is
+#: exact in float64, and float32 sums of them round differently in different orders
+#: (1 + 2^-24 + 2^-24 is 1 + 2^-23 exactly rounded, 1.0 left to right). Even seeds (the
+#: tensors added into) draw large terms, odd seeds (the terms) mostly tiny ones.
+LARGE_TERMS = (1.0, 0.5, -1.0 + 2.0**-23, 1.0 + 2.0**-23)
+TINY_TERMS = (2.0**-24, 2.0**-24, 3 * 2.0**-24, -(2.0**-25), 1.0)
+
+
+def _adversarial(*shape, seed=20, dtype=torch.float32, exact_dtype=None):
+    g = torch.Generator().manual_seed(seed)
+    terms = torch.tensor(LARGE_TERMS if seed % 2 == 0 else TINY_TERMS, dtype=torch.float64)
+    picked = terms[torch.randint(0, len(terms), shape, generator=g)]
+    return picked.to(exact_dtype or dtype)
+
+
+#: Cases whose result is one sum a slot (no mean's division, no float16, no product of terms).
+#: (".out" writes into a float32 out, which a float64 run cannot; "last offset" is a mean.)
+SUM_CASES = [n for n in MODE_CASES if not any(w in n for w in ("mean", "f16", ".out"))]
+SUM_BACKWARD_CASES = [n for n in BACKWARD_CASES if not any(
+    w in n for w in ("mean", "freq", "psw", "max", "last offset"))]  # fmt: skip
+
+
+def _exact_reference(fn, monkeypatch, name):
+    """``fn`` run on float64 copies of the adversarial inputs (every sum exact), then rounded
+    once to float32: the correctly rounded result; and the float32 run of plain torch."""
+    monkeypatch.setitem(globals(), name, lambda *s, **k: _adversarial(
+        *s, **{**k, "exact_dtype": torch.float64}))  # fmt: skip
+    exact = fn().to(torch.float32)
+    monkeypatch.setitem(globals(), name, _adversarial)
+    return exact, fn()
+
+
+@pytest.mark.parametrize("name", SUM_CASES)
+def test_mode_forward_ops_are_the_correctly_rounded_sum(name, monkeypatch):
+    kind, fn = MODE_CASES[name]
+    want, _plain = _exact_reference(fn, monkeypatch, "_x")
+    with bt.exact_mode() as mode:
+        got = fn()
+    assert mode.counts == {kind: 1} and not mode.passed
+    assert got.dtype == torch.float32
+    assert got.view(torch.int32).tolist() == want.view(torch.int32).tolist(), name
+
+
+def test_plain_torch_misses_the_correctly_rounded_sum_in_these_cases(monkeypatch):
+    """The cases above can fail: plain float32 torch differs from the reference somewhere."""
+    differ = []
+    for name in SUM_CASES:
+        want, plain = _exact_reference(MODE_CASES[name][1], monkeypatch, "_x")
+        differ.append(bool((want.view(torch.int32) != plain.view(torch.int32)).any()))
+    assert sum(differ) >= len(SUM_CASES) // 2, dict(zip(SUM_CASES, differ, strict=True))
+
+
+@pytest.mark.parametrize("name", SUM_BACKWARD_CASES)
+def test_mode_backward_ops_are_the_correctly_rounded_sum(name, monkeypatch):
+    kind, shape, forward = BACKWARD_CASES[name]
+
+    def grad(exact_dtype=None):
+        table = _adversarial(*shape, seed=30, exact_dtype=exact_dtype).requires_grad_()
+        out = forward(table)
+        upstream = _adversarial(*out.shape, seed=31, exact_dtype=exact_dtype)
+        (out * upstream).sum().backward()
+        return table.grad
+
+    want = grad(torch.float64).to(torch.float32)
+    with bt.exact_mode() as mode:
+        got = grad()
+    assert mode.counts == {kind: 1} and not mode.passed
+    assert got.view(torch.int32).tolist() == want.view(torch.int32).tolist(), name
