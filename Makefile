@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: probe test lint bench readme-perf gpu-check clean
+.PHONY: probe test lint bench readme-perf gpu-check mutants clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ REQUIRED_BACKENDS := torch,jax,sklearn,safetensors,numba_cuda,torch_geometric,gr
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	BITFOLD_REQUIRE_BACKENDS=$(REQUIRED_BACKENDS) BITFOLD_REQUIRE_CUDA=1 $(PY) -m pytest $(ARGS)
+
+# Plant known bugs one at a time and check that the tests meant to catch each fail
+# (outside CI: it edits source files while it runs; see scripts/mutants.py).
+mutants: $(VENV)/.installed-test
+	$(PY) scripts/mutants.py $(ARGS)
 
 # The cost of determinism against every peer: table, JSON, plots and summary.md
 # (ARGS=--quick for the two-minute version; see benchmarks/README.md).

@@ -52,6 +52,19 @@ def test_readme_examples_run():
         exec(compile(block, "README.md", "exec"), {})
 
 
+def test_readme_fragments_say_what_they_leave_out_and_compile():
+    """```python blocks run as written (above); ```py blocks are fragments: each starts by
+    saying what it leaves out, and compiles."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    fragments = re.findall(r"```py\n(.*?)```", text, flags=re.S)
+    assert fragments, "the README has no fragment (```py block)"
+    for block in fragments:
+        assert block.startswith("# a fragment: "), block.splitlines()[0]
+        compile(block, "README.md", "exec")
+    other = set(re.findall(r"```(\w+)\n", text)) - {"python", "py", "sh", "text", "json"}
+    assert not other, f"code blocks of another language: {other}"
+
+
 def test_docstring_examples():
     import doctest
 

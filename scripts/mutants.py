@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""``make mutants``: plant known bugs one at a time and check that the tests meant to catch
+each one fail (outside CI: it edits source files and reruns tests, several minutes).
+
+Each mutation replaces one exact piece of source text (found exactly once, or the
+mutation is reported as stale) and runs the tests that must kill it. The file is
+restored whatever happens. A mutation whose tests still pass *survived*: a missing
+test. Prints a table, writes JSON (``--json PATH``) and exits 1 when any survived
+or went stale.
+
+    python scripts/mutants.py [--only NAME ...] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "bitfold"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # relative to src/bitfold
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest arguments: the tests that must fail
+    why: str
+
+
+MUTATIONS = (
+    Mutation(
+        "mode: put returns ATen's inexact sum (still counted)",
+        "torch/mode.py",
+        "    return folds.put(x, index, source)\n",
+        "    return torch.ops.aten.put(x, index, source, True)\n",
+        ("tests/test_torch_dropins.py", "-k", "correctly_rounded and put"),
+        "issue 19: put of [1, 2^-24, 2^-24] gave 1.0 and every test passed",
+    ),
+    Mutation(
+        "mode: scatter_reduce returns ATen's inexact sum (still counted)",
+        "torch/mode.py",
+        '    return folds.scatter_reduce(x, dim, index, src, reduce, bool(a["include_self"]))\n',
+        "    return torch.ops.aten.scatter_reduce(x, dim, index, src, reduce,"
+        ' include_self=bool(a["include_self"]))\n',
+        ("tests/test_torch_dropins.py", "-k", "correctly_rounded and scatter_reduce"),
+        "issue 19: the mode's tests compared with torch within a tolerance",
+    ),
+    Mutation(
+        "mode: index_add returns ATen's inexact sum (still counted)",
+        "torch/mode.py",
+        '    return folds.index_add(x, dim, index.reshape(-1), source, a.get("alpha", 1))\n',
+        '    return torch.ops.aten.index_add(x, dim, index, source, alpha=a.get("alpha", 1))\n',
+        ("tests/test_torch_dropins.py", "-k", "correctly_rounded and index_add"),
+        "one of our own: the same hole for another op",
+    ),
+    Mutation(
+        "dense wire: a wrong borrow in the two-word encoding of a negative sum",
+        "kernels/dense.py",
+        "            return (np.int64(1) << WIDE_LOW_BITS) - w0, -w1 - 1\n",
+        "            return (np.int64(1) << WIDE_LOW_BITS) - w0, -w1\n",
+        ("tests/test_dense.py",),
+        "issue 19: caught only by a property test, in 6 of 10 runs",
+    ),
+    Mutation(
+        "CPU limbs: no carry normalisation between chunks",
+        "kernels/cpu.py",
+        "_F64[0], _F64[1], _F64[2], True)\n        normalise_rows(acc)\n",
+        "_F64[0], _F64[1], _F64[2], True)\n",
+        ("tests/test_exact.py", "-k", "carried_in_time"),
+        "issue 19: test_carries_are_normalised_before_a_limb_overflows could not fail",
+    ),
+    Mutation(
+        "bucket route: a -0.0 chunk sum counted as a non-negative-zero term",
+        "kernels/ieee.py",
+        "    if not (x == 0.0 and math.copysign(1.0, x) < 0.0):\n        row[L + 1] += 1\n",
+        "    row[L + 1] += 1\n",
+        ("tests/test_rows.py", "-k", "negative_zeros"),
+        "issue 19: 40 x -0.0 folded to +0.0 and only the dense tests noticed",
+    ),
+    Mutation(
+        "rounding: the sticky bit ignored (ties decided without the bits below)",
+        "kernels/ieee.py",
+        "        if half == 1 and (sticky or (m & 1) == 1):\n",
+        "        if half == 1 and (m & 1) == 1:\n",
+        ("tests/test_exact.py",),
+        "one of our own: the heart of round-to-nearest-even",
+    ),
+    Mutation(
+        "flush-to-zero: subnormals read by the float unit (DAZ turns them into zeros)",
+        "kernels/ieee.py",
+        "    if e != 0 or m == 0:\n        return float64(x)\n",
+        "    return float64(x)\n",
+        ("tests/test_fp_modes.py", "-k", "not worker"),
+        "issue 19: 5,000 x 3e-39 folded to 0 under torch.set_flush_denormal(True)",
+    ),
+    Mutation(
+        "flush-to-zero: a subnormal result cast by the float unit (FTZ turns it into zero)",
+        "kernels/ieee.py",
+        "    return x == x and (x == 0.0 or abs(x) >= tiny)\n",
+        "    return x == x\n",
+        ("tests/test_fp_modes.py", "-k", "not worker"),
+        "one of our own: the output side of the same bug",
+    ),
+    Mutation(
+        "checked_add: every float64 addition trusted as exact",
+        "kernels/ieee.py",
+        "    ok = (s - a == b) & (s - b == a) & ((abs(s) >= DBL_MIN) | (s == 0.0))\n",
+        "    ok = s == s\n",
+        ("tests/test_rows.py", "-k", "oracle"),
+        "one of our own: the float64 fast paths' only guard",
+    ),
+)
+
+
+def run(mutation: Mutation, timeout: float) -> dict[str, object]:
+    """Apply one mutation, run its tests, restore the file; the outcome as a dict."""
+    path = SRC / mutation.path
+    original = path.read_text()
+    found = original.count(mutation.old)
+    if found != 1:
+        detail = f"the text to mutate occurs {found} times in {mutation.path}"
+        return {"name": mutation.name, "outcome": "stale", "detail": detail}
+    start = time.perf_counter()
+    try:
+        path.write_text(original.replace(mutation.old, mutation.new))
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+               *mutation.tests]  # fmt: skip
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              env=env, check=False)  # fmt: skip
+        last = (proc.stdout.strip().splitlines() or [""])[-1]
+        if proc.returncode == 1:
+            outcome = "killed"
+        elif proc.returncode == 0:
+            outcome = "survived"
+        else:
+            outcome = "error"
+    except subprocess.TimeoutExpired:
+        outcome, last = "error", f"the tests ran past {timeout:.0f} s"
+    finally:
+        path.write_text(original)
+    return {"name": mutation.name, "outcome": outcome, "detail": last,
+            "seconds": round(time.perf_counter() - start, 1), "why": mutation.why,
+            "tests": " ".join(mutation.tests)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", help="run the mutations whose name contains these")
+    parser.add_argument("--json", metavar="PATH", help="also write the outcomes as JSON")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds a mutation's tests")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.only or any(w in m.name for w in args.only)]
+    results = []
+    for m in chosen:
+        r = run(m, args.timeout)
+        results.append(r)
+        print(f"{r['outcome']:>8}  {m.name}  ({r.get('seconds', 0)} s: {r['detail']})", flush=True)
+    bad = [r for r in results if r["outcome"] != "killed"]
+    print(f"\n{len(results) - len(bad)} of {len(results)} mutations killed"
+          + (f"; not killed: {', '.join(str(r['name']) for r in bad)}" if bad else ""))  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
