@@ -158,3 +158,11 @@ def test_a_one_dimensional_shape_mismatch_names_one_form():
     assert msg.endswith("pass values of shape (3,) + trailing") and " or " not in msg
     with pytest.raises(bitfold.ShapeError, match=r"\(2, 3\) \+ trailing or \(6,\) \+ trailing"):
         bitfold.Fold(np.zeros((2, 3), np.int64), 3)(np.ones(5, np.float32))
+
+
+def test_an_index_range_error_is_also_an_index_error():
+    """Code written for torch (IndexError) and for bitfold (FoldError, ValueError) catches it."""
+    with pytest.raises(IndexError):
+        bitfold.Fold(np.array([0, 9]), 3)
+    with pytest.raises(ValueError):
+        bitfold.Fold(np.array([0, 9]), 3)

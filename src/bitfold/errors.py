@@ -17,8 +17,13 @@ class FoldTypeError(FoldError, TypeError):
     """An argument has a type or dtype that bitfold does not accept."""
 
 
-class IndexRangeError(FoldError):
-    """An index value is negative or not below ``K``."""
+class IndexRangeError(FoldError, IndexError):
+    """An index value is negative or not below ``K``.
+
+    Also an ``IndexError``, so that code written for the library a drop-in
+    replaces (torch raises ``IndexError`` for an id beyond an embedding table)
+    still catches it.
+    """
 
 
 class ShapeError(FoldError):
