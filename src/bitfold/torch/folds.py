@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..dispatch import fold as _engine_fold
+from ..errors import IndexRangeError
 from ..plan import Fold
 from ..validate import index_range_error
 
@@ -177,7 +178,13 @@ def index_add(
     terms = source.movedim(d, 0)
     if alpha != 1:
         terms = terms * alpha
-    out = fold_rows(index, terms, input.shape[d], init=input.movedim(d, 0))
+    try:
+        out = fold_rows(index, terms, input.shape[d], init=input.movedim(d, 0))
+    except IndexRangeError as err:  # in index_add's words: the bound is input.shape[dim]
+        bound = f"input.shape[{dim}] = {input.shape[d]}"
+        raise index_range_error(
+            tuple(index.shape), err.position, err.value, input.shape[d], bound
+        ) from None
     return out.movedim(0, d).contiguous()
 
 

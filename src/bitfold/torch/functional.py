@@ -30,12 +30,7 @@ import torch
 from torch.nn import functional as F
 
 from ..errors import FoldError, FoldTypeError, ShapeError
-from .folds import (
-    bag_of_positions,
-    check_range,
-    index_add_shape_problem,
-    scatter_shape_problem,
-)
+from .folds import bag_of_positions, index_add_shape_problem, scatter_shape_problem
 from .ops import check_tensor, embedding_op, index_add_op, scatter_add_op, segment_sum_op
 
 _EXACT_ALREADY = (
@@ -93,8 +88,6 @@ def index_add(
     problem = index_add_shape_problem(input, dim, index, source)
     if problem:
         raise ShapeError(f"index_add: {problem}")
-    size = input.shape[dim] if input.dim() else 1
-    check_range(index.reshape(-1), size, f"input.shape[{dim}] = {size}")
     if input.dim() == 0:
         out = index_add_op(input.reshape(1), 0, index.reshape(-1), source.reshape(1), float(alpha))
         return out.reshape(())
