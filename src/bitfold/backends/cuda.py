@@ -663,13 +663,11 @@ def device_values_of_state(state: Any) -> _StateView:
 #: The CUDA backend's registry entry (:mod:`bitfold.backends.registry`). Its accumulator
 #: states live on the host (``add_to_state`` copies the device state back once), so the
 #: state operations are the host's; :func:`exact_state` keeps a state on the device.
-BACKEND = Backend(
+BACKEND = Backend.from_functions(
+    globals(),
     name=NAME,
     families=("torch", "cupy", "numba", "cuda-interface"),
     devices=("cuda",),
-    folds={"exact": fold_exact, "ordered": fold_ordered, "atomic": fold_atomic},
-    add_to_state=add_to_state,
-    expand=expand,
     new_state=new_state,
     merge_states=merge_states,
     round_state=round_state,

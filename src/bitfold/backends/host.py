@@ -164,16 +164,11 @@ def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
 
 
 #: The host's registry entry (:mod:`bitfold.backends.registry`).
-BACKEND = Backend(
+BACKEND = Backend.from_functions(
+    globals(),
     name=NAME,
     families=("numpy", "torch", "jax"),
     devices=("cpu",),
-    folds={"exact": fold_exact, "ordered": fold_ordered, "atomic": fold_atomic},
-    add_to_state=add_to_state,
-    expand=expand,
-    new_state=new_state,
-    merge_states=merge_states,
-    round_state=round_state,
     options={"exact": ("route", "kernel", "carry_every"), "ordered": (), "atomic": (),
              "add_to_state": ("kernel", "carry_every")},
     init=InitRule(strategies=("exact", "ordered", "atomic"), mixed_dtypes=True),

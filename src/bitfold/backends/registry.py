@@ -78,6 +78,15 @@ class Backend:
     explain: Impl | None = None
     summary: str = ""
 
+    @classmethod
+    def from_functions(cls, functions: Mapping[str, Any], **entry: Any) -> Backend:
+        """An entry whose pieces are the functions of ``functions`` (a backend module's
+        ``globals()``) named ``fold_<strategy>`` and after :data:`OPERATIONS`; ``entry``
+        holds the other fields (and may name a piece itself). A missing function is left
+        ``None``, for :func:`register` to refuse by name."""
+        folds = {s: functions[f"fold_{s}"] for s in FOLDS if f"fold_{s}" in functions}
+        return cls(folds=folds, **{**{op: functions.get(op) for op in OPERATIONS}, **entry})
+
     def serves(self, family: str, device: str) -> bool:
         """True when this backend folds values of array ``family`` living on ``device``."""
         return family in self.families and device in self.devices
