@@ -341,7 +341,7 @@ def test_merging_a_copy_of_the_same_map_is_allowed():
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_parallel_and_serial_paths_agree_with_the_oracle(kernel, monkeypatch):
     """Small inputs run serially; lower thresholds send them through the parallel kernels."""
-    from bitfold.backends import host
+    from bitfold.backends import host_state
     from bitfold.kernels import cpu
 
     rng = np.random.default_rng(11)
@@ -353,8 +353,8 @@ def test_parallel_and_serial_paths_agree_with_the_oracle(kernel, monkeypatch):
     serial = exact_with(kernel, idx, vals, 37)
     monkeypatch.setattr(cpu, "PARALLEL_MIN_VALUES", 64)
     monkeypatch.setattr(cpu, "PARALLEL_MIN_BUCKETS", 4)
-    monkeypatch.setattr(host, "SLOT_BYTES_PER_VALUE", 64)
-    assert host.slots_for(2000, 37, 8 * 14) > 1
+    monkeypatch.setattr(host_state, "SLOT_BYTES_PER_VALUE", 64)
+    assert host_state.slots_for(2000, 37, 8 * 14) > 1
     parallel = exact_with(kernel, idx, vals, 37)
     np.testing.assert_array_equal(serial.view(np.uint32), want)
     np.testing.assert_array_equal(parallel.view(np.uint32), want)

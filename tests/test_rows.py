@@ -2,7 +2,7 @@
 
 ``values.shape == index.shape + trailing`` folds to ``(K,) + trailing``; each
 element is the correctly rounded sum of its bucket's values at that trailing
-position. The host has several routes to the same bits (``backends.host.ROUTES``);
+position. The host has several routes to the same bits (``backends.host_routes.TABLE``);
 each is checked here on small inputs, the large-K ones by forcing the route
 or lowering the thresholds that choose it.
 """
@@ -24,7 +24,7 @@ from oracle import FORMATS, bucket_oracle, exact_fold_oracle, ordered_fold_refer
 
 import bitfold
 from bitfold import dispatch
-from bitfold.backends import host
+from bitfold.backends import host, host_routes
 from bitfold.kernels import cpu
 
 UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -329,12 +329,12 @@ def test_routes_are_chosen_by_shape_and_thresholds(monkeypatch):
     assert host.choose_route(plan, spec(plan, f32)) == "limbs"
     assert host.choose_route(plan, spec(plan, f16)) == "half-stream"
     assert host.choose_route(plan, spec(plan, np.ones((50, 2), np.float32))) == "buckets"
-    monkeypatch.setattr(host, "LIMBS_MAX_K", 4)
+    monkeypatch.setattr(host_routes, "LIMBS_MAX_K", 4)
     assert host.choose_route(plan, spec(plan, f32)) == "float-stream"
-    monkeypatch.setattr(host, "FLOAT_STREAM_MAX_K", 8)
+    monkeypatch.setattr(host_routes, "FLOAT_STREAM_MAX_K", 8)
     assert host.choose_route(plan, spec(plan, f32)) == "sorted-stream"
     assert host.choose_route(plan, spec(plan, f16)) == "sorted-stream"
-    monkeypatch.setattr(host, "BUCKETWISE_MIN_K", 8)
+    monkeypatch.setattr(host_routes, "LIMBS_FLOAT64_MAX_K", 8)
     assert host.choose_route(plan, spec(plan, f64)) == "sorted-stream"
     with pytest.raises(bitfold.FoldError, match="unknown exact route 'fast'"):
         dispatch.fold(plan, f32, route="fast")
@@ -372,7 +372,8 @@ def test_parallel_paths_agree_with_the_oracle(route, monkeypatch):
     vals = (rng.standard_normal(n) * 2.0 ** rng.integers(-10, 10, n)).astype(dtype)
     vals[::301] = np.inf
     plan = bitfold.Fold(idx, K)
-    assert host._slots(n, K) >= 1 and host._bounds(plan, n).size == host.BUCKET_CHUNKS + 1
+    assert host_routes.stream_slots(n, K) >= 1
+    assert host_routes.bucket_bounds(plan, n).size == host_routes.BUCKET_CHUNKS + 1
     assert_bits(dispatch.fold(plan, vals, route=route), exact_fold_oracle(idx, vals, K))
     rows = (rng.standard_normal((n, 5)) * 2.0 ** rng.integers(-40, 40, (n, 5))).astype(np.float32)
     assert_bits(plan(rows), rows_oracle(idx, rows, K))

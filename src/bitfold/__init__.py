@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._version import __version__
+from .backends.registry import backend_names
 from .errors import (
     DeviceError,
     FoldError,
@@ -59,6 +60,7 @@ __all__ = [
     "UnknownStrategyError",
     "__version__",
     "add_at",
+    "backend_names",
     "bits_equal",
     "digest",
     "get_strategy",

@@ -1,21 +1,25 @@
-"""The one dispatch: validate once, pick the backend from where the values live, call its impl.
+"""The one dispatch: validate once, pick the backend from the registry, call its implementation.
 
 Every way into a fold — ``plan(values)``, ``plan.expand(v)``, the
 accumulator, the PyTorch and JAX adapters — comes through here, so every
 library and device gets the same checks, the same errors and the same
-numeric contract.
+numeric contract. The backend is the first registered one serving the
+values' array family on their device (:mod:`bitfold.backends.registry`);
+its options are checked per operation against what its entry declares, and
+``init`` against its :class:`~bitfold.backends.registry.InitRule`.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .arrays import family_of
-from .backends import cuda, host
-from .errors import DeviceError, FoldTypeError
+from .backends import registry
+from .backends.registry import Backend, check_options
+from .errors import DeviceError, FoldError, FoldTypeError
 from .formats import LimbFormat, resolve_out_dtype
 from .strategies import get_strategy
 from .validate import Values, check_expand_input, check_init, check_values
@@ -23,23 +27,11 @@ from .validate import Values, check_expand_input, check_init, check_values
 if TYPE_CHECKING:
     from .plan import Fold
 
-#: The backends, asked in order which one serves a device.
-BACKENDS: tuple[ModuleType, ...] = (host, cuda)
 
-
-def backend_for(values: Any) -> ModuleType:
-    """The backend module that serves ``values``, by the device they live on."""
+def backend_for(values: Any, what: str = "values") -> Backend:
+    """The registered backend that serves ``values``, by their array family and device."""
     family = family_of(values)
-    device = family.device(values)
-    for backend in BACKENDS:
-        if backend.serves(device):
-            return backend
-    raise DeviceError(
-        f"values live on device {device!r} ({type(values).__module__}."
-        f"{type(values).__qualname__}); bitfold folds host arrays and CUDA arrays "
-        "(CuPy, torch CUDA, numba, __cuda_array_interface__): move them with .cpu() or to a "
-        "CUDA device"
-    )
+    return registry.backend_for(family.name, family.device(values), what)
 
 
 def _as_array(values: Any) -> Any:
@@ -60,6 +52,28 @@ def validate(
     )
 
 
+def _check_init(plan: Fold, backend: Backend, strategy: str, spec: Values, init: Any) -> str:
+    """``init``'s dtype name, refused unless ``backend``'s init rule takes it for ``strategy``."""
+    init_name = check_init(plan.K, spec, family_of(init).shape(init), init.dtype)
+    if backend_for(init, "init") is not backend:
+        raise DeviceError(
+            f"init lives on {family_of(init).device(init)!r} and the values on the "
+            f"{backend.name} backend: pass both on one device"
+        )
+    rule = backend.init
+    if strategy not in rule.strategies:
+        raise FoldError(
+            f"the {backend.name} backend's {strategy} fold adds into zeros only; init= is "
+            f"taken by {', '.join(rule.strategies)} there — use 'exact' with init"
+        )
+    if not rule.mixed_dtypes and init_name != spec.dtype:
+        raise FoldTypeError(
+            f"on the {backend.name} backend, init must have the values' dtype ({spec.dtype}); "
+            f"got {init_name}"
+        )
+    return init_name
+
+
 def fold(
     plan: Fold,
     values: Any,
@@ -78,26 +92,26 @@ def fold(
     device) is an existing array the values are added into: each bucket's
     result is the correctly rounded sum of ``init[k]`` and its values (with
     ``exact``), what ``out = init.clone().index_add_(0, index, values)``
-    computes with one rounding. ``options`` tune one backend's kernels (e.g.
-    ``launch=`` on CUDA, ``route=`` on the host for ``exact``) and never
-    change an ``exact`` or ``ordered`` result.
+    computes with one rounding; which strategies take it, and in which
+    dtypes, is the backend's init rule (the host: every strategy, any float
+    dtype; CUDA: ``exact``, the values' dtype). ``options`` tune one
+    backend's kernels (``route=``, ``kernel=``, ``carry_every=`` on the host;
+    ``exact_path=``, ``launch=`` on CUDA) and never change an ``exact`` or
+    ``ordered`` result; one the backend does not take for ``strategy`` is a
+    :class:`bitfold.FoldError` listing the valid ones.
     """
     strat = get_strategy(strategy)
     values = _as_array(values)
     spec = validate(plan, values)
     backend = backend_for(values)
+    check_options(backend, strat.name, options)
     if init is not None:
         init = _as_array(init)
-        init_name = check_init(plan.K, spec, family_of(init).shape(init), init.dtype)
-        if backend_for(init) is not backend:
-            raise DeviceError(
-                f"init lives on {family_of(init).device(init)!r} and the values on "
-                f"{family_of(values).device(values)!r}: pass both on one device"
-            )
+        init_name = _check_init(plan, backend, strat.name, spec, init)
         out_dtype = init_name if out_dtype is None else out_dtype
         options["init"] = init
     out_name = strat.check_out_dtype(resolve_out_dtype(spec.dtype, out_dtype))
-    return strat.impl(backend.NAME)(plan, values, spec, out_name, **options)
+    return backend.fold(strat.name)(plan, values, spec, out_name, **options)
 
 
 def add_to_state(
@@ -110,15 +124,38 @@ def add_to_state(
     trailing: tuple[int, ...] = (),
     **options: Any,
 ) -> Values:
-    """Add ``values`` exactly into the host ``state`` of ``plan`` in limb format ``fmt``."""
+    """Add ``values`` exactly into the host ``state`` of ``plan`` in limb format ``fmt``.
+
+    ``options`` are those of the accumulator, which may hold values of
+    several backends: each option must be one some backend takes for
+    ``add_to_state`` (else a :class:`bitfold.FoldError` listing them), and the
+    backend of ``values`` receives the ones it takes.
+    """
     values = _as_array(values)
     spec = validate(plan, values, start=start, trailing=trailing)
     if spec.dtype not in fmt.value_dtypes:
         raise FoldTypeError(
             f"this accumulator sums {', '.join(fmt.value_dtypes)} values; got {spec.dtype}"
         )
-    backend_for(values).add_to_state(state, plan, values, spec, fmt, **options)
+    backend = backend_for(values)
+    check_accumulator_options(options)
+    mine = {k: v for k, v in options.items() if k in backend.options.get("add_to_state", ())}
+    backend.add_to_state(state, plan, values, spec, fmt, **mine)
     return spec
+
+
+def check_accumulator_options(options: dict[str, Any]) -> None:
+    """Refuse an accumulator option no registered backend takes, listing the valid ones."""
+    valid = registry.known_options("add_to_state")
+    bad = sorted(set(options) - set(valid))
+    if bad:
+        raise FoldError(
+            f"the accumulator takes no option {', '.join(f'{o}=' for o in bad)}; valid "
+            f"options: {', '.join(f'{o}=' for o in valid)} (each backend uses its own: "
+            + "; ".join(f"{b.name}: {', '.join(b.options.get('add_to_state', ())) or 'none'}"
+                        for b in registry.backends())
+            + ")"
+        )
 
 
 def expand(plan: Fold, v: Any) -> Any:
@@ -128,4 +165,39 @@ def expand(plan: Fold, v: Any) -> Any:
     return backend_for(v).expand(plan, v, trailing)
 
 
-__all__ = ["BACKENDS", "add_to_state", "backend_for", "expand", "fold", "validate"]
+@dataclass(frozen=True)
+class Route:
+    """Which backend, and which of its paths, would serve a fold, and why."""
+
+    backend: str
+    route: str
+    reason: str
+
+
+def route(plan: Fold, values: Any, strategy: str = "exact", **options: Any) -> Route:
+    """The backend and route ``fold(plan, values, strategy, **options)`` would take, with why.
+
+    Validates like :func:`fold`; folds nothing. A backend without a choice of
+    routes for ``strategy`` reports the strategy's name as its route.
+    """
+    strat = get_strategy(strategy)
+    values = _as_array(values)
+    spec = validate(plan, values)
+    backend = backend_for(values)
+    check_options(backend, strat.name, options)
+    if backend.explain is None or strat.name != "exact":
+        return Route(backend.name, strat.name, f"the {backend.name} backend's {strat.name} fold")
+    name, reason = backend.explain(plan, values, spec, **options)
+    return Route(backend.name, name, reason)
+
+
+__all__ = [
+    "Route",
+    "add_to_state",
+    "backend_for",
+    "check_accumulator_options",
+    "expand",
+    "fold",
+    "route",
+    "validate",
+]

@@ -95,7 +95,8 @@ class ExactAccumulator:
         self.plan = plan
         self.format = limb_format_for(_dtype_label(dtype))
         self.trailing = check_trailing(trailing)
-        self.options = options  # backend tuning (kernel=, carry_every=, launch=)
+        dispatch.check_accumulator_options(options)
+        self.options = options  # backend tuning (host: kernel=, carry_every=; cuda: launch=)
         self._state = new_state(plan.K, self.format, self.trailing)
         self._like: Any = None  # the first values added: the result's library and device
 

@@ -163,6 +163,16 @@ class Fold:
         """Fold ``values`` into K sums with ``strategy`` (see :func:`bitfold.dispatch.fold`)."""
         return dispatch.fold(self, values, strategy, out_dtype=out_dtype)
 
+    def route(self, values: Any, strategy: str = "exact", **options: Any) -> dispatch.Route:
+        """Which backend and which of its routes would fold ``values``, and why (folds nothing).
+
+        >>> import numpy as np, bitfold
+        >>> bitfold.Fold(np.arange(6) % 3000, 3000).route(np.ones(6, np.float32))
+        ... # doctest: +ELLIPSIS
+        Route(backend='host', route='float-stream', reason='float32 scalars into 3,000 ...')
+        """
+        return dispatch.route(self, values, strategy, **options)
+
     def accumulator(
         self, dtype: Any = "float32", trailing: Any = (), **options: Any
     ) -> ExactAccumulator:

@@ -1,24 +1,26 @@
 """The strategy registry: one entry a strategy, with its guarantee and an implementation a backend.
 
-An entry is a :class:`Strategy`: its name, what it guarantees, the output
-dtypes it can round to, and ``impls``, the function that computes it on each
-backend (``"host"``: NumPy, CPU tensors and CPU JAX arrays; ``"cuda"``: GPU
-arrays). Every implementation has one signature,
-``impl(plan, values, spec, out_name, **options)``, and receives values the
-one validator (:mod:`bitfold.validate`) has already accepted, so every
-strategy refuses the same bad input with the same errors.
+An entry is a :class:`Strategy`: its name, what it guarantees and the output
+dtypes it can round to. Its implementation on a backend comes from the
+backend registry (:mod:`bitfold.backends.registry`: each backend lists one
+function a strategy, and is refused when it lacks one). Every implementation
+has one signature, ``impl(plan, values, spec, out_name, *, init=None,
+**options)``, and receives values the one validator (:mod:`bitfold.validate`)
+has already accepted, so every strategy refuses the same bad input with the
+same errors.
 
-A new strategy is one entry here and one function in each backend module; a
-new backend is one module and one key in each entry's ``impls``.
+A new strategy is one entry here, its name in
+:data:`bitfold.backends.registry.FOLDS`, and one function in each backend's
+entry; a new backend touches nothing here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .backends import cuda, host
+from .backends.registry import FOLDS, get_backend
 from .errors import FoldTypeError, UnknownStrategyError
 from .formats import OUT_DTYPES
 
@@ -27,12 +29,11 @@ Impl = Callable[..., Any]  # (plan, values, spec, out_name, **options) -> K sums
 
 @dataclass(frozen=True)
 class Strategy:
-    """A named way to compute the fold, what it guarantees, and its implementation per backend."""
+    """A named way to compute the fold, what it guarantees, and the dtypes it rounds to."""
 
     name: str
     guarantee: str
     out_dtypes: tuple[str, ...]
-    impls: Mapping[str, Impl]
 
     def check_out_dtype(self, out_name: str) -> str:
         """``out_name`` if this strategy can round to it, else a clear refusal."""
@@ -44,8 +45,8 @@ class Strategy:
         return out_name
 
     def impl(self, backend: str) -> Impl:
-        """The implementation for ``backend`` (every registered strategy has one per backend)."""
-        return self.impls[backend]
+        """The implementation on ``backend`` (a registered backend has one for every strategy)."""
+        return get_backend(backend).fold(self.name)
 
 
 _ROUNDED = ("float16", "float32", "float64")  # no bfloat16 arithmetic: only exact rounds to it
@@ -58,24 +59,25 @@ _REGISTRY: dict[str, Strategy] = {
             "correctly rounded: same bits for every order, thread count, backend and "
             "floating-point mode (flush-to-zero, denormals-are-zero)",
             OUT_DTYPES,
-            {host.NAME: host.fold_exact, cuda.NAME: cuda.fold_exact},
         ),
         Strategy(
             "ordered",
             "same bits on every run of the same backend (a fixed, documented order) in the "
             "same floating-point mode: a float sum, it follows flush-to-zero",
             _ROUNDED,
-            {host.NAME: host.fold_ordered, cuda.NAME: cuda.fold_ordered},
         ),
         Strategy(
             "atomic",
             "none: the order of the additions is the backend's choice (a float sum, it "
             "follows flush-to-zero)",
             _ROUNDED,
-            {host.NAME: host.fold_atomic, cuda.NAME: cuda.fold_atomic},
         ),
     )
 }
+
+
+if set(_REGISTRY) != set(FOLDS):  # the backends implement exactly the registered strategies
+    raise ImportError(f"strategies {sorted(_REGISTRY)} but backends implement {sorted(FOLDS)}")
 
 
 def get_strategy(name: str) -> Strategy:

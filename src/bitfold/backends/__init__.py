@@ -1,7 +1,20 @@
-"""Backends: one module per place values can live, each with one implementation per strategy.
+"""Backends: one module per place values can live, each registered once in the backend registry.
 
 ``host`` serves NumPy arrays, CPU tensors and CPU JAX arrays with the Numba
-CPU kernels; ``cuda`` serves GPU arrays with the numba-cuda kernels (loaded
-only when GPU values arrive). :mod:`bitfold.dispatch` picks the backend from
-where the values live.
+CPU kernels; ``cuda`` serves GPU arrays (CuPy, torch CUDA, numba and
+``__cuda_array_interface__`` arrays) with the numba-cuda kernels (loaded
+only when GPU values arrive). Each module ends with its ``BACKEND`` entry
+(:class:`~bitfold.backends.registry.Backend`); the lines below register them,
+in the order :func:`~bitfold.backends.registry.backend_for` asks them. A new
+backend is one module and one line here.
 """
+
+from __future__ import annotations
+
+from . import cuda, host
+from .registry import backend_names, register
+
+register(host.BACKEND)
+register(cuda.BACKEND)
+
+__all__ = ["backend_names"]

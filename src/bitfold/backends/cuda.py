@@ -55,6 +55,8 @@ from ..arrays import library_of
 from ..errors import DeviceError, FoldError, FoldTypeError, ShapeError
 from ..formats import dtype_name, limb_format_for
 from ..validate import Values
+from .host_state import merge_states, new_state, round_state
+from .registry import Backend, InitRule
 
 if TYPE_CHECKING:
     from ..plan import Fold
@@ -537,6 +539,31 @@ def fold_exact(
         return _shaped(_view(out, dv.kind, "float32" if widen else out_name), dv.kind, K, spec)
 
 
+def explain_route(
+    plan: Fold, values: Any, spec: Values, *, exact_path: str = "auto", launch: Any = None
+) -> tuple[str, str]:
+    """``(path, reason)``: the exact path :func:`fold_exact` takes for these values, and why.
+
+    Reads the device's shared-memory limit (the plan is uploaded to the
+    device if it was not); a ``"shared"`` path the driver then refuses to
+    launch falls back to ``"buckets"`` in :func:`fold_exact`.
+    """
+    if exact_path != "auto":
+        return exact_path, f"forced (exact_path={exact_path!r})"
+    if spec.trailing:
+        return "buckets", "rows: a thread an output element sums its bucket in registers"
+    with _on_device(plan, values) as (dv, entry, kernels):
+        fmt = limb_format_for(dv.dtype)
+        limit = entry.limits.shared_per_block
+        nbytes = kernels.shared_bytes(plan.K, fmt)
+        path = kernels.exact_path(plan.K, fmt, limit)
+    if path == "shared":
+        return "shared", (f"{dv.dtype} scalars into {plan.K:,} buckets: their limbs "
+                          f"({nbytes:,} bytes) fit in a block's shared memory ({limit:,})")
+    return "buckets", (f"{dv.dtype} scalars into {plan.K:,} buckets: their limbs "
+                       f"({nbytes:,} bytes) exceed a block's shared memory ({limit:,})")
+
+
 def _fold_buckets(
     plan: Fold, kernels: Any, entry: DevicePlan, dv: DeviceValues, spec: Values, out_name: str,
     out_bits: Any, widen: bool, init: Any, segment: int | None,
@@ -778,7 +805,26 @@ def device_values_of_state(state: Any) -> _StateView:
     raise _host_error(state)
 
 
+#: The CUDA backend's registry entry (:mod:`bitfold.backends.registry`). Its accumulator
+#: states live on the host (``add_to_state`` copies the device state back once), so the
+#: state operations are the host's; :func:`exact_state` keeps a state on the device.
+BACKEND = Backend.from_functions(
+    globals(),
+    name=NAME,
+    families=("torch", "cupy", "numba", "cuda-interface"),
+    devices=("cuda",),
+    new_state=new_state,
+    merge_states=merge_states,
+    round_state=round_state,
+    options={"exact": ("exact_path", "launch"), "ordered": ("launch",), "atomic": ("launch",),
+             "add_to_state": ("launch",)},
+    init=InitRule(strategies=("exact",), mixed_dtypes=False),
+    explain=explain_route,
+    summary="CuPy arrays, torch CUDA tensors, numba and __cuda_array_interface__ arrays",
+)
+
 __all__ = [
+    "BACKEND",
     "NAME",
     "DevicePlan",
     "DeviceValues",

@@ -190,13 +190,11 @@ def _bitfold_values(inp: Inputs) -> Any:
 
 
 def exact_route(plan: Any, values: Any) -> str | None:
-    """The host route ``plan(values)`` takes for an exact fold (None off the host)."""
-    from ...backends import host
-    from ...dispatch import validate
-
+    """The host route ``plan(values)`` takes for an exact fold, from ``plan.route`` (None off
+    the host: the GPU's path needs the device's limits, read by the fold itself)."""
     if getattr(values, "is_cuda", False):
         return None
-    return host.choose_route(plan, validate(plan, values))
+    return plan.route(values).route
 
 
 def _bitfold(strategy: str) -> Callable[[Inputs], Runner]:

@@ -18,7 +18,7 @@ The record of a contender is a plain dict (one row of ``results.json``):
 * ``setup_s``: building what depends on the index only (a plan, a sort);
   None for contenders that keep nothing between calls;
 * ``route`` (``bitfold-exact`` on the host): the exact route ``plan(values)``
-  takes, from :func:`bitfold.backends.host.choose_route`;
+  takes, from :meth:`bitfold.Fold.route`;
 * ``first_call_s``: the first fold of this case, which includes any
   compilation not yet done in this process (Numba, XLA);
 * ``times_s``, ``median_s`` and ``min_s``: the timed repeats after the first

@@ -1,0 +1,94 @@
+"""Host arrays for the host backend: values read as NumPy, outputs made and handed back.
+
+Values are read on the host as one contiguous, native-byte-order NumPy array
+(a view when they already are one; bfloat16 widened to float32, which is
+exact), flat for a scalar fold and ``(positions, D)`` for a fold of rows;
+results go back to the values' own library, shaped ``(K,) + trailing``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..arrays import family_of, from_numpy, to_numpy
+from ..formats import FLOATS, LimbFormat
+from ..validate import Values
+
+
+def host_values(values: Any) -> np.ndarray:
+    """The values as a flat, contiguous, native-order NumPy array (bfloat16 widened to float32)."""
+    arr = to_numpy(values) if hasattr(values, "dtype") else np.asarray(values)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return np.ascontiguousarray(arr.reshape(-1))
+
+
+def bfloat16_bits(values: Any) -> np.ndarray:
+    """The uint16 bit patterns of bfloat16 values, flat (no widening copy)."""
+    if family_of(values).name == "torch":
+        import torch
+
+        t = values.detach().cpu().contiguous()
+        return t.view(torch.int16).numpy().view(np.uint16).reshape(-1)
+    return np.ascontiguousarray(np.asarray(values)).view(np.uint16).reshape(-1)
+
+
+def host_rows(values: Any, spec: Values) -> np.ndarray:
+    """The values as a contiguous ``(positions, D)`` float32 or float64 array (halves widened)."""
+    flat = host_values(values)
+    if flat.dtype == np.float16:
+        flat = flat.astype(np.float32)  # exact
+    return flat.reshape(spec.positions, spec.row_size)
+
+
+def result(out: np.ndarray, like: Any, out_name: str, spec: Values) -> Any:
+    """``out`` shaped ``(K,) + trailing``, in the library (and device) of ``like``."""
+    out = out.reshape(out.shape[:1] + spec.trailing)
+    return from_numpy(out, like=like, dtype_name=out_name)
+
+
+def target(out_name: str, fmt: LimbFormat) -> tuple[int, ...]:
+    """``(unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift)`` for the kernels."""
+    t = FLOATS[out_name]
+    return (fmt.unit_exp, t.precision, t.exponent_bits, t.subnormal_exp, t.canonical_nan,
+            16 if out_name == "bfloat16" else 0)  # fmt: skip
+
+
+def empty_out(shape: tuple[int, ...], out_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the output as floats, the same memory as signed integers of its width).
+
+    NumPy has no bfloat16: a bfloat16 output is a float32 array holding
+    bfloat16 values (its integers are the bfloat16 bits shifted left by 16).
+    """
+    widen = out_name == "bfloat16"
+    out_bits = np.empty(shape, np.int32 if widen else FLOATS[out_name].signed_bits_dtype)
+    return out_bits.view(np.float32 if widen else out_name), out_bits
+
+
+def canonicalise_nans(out: np.ndarray) -> np.ndarray:
+    """Replace every NaN of ``out`` (in place) by the canonical NaN of its dtype; return it."""
+    nan = np.isnan(out)
+    if nan.any():
+        f = FLOATS[out.dtype.name]
+        out.view(f.bits_dtype)[nan] = f.canonical_nan
+    return out
+
+
+def frozen(arr: np.ndarray) -> np.ndarray:
+    """``arr``, made read-only (what a plan keeps through ``plan.prepared``)."""
+    arr.flags.writeable = False
+    return arr
+
+
+__all__ = [
+    "bfloat16_bits",
+    "canonicalise_nans",
+    "empty_out",
+    "frozen",
+    "host_rows",
+    "host_values",
+    "result",
+    "target",
+]

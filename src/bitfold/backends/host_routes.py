@@ -1,0 +1,318 @@
+"""The host's exact routes: one ordered table, the first route whose test holds serves the fold.
+
+Every route returns the same bits, the correctly rounded sum; they differ in
+speed only, and are chosen from the shapes (K, the number of values, the
+dtype, the row size), never from the data or the thread count. Each
+:class:`Route` states when it is taken, why, and how it runs; its size
+constants sit just above it. In order:
+
+1. ``buckets``: folds of rows (and folds into ``init``): each bucket's rows
+   gathered through the plan's stable order and summed in a small scratch
+   (:mod:`bitfold.kernels.buckets`); no per-bucket state is kept;
+2. ``half-stream``: float16 scalars, an exact int64 scatter-add in units of
+   2^-24 (:mod:`bitfold.kernels.stream`);
+3. ``limbs``: scalars into few buckets, added into the accumulator's state
+   (:mod:`bitfold.backends.host_state`: float64 bins or integer limbs),
+   rounded at the end;
+4. ``float-stream``: float32 and bfloat16 scalars into more buckets: checked
+   float64 sums streamed in position order, one a bucket, the inexact
+   buckets redone exactly;
+5. ``sorted-stream``: every other scalar fold (very many buckets, or float64
+   values past the limbs): checked float64 sums in the plan's sorted order.
+
+Rows of one element are scalars here. :func:`choose` names the route;
+:func:`explain` says why; :func:`run` folds with a given route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import FoldError
+from ..formats import FLOATS, LimbFormat, limb_format_for
+from ..kernels import buckets, cpu, stream
+from ..validate import Values
+from .host_arrays import empty_out, frozen, host_rows, host_values, target
+from .host_state import add_to_state, new_state, round_state
+
+if TYPE_CHECKING:
+    from ..plan import Fold
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a route is chosen from: buckets, values (positions), value dtype, row size."""
+
+    K: int
+    n: int
+    dtype: str
+    row_size: int
+
+
+@dataclass(frozen=True)
+class Route:
+    """One exact route: when it is taken, why (a template over the shape and the constants), how.
+
+    ``run(plan, values, spec, fmt, out_name, **options)`` returns a ``(K, D)``
+    (or ``(K,)``) NumPy array of ``out_name``. ``scalars_only`` and
+    ``dtypes`` (None: every dtype) say what a forced route can fold.
+    """
+
+    name: str
+    when: Callable[[Shape], bool]
+    reason: str
+    run: Callable[..., np.ndarray]
+    scalars_only: bool = True
+    dtypes: tuple[str, ...] | None = None
+
+
+# -- shared by the streaming and bucket routes ------------------------------------------------
+#: Independent bucket ranges of a bucket-by-bucket pass (fixed: never the thread count).
+BUCKET_CHUNKS = 64
+#: Most private states of a streaming route, and the bytes they may take per value.
+STREAM_SLOTS = 16
+STREAM_SLOT_BYTES_PER_VALUE = 8
+
+
+def stream_slots(n: int, K: int) -> int:
+    """Private float64 (or int64) sums of a streaming route: one a thread, within a budget.
+
+    The routes that use them are exact, so their result does not depend on
+    how many there are (an exact sum is unique), only their speed does.
+    """
+    if n < cpu.PARALLEL_MIN_VALUES:
+        return 1
+    by_memory = (STREAM_SLOT_BYTES_PER_VALUE * n) // (8 * K)
+    return int(max(1, min(STREAM_SLOTS, cpu.thread_count(), by_memory)))
+
+
+def bucket_bounds(plan: Fold, n_values: int) -> np.ndarray:
+    """Bucket ranges of about equal numbers of positions (a bucket is never split), cached."""
+    chunks = BUCKET_CHUNKS if n_values >= cpu.PARALLEL_MIN_VALUES else 1
+
+    def build() -> np.ndarray:
+        targets = np.linspace(0, plan.size, chunks + 1)
+        bounds = np.searchsorted(plan.offsets, targets, side="left").astype(np.int64)
+        bounds[0], bounds[-1] = 0, plan.K
+        return frozen(np.maximum.accumulate(bounds))
+
+    return plan.prepared(("bucket-bounds", chunks), build)
+
+
+# -- 1. buckets ---------------------------------------------------------------------------------
+def _is_rows(s: Shape) -> bool:
+    return s.row_size != 1
+
+
+def fold_buckets(
+    plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str, init: np.ndarray | None = None
+) -> np.ndarray:
+    """The exact fold of ``rows`` (positions, D) bucket by bucket: a (K, D) array of ``out_name``.
+
+    ``init`` (K, D), in the rows' dtype, is one more term of every bucket.
+    bfloat16 results come back as float32 holding bfloat16 values.
+    """
+    out, out_bits = empty_out((plan.K, rows.shape[1]), out_name)
+    if out.size == 0:
+        return out
+    fast = out_name == rows.dtype.name  # an exact float64 sum is simply cast
+    buckets.fold_buckets(
+        rows, plan.order, plan.offsets, bucket_bounds(plan, rows.size),
+        out if fast else np.empty((1, 1), rows.dtype), out_bits, target(out_name, fmt), fast,
+        fmt.limbs, init,
+    )  # fmt: skip
+    return out
+
+
+def _run_buckets(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
+                 **_: Any) -> np.ndarray:  # fmt: skip
+    return fold_buckets(plan, host_rows(values, spec), fmt, out_name)
+
+
+# -- 2. half-stream -----------------------------------------------------------------------------
+#: The integer float16 route holds at most this many values (its int64 sums cannot overflow).
+HALF_STREAM_MAX_VALUES = 1 << 23
+
+
+def _is_half_stream(s: Shape) -> bool:
+    return s.dtype == "float16" and s.n < HALF_STREAM_MAX_VALUES and s.K <= FLOAT_STREAM_MAX_K
+
+
+def _run_half_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
+                     **_: Any) -> np.ndarray:  # fmt: skip
+    bits = host_values(values).view(np.uint16)
+    sums = np.zeros((stream_slots(bits.shape[0], plan.K), plan.K), np.int64)
+    specials = np.zeros((plan.K, 3), np.int64)
+    stream.half_sums(plan.index, bits, sums, specials)
+    out, out_bits = empty_out((plan.K,), out_name)
+    stream.finish_half(sums, specials, bits, plan.order, plan.offsets, out_bits,
+                       target(out_name, limb_format_for("float16")))  # fmt: skip
+    return out
+
+
+# -- 3. limbs -----------------------------------------------------------------------------------
+#: Scalar folds into at most this many buckets add into the accumulator's state.
+LIMBS_MAX_K = 1 << 10
+#: float64 scalars take the limbs up to this many buckets (beyond: the sorted stream).
+LIMBS_FLOAT64_MAX_K = 1 << 15
+
+
+def _is_limbs(s: Shape) -> bool:
+    return s.K <= LIMBS_MAX_K or (s.dtype == "float64" and s.K <= LIMBS_FLOAT64_MAX_K)
+
+
+def _run_limbs(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
+               **options: Any) -> np.ndarray:  # fmt: skip
+    state = new_state(plan.K, fmt)
+    add_to_state(state, plan, values, spec, fmt, **options)
+    return round_state(state, fmt, out_name)
+
+
+# -- 4. float-stream ----------------------------------------------------------------------------
+#: Scalar folds into at most this many buckets stream in position order, one float64 a bucket.
+FLOAT_STREAM_MAX_K = 1 << 18
+
+
+def _is_float_stream(s: Shape) -> bool:
+    return s.dtype != "float64" and s.K <= FLOAT_STREAM_MAX_K
+
+
+def _run_float_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
+                      **_: Any) -> np.ndarray:  # fmt: skip
+    rows = host_rows(values, spec)
+    n = rows.shape[0]
+    sums = np.full((stream_slots(n, plan.K), plan.K), -0.0)
+    merged = stream.float_sums(plan.index, rows[:, 0], sums)
+    out, out_bits = empty_out((plan.K, 1), out_name)
+    fast = out_name == rows.dtype.name
+    buckets.finish_scalar(
+        merged, rows, plan.order, plan.offsets, bucket_bounds(plan, n),
+        out if fast else np.empty((1, 1), rows.dtype), out_bits, target(out_name, fmt), fast,
+        fmt.limbs,
+    )  # fmt: skip
+    return out
+
+
+# -- 5. sorted-stream ---------------------------------------------------------------------------
+def _always(s: Shape) -> bool:
+    return True
+
+
+def _run_sorted_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
+                       **_: Any) -> np.ndarray:  # fmt: skip
+    rows = host_rows(values, spec)
+    K = plan.K
+    sorted_buckets = plan.prepared("sorted-buckets", lambda: frozen(plan.index[plan.order]))
+    bounds = bucket_bounds(plan, rows.shape[0])
+    starts = plan.prepared(("sorted-starts", bounds.size), lambda: plan.offsets[bounds])
+    goal = target(out_name, fmt)
+    if out_name == rows.dtype.name:  # sums cast straight into the output
+        out = np.empty(K, out_name)
+        out.fill(0.0)  # empty buckets (and every page touched once, here, in order)
+        stream.sorted_sums(rows, plan.order, sorted_buckets, starts, out)
+        out_bits = out.view(FLOATS[out_name].signed_bits_dtype)
+        redo = np.flatnonzero(np.isnan(out))
+    else:
+        sums = np.empty(K)
+        sums.fill(0.0)
+        stream.sorted_sums(rows, plan.order, sorted_buckets, starts, sums)
+        out, out_bits = empty_out((K,), out_name)
+        buckets.round_doubles(sums, out_bits, goal)
+        redo = np.flatnonzero(np.isnan(sums))
+    if redo.size:
+        buckets.redo_scalar(redo, rows, plan.order, plan.offsets, out_bits, goal, fmt.limbs)
+    return out
+
+
+# -- the table ----------------------------------------------------------------------------------
+#: The exact routes, in the order they are tried: the first whose ``when`` holds is taken.
+TABLE: tuple[Route, ...] = (
+    Route("buckets", _is_rows,
+          "rows of {row_size} elements: each bucket's rows summed in a scratch, bucket by bucket",
+          _run_buckets, scalars_only=False),
+    Route("half-stream", _is_half_stream,
+          "float16 scalars ({n:,} < {HALF_STREAM_MAX_VALUES:,} values) into {K:,} buckets "
+          "(<= {FLOAT_STREAM_MAX_K:,}): an exact int64 scatter-add in units of 2^-24",
+          _run_half_stream, dtypes=("float16",)),
+    Route("limbs", _is_limbs,
+          "{dtype} scalars into {K:,} buckets (<= {LIMBS_MAX_K:,}, or float64 and "
+          "<= {LIMBS_FLOAT64_MAX_K:,}): added into a cache-sized per-bucket limb state",
+          _run_limbs),
+    Route("float-stream", _is_float_stream,
+          "{dtype} scalars into {K:,} buckets (<= {FLOAT_STREAM_MAX_K:,}): checked float64 "
+          "sums in position order, one a bucket, inexact buckets redone",
+          _run_float_stream),
+    Route("sorted-stream", _always,
+          "{dtype} scalars into {K:,} buckets (past the other routes' limits): checked "
+          "float64 sums in the plan's sorted order, inexact buckets redone",
+          _run_sorted_stream),
+)  # fmt: skip
+
+#: The route names, in table order (all give the same bits).
+ROUTES: tuple[str, ...] = tuple(r.name for r in TABLE)
+
+
+def shape_of(plan: Fold, spec: Values) -> Shape:
+    """The :class:`Shape` a route is chosen from."""
+    return Shape(plan.K, spec.positions, spec.dtype, spec.row_size)
+
+
+def get(name: str) -> Route:
+    """The route called ``name``; an unknown name lists the valid ones."""
+    for route in TABLE:
+        if route.name == name:
+            return route
+    raise FoldError(f"unknown exact route {name!r}; choose 'auto' or one of {ROUTES}")
+
+
+def choose(plan: Fold, spec: Values) -> Route:
+    """The first route of :data:`TABLE` whose test holds for this fold's shape."""
+    shape = shape_of(plan, spec)
+    return next(route for route in TABLE if route.when(shape))
+
+
+def explain(route: Route, plan: Fold, spec: Values) -> str:
+    """Why ``route`` serves this fold: its reason, filled with the shape and the constants."""
+    return route.reason.format(**vars(shape_of(plan, spec)), **_constants())
+
+
+def _constants() -> dict[str, int]:
+    g = globals()
+    return {k: g[k] for k in ("HALF_STREAM_MAX_VALUES", "LIMBS_MAX_K", "LIMBS_FLOAT64_MAX_K",
+                              "FLOAT_STREAM_MAX_K")}  # fmt: skip
+
+
+def run(route: Route, plan: Fold, values: Any, spec: Values, out_name: str,
+        **options: Any) -> np.ndarray:  # fmt: skip
+    """Fold with ``route`` (refused when it cannot fold these values); ``spec`` of scalars for
+    rows of one element. ``options`` (``kernel=``, ``carry_every=``) tune the ``limbs`` route."""
+    if route.scalars_only and spec.trailing:
+        raise FoldError(
+            f"the {route.name!r} route folds scalars only; folds of rows take 'buckets'"
+        )
+    if route.dtypes is not None and spec.dtype not in route.dtypes:
+        raise FoldError(
+            f"the {route.name!r} route folds {', '.join(route.dtypes)} values only; "
+            f"got {spec.dtype}"
+        )
+    return route.run(plan, values, spec, limb_format_for(spec.dtype), out_name, **options)
+
+
+__all__ = [
+    "ROUTES",
+    "TABLE",
+    "Route",
+    "Shape",
+    "bucket_bounds",
+    "choose",
+    "explain",
+    "fold_buckets",
+    "get",
+    "run",
+    "shape_of",
+    "stream_slots",
+]

@@ -1,0 +1,199 @@
+"""The backend registry: one :class:`Backend` entry a backend, checked whole when registered.
+
+A backend is the place values live and the code that folds them there. Its
+entry states, as data:
+
+* ``name``;
+* ``families`` and ``devices``: it serves values of one of these array
+  families (:func:`bitfold.arrays.family_of`, e.g. ``"numpy"``, ``"torch"``)
+  that live on one of these devices; selection looks at both together, so a
+  backend never claims values it cannot fold (JAX arrays on a GPU: no
+  registered backend, a clear :class:`bitfold.DeviceError`);
+* ``folds``: one implementation a strategy (:data:`FOLDS`), each
+  ``impl(plan, values, spec, out_name, *, init=None, **options)``;
+* ``add_to_state(state, plan, values, spec, fmt, **options)`` and
+  ``expand(plan, v, trailing)``;
+* the accumulator's state operations ``new_state(K, fmt, trailing)``,
+  ``merge_states(into, other, fmt)``, ``round_state(state, fmt, out_name)``;
+* ``options``: the tuning options each operation accepts (a strategy name or
+  ``"add_to_state"`` -> option names). None of them changes a result;
+* ``init``: the strategies that fold into an existing array, and whether that
+  array may have another dtype than the values (see :class:`InitRule`);
+* optionally ``explain(plan, values, spec, **options) -> (route, reason)``:
+  which of its paths an ``exact`` fold would take, and why
+  (``plan.route(values)``).
+
+A backend missing any piece is refused by :func:`register` with an error
+naming it and the piece. :func:`backend_for` picks the first registered
+backend that serves the values; :func:`check_options` refuses an option the
+backend does not take for an operation, listing the ones it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DeviceError, FoldError
+
+#: The strategies every backend implements (the strategy registry holds the same names).
+FOLDS: tuple[str, ...] = ("exact", "ordered", "atomic")
+#: The other operations every backend implements, besides one fold a strategy.
+OPERATIONS: tuple[str, ...] = (
+    "add_to_state", "expand", "new_state", "merge_states", "round_state",
+)  # fmt: skip
+
+Impl = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class InitRule:
+    """Which folds take ``init=`` (an array the values are added into) on a backend.
+
+    ``strategies``: the strategies that accept it; ``mixed_dtypes``: whether
+    ``init`` may have another float dtype than the values (the sum is then
+    exact in the wider one).
+    """
+
+    strategies: tuple[str, ...] = ("exact",)
+    mixed_dtypes: bool = False
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend: what it serves, its implementation of every operation, its options."""
+
+    name: str
+    families: tuple[str, ...]
+    devices: tuple[str, ...]
+    folds: Mapping[str, Impl]
+    add_to_state: Impl | None
+    expand: Impl | None
+    new_state: Impl | None
+    merge_states: Impl | None
+    round_state: Impl | None
+    options: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    init: InitRule = InitRule()
+    explain: Impl | None = None
+    summary: str = ""
+
+    @classmethod
+    def from_functions(cls, functions: Mapping[str, Any], **entry: Any) -> Backend:
+        """An entry whose pieces are the functions of ``functions`` (a backend module's
+        ``globals()``) named ``fold_<strategy>`` and after :data:`OPERATIONS`; ``entry``
+        holds the other fields (and may name a piece itself). A missing function is left
+        ``None``, for :func:`register` to refuse by name."""
+        folds = {s: functions[f"fold_{s}"] for s in FOLDS if f"fold_{s}" in functions}
+        return cls(folds=folds, **{**{op: functions.get(op) for op in OPERATIONS}, **entry})
+
+    def serves(self, family: str, device: str) -> bool:
+        """True when this backend folds values of array ``family`` living on ``device``."""
+        return family in self.families and device in self.devices
+
+    def fold(self, strategy: str) -> Impl:
+        """The implementation of ``strategy`` (every registered backend has one per strategy)."""
+        return self.folds[strategy]
+
+    def missing(self) -> list[str]:
+        """The pieces this entry lacks (empty for a complete backend)."""
+        gone = [f"the {s!r} fold" for s in FOLDS if not callable(self.folds.get(s))]
+        gone += [op for op in OPERATIONS if not callable(getattr(self, op))]
+        if not self.families or not self.devices:
+            gone.append("the array families and devices it serves")
+        gone += [
+            f"options for unknown operation {op!r}"
+            for op in self.options
+            if op not in (*FOLDS, "add_to_state")
+        ]
+        return gone
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    """Add ``backend`` to the registry (after the ones already there); refuse an incomplete one."""
+    gone = backend.missing()
+    if gone:
+        raise FoldError(
+            f"backend {backend.name!r} cannot be registered: it lacks {', '.join(gone)}"
+        )
+    if backend.name in _REGISTRY and _REGISTRY[backend.name] is not backend:
+        raise FoldError(f"a backend named {backend.name!r} is already registered")
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+def unregister(name: str) -> None:
+    """Remove the backend called ``name`` (for tests of the registry)."""
+    _REGISTRY.pop(name, None)
+
+
+def backend_names() -> tuple[str, ...]:
+    """Names of the registered backends, in the order they are asked."""
+    return tuple(_REGISTRY)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name``; an unknown name lists the registered ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise FoldError(
+            f"unknown backend {name!r}; registered: {', '.join(backend_names())}"
+        ) from None
+
+
+def backends() -> tuple[Backend, ...]:
+    """The registered backends, in the order they are asked."""
+    return tuple(_REGISTRY.values())
+
+
+def backend_for(family: str, device: str, what: str = "values") -> Backend:
+    """The first registered backend serving arrays of ``family`` on ``device``, or a refusal."""
+    for backend in _REGISTRY.values():
+        if backend.serves(family, device):
+            return backend
+    served = "; ".join(
+        f"{b.name}: {', '.join(b.families)} arrays on {', '.join(b.devices)}"
+        for b in _REGISTRY.values()
+    )
+    hint = " (use bitfold.jax for JAX arrays on a GPU)" if family == "jax" else ""
+    raise DeviceError(
+        f"{what} are {family} arrays on device {device!r}, which no backend folds{hint}; "
+        f"the backends serve {served} — move them with .cpu() or to a CUDA device"
+    )
+
+
+def check_options(backend: Backend, operation: str, options: Mapping[str, Any]) -> None:
+    """Refuse an option ``backend`` does not take for ``operation``, listing the valid ones."""
+    valid = backend.options.get(operation, ())
+    bad = sorted(set(options) - set(valid))
+    if bad:
+        allowed = ", ".join(f"{o}=" for o in valid) or "none"
+        raise FoldError(
+            f"the {backend.name} backend's {operation} takes no option "
+            f"{', '.join(f'{o}=' for o in bad)}; valid options: {allowed}"
+        )
+
+
+def known_options(operation: str) -> tuple[str, ...]:
+    """Every option some registered backend takes for ``operation`` (sorted)."""
+    return tuple(sorted({o for b in _REGISTRY.values() for o in b.options.get(operation, ())}))
+
+
+__all__ = [
+    "FOLDS",
+    "OPERATIONS",
+    "Backend",
+    "InitRule",
+    "backend_for",
+    "backend_names",
+    "backends",
+    "check_options",
+    "get_backend",
+    "known_options",
+    "register",
+    "unregister",
+]

@@ -1,0 +1,128 @@
+"""The backend registry: complete entries only, options checked, selection by family and device,
+and every registered backend compared with the oracle and the host (``backend_compare.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from backend_compare import ENVIRONMENT, compare
+
+import bitfold
+from bitfold import dispatch
+from bitfold.backends import host, registry
+from bitfold.backends.registry import FOLDS, OPERATIONS
+
+COMPARE = Path(__file__).with_name("backend_compare.py")
+REQUIRED = os.environ.get("BITFOLD_REQUIRE_CUDA") == "1"
+
+
+def test_backend_names_lists_the_registry():
+    assert bitfold.backend_names() == ("host", "cuda")
+    assert "backend_names" in bitfold.__all__
+    assert bitfold.backends.__name__ == "bitfold.backends"  # the subpackage, not a function
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", bitfold.backend_names())
+def test_every_backend_agrees_with_the_oracle_and_the_host(name):
+    if name not in ENVIRONMENT:
+        assert compare(name) == []
+        return
+    if name == "cuda" and importlib.util.find_spec("numba_cuda") is None:
+        if REQUIRED:
+            pytest.fail("BITFOLD_REQUIRE_CUDA=1 but numba-cuda is not installed")
+        pytest.skip("numba-cuda is not installed")
+    env = {**os.environ, **ENVIRONMENT[name]}
+    env["PYTHONPATH"] = os.pathsep.join([str(COMPARE.parent.parent / "src"),
+                                         env.get("PYTHONPATH", "")])  # fmt: skip
+    proc = subprocess.run([sys.executable, "-W", "ignore", str(COMPARE), name], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("piece", [*FOLDS, *OPERATIONS])
+def test_an_incomplete_backend_is_refused_by_name(piece):
+    entry = host.BACKEND
+    if piece in FOLDS:
+        broken = dataclasses.replace(
+            entry, name="partial", folds={k: v for k, v in entry.folds.items() if k != piece}
+        )
+    else:
+        broken = dataclasses.replace(entry, name="partial", **{piece: None})
+    with pytest.raises(bitfold.FoldError, match="'partial'") as info:
+        registry.register(broken)
+    assert piece in str(info.value)
+    assert "partial" not in bitfold.backend_names()
+
+
+def test_a_new_backend_is_selected_by_family_and_device_without_touching_dispatch():
+    calls = []
+
+    def exact(plan, values, spec, out_name, **options):
+        calls.append(options)
+        return host.fold_exact(plan, values, spec, out_name)
+
+    mps = dataclasses.replace(
+        host.BACKEND, name="fake-mps", families=("numpy",), devices=("mps",),
+        folds={**host.BACKEND.folds, "exact": exact}, options={"exact": ("tile",)},
+    )  # fmt: skip
+    registry.register(mps)
+    try:
+        assert bitfold.backend_names()[-1] == "fake-mps"
+        assert registry.backend_for("numpy", "mps") is mps
+        assert registry.backend_for("numpy", "cpu") is host.BACKEND
+        with pytest.raises(bitfold.FoldError, match="valid options: tile="):
+            dispatch.check_options(mps, "exact", {"route": "limbs"})
+    finally:
+        registry.unregister("fake-mps")
+    assert "fake-mps" not in bitfold.backend_names()
+
+
+def test_jax_arrays_on_a_gpu_are_claimed_by_no_backend():
+    """The CUDA backend serves torch, CuPy, numba and interface arrays: not JAX's."""
+    assert registry.backend_for("torch", "cuda").name == "cuda"
+    with pytest.raises(bitfold.DeviceError, match=r"jax arrays on device 'cuda'.*bitfold\.jax"):
+        registry.backend_for("jax", "cuda")
+    with pytest.raises(bitfold.DeviceError, match="meta"):
+        registry.backend_for("torch", "meta")
+
+
+def test_an_unknown_option_is_a_fold_error_listing_the_valid_ones():
+    plan = bitfold.Fold([0, 1, 0], 2)
+    vals = np.ones(3, np.float32)
+    with pytest.raises(bitfold.FoldError) as info:
+        dispatch.fold(plan, vals, launch=None)  # a CUDA option, on the host
+    for word in ("launch=", "route=", "kernel=", "carry_every="):
+        assert word in str(info.value)
+    with pytest.raises(bitfold.FoldError, match="valid options: none"):
+        dispatch.fold(plan, vals, "ordered", route="limbs")
+    with pytest.raises(bitfold.FoldError, match="carry_every=, kernel=, launch="):
+        plan.accumulator(lanch=1)
+    with pytest.raises(bitfold.FoldError, match="valid options"):
+        plan.route(vals, kernel_path="x")
+
+
+def test_accumulator_options_go_to_the_backend_that_takes_them():
+    """``launch=`` tunes GPU adds; host values in the same accumulator are added without it."""
+    plan = bitfold.Fold([0, 1, 0], 2)
+    acc = plan.accumulator("float32", launch=None, kernel="limbs")
+    acc.add(np.array([1.0, 2.0, 2.0**-20], np.float32))
+    assert acc.result().tolist() == [1.0 + 2.0**-20, 2.0]
+
+
+def test_init_rules_are_declared_per_backend():
+    """The host folds into init with every strategy and any float dtype; CUDA with exact only,
+    in the values' dtype (README, "How the code is organised"). backend_compare.py checks
+    both against the running code."""
+    host_rule, cuda_rule = (registry.get_backend(n).init for n in ("host", "cuda"))
+    assert host_rule.strategies == FOLDS and host_rule.mixed_dtypes
+    assert cuda_rule.strategies == ("exact",) and not cuda_rule.mixed_dtypes

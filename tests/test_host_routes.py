@@ -1,0 +1,73 @@
+"""The host's exact route table: each route is taken for the shapes it claims, and forced, it
+gives the oracle's bits; ``plan.route`` reports the route and its reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from oracle import exact_fold_oracle
+
+import bitfold
+from bitfold import dispatch
+from bitfold.backends import host_routes
+from bitfold.backends.host_routes import TABLE, Shape
+
+#: route -> shapes (K, n, dtype, row size) the table must send to it
+CLAIMS = {
+    "buckets": [Shape(10, 50, "float32", 3), Shape(1 << 20, 50, "float64", 2)],
+    "half-stream": [Shape(10, 50, "float16", 1), Shape(1 << 18, 1 << 22, "float16", 1)],
+    "limbs": [Shape(1 << 10, 50, "float32", 1), Shape(1 << 15, 50, "float64", 1),
+              Shape(3, 1 << 23, "float16", 1)],
+    "float-stream": [Shape(3000, 50, "float32", 1), Shape(1 << 18, 50, "bfloat16", 1)],
+    "sorted-stream": [Shape((1 << 18) + 1, 50, "float32", 1), Shape(1 << 16, 50, "float64", 1),
+                      Shape(1 << 19, 50, "float16", 1)],
+}  # fmt: skip
+
+
+def test_every_route_of_the_table_has_claims():
+    assert set(CLAIMS) == {r.name for r in TABLE} == set(host_routes.ROUTES)
+
+
+@pytest.mark.parametrize("route", TABLE, ids=lambda r: r.name)
+def test_the_table_picks_each_route_for_the_shapes_it_claims(route):
+    for shape in CLAIMS[route.name]:
+        first = next(r for r in TABLE if r.when(shape))
+        assert first is route, (shape, first.name)
+
+
+@pytest.mark.parametrize("route", TABLE, ids=lambda r: r.name)
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_each_forced_route_gives_the_oracle_bits(route, dtype):
+    if route.dtypes is not None and dtype not in route.dtypes:
+        with pytest.raises(bitfold.FoldError, match=f"{route.name!r} route folds"):
+            dispatch.fold(bitfold.Fold([0], 1), np.ones(1, dtype), route=route.name)
+        return
+    rng = np.random.default_rng(4)
+    n, K = 900, 13
+    idx = rng.integers(0, K, n)
+    spread = 10 if dtype == "float16" else 60
+    vals = (rng.standard_normal(n) * 2.0 ** rng.integers(-spread, spread, n)).astype(dtype)
+    vals[:4] = [np.inf, -0.0, 1.0, -1.0]
+    out = "float64" if dtype == "float64" else "float32"
+    got = dispatch.fold(bitfold.Fold(idx, K), vals, route=route.name)
+    np.testing.assert_array_equal(
+        got.view(f"u{got.itemsize}"), exact_fold_oracle(idx, vals, K, out).view(f"u{got.itemsize}")
+    )
+
+
+@pytest.mark.parametrize(("K", "dtype", "rows", "want"), [
+    (10, "float32", 1, "limbs"), (3000, "float32", 1, "float-stream"),
+    (10, "float16", 1, "half-stream"), (40_000, "float64", 1, "sorted-stream"),
+    (10, "float32", 4, "buckets"),
+])  # fmt: skip
+def test_plan_route_reports_the_route_and_its_reason(K, dtype, rows, want):
+    plan = bitfold.Fold(np.arange(6) % K, K)
+    vals = np.ones((6, rows) if rows > 1 else 6, dtype)
+    found = plan.route(vals)
+    assert (found.backend, found.route) == ("host", want)
+    assert f"{K:,}" in found.reason or "rows" in found.reason
+    forced = plan.route(vals, route="buckets")
+    assert forced.route == "buckets" and "forced" in forced.reason
+    assert plan.route(vals, "ordered").route == "ordered"
+    with pytest.raises(AttributeError):
+        found.route = "x"  # frozen
