@@ -34,7 +34,15 @@ import numpy as np
 
 from .arrays import from_numpy, to_numpy
 from .errors import FoldError, FoldTypeError, ShapeError
-from .formats import FLOATS, decode_shift, dtype_name, limb_format_for, resolve_out_dtype
+from .formats import (
+    FLOATS,
+    decoding,
+    dtype_name,
+    held_shift,
+    limb_format_for,
+    resolve_out_dtype,
+    rounding_target,
+)
 from .kernels import dense as kernels
 from .kernels.cpu import start_thread_pool
 
@@ -179,8 +187,7 @@ class DenseSum:
         if flat.dtype == np.float16:
             flat = flat.astype(np.float32)  # exact
         source = flat.dtype.name
-        f = FLOATS[source]
-        dec = (f.exponent_bits, f.fraction_bits, decode_shift(source, self.format))
+        dec = decoding(source, self.format)
         bits = flat.view(np.int64 if self._wide else np.uint32)
         start = 0
         while True:
@@ -310,7 +317,7 @@ class DenseSum:
         if not 0 < mean_over < (1 << 31):
             raise FoldError(f"mean_over must be in [1, 2**31); got {mean_over}")
         target = FLOATS[out_name]
-        shift = 16 if out_name == "bfloat16" else 0
+        shift = held_shift(out_name)
         out_bits = np.empty(stop - start, np.int32 if shift else target.signed_bits_dtype)
         fast = out_name in ("float32", "float64")
         out_f = out_bits.view(out_name) if fast else np.empty(1)
@@ -320,8 +327,7 @@ class DenseSum:
             words, layout.classes, layout.lo, layout.offsets, layout.block, self.size,
             self.format.unit_exp, self.format.limbs, negzero, int(mean_over), start, stop,
             out_f, out_bits, fast,
-            (self.format.unit_exp, target.precision, target.exponent_bits, target.subnormal_exp,
-             target.canonical_nan, shift),
+            rounding_target(out_name, self.format),
         )  # fmt: skip
         return out_bits.view(np.float32 if shift else out_name)
 

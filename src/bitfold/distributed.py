@@ -47,12 +47,9 @@ import torch.distributed as dist
 from .arrays import from_numpy
 from .dense import DenseSum, wire_layout
 from .errors import DistributedError, FoldTypeError
-from .formats import dtype_name, resolve_out_dtype
+from .formats import VALUE_DTYPES, dtype_name, resolve_out_dtype
 
 __all__ = ["GradientSum", "exact_all_reduce", "exact_allreduce_hook"]
-
-_TORCH_NAME = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-               torch.float64: "float64"}  # fmt: skip
 
 
 def _device_of(group: Any) -> torch.device:
@@ -135,7 +132,7 @@ def _all_reduce_array(x: Any, group: Any, timeout: float, out_dtype: Any, mean_o
             f"{type(x).__qualname__}"
         )
     name = dtype_name(x)
-    if name not in _TORCH_NAME.values():
+    if name not in VALUE_DTYPES:
         raise FoldTypeError(
             f"exact_all_reduce sums float16, bfloat16, float32 or float64 values; got {name}"
         )
@@ -176,7 +173,7 @@ class GradientSum:
     def __init__(self, params: Iterable[Any], *, group: Any = None, timeout: float = 300.0) -> None:
         self.params = [p for p in params]
         for i, p in enumerate(self.params):
-            if not isinstance(p, torch.Tensor) or p.dtype not in _TORCH_NAME:
+            if not isinstance(p, torch.Tensor) or dtype_name(p) not in VALUE_DTYPES:
                 what = p.dtype if isinstance(p, torch.Tensor) else type(p).__qualname__
                 raise FoldTypeError(
                     f"GradientSum sums floating tensors (float16, bfloat16, float32, float64); "
@@ -241,7 +238,7 @@ class GradientSum:
             ranges, start = [], 0
             for i in members:
                 n = self.params[i].numel()
-                ranges.append((start, start + n, _TORCH_NAME[self.params[i].dtype]))
+                ranges.append((start, start + n, dtype_name(self.params[i])))
                 start += n
             results = exact_all_reduce(s, group=group, timeout=self.timeout,
                                        mean_over=int(mean_over or 1), ranges=ranges)  # fmt: skip

@@ -152,6 +152,32 @@ def decode_shift(value_dtype: str, fmt: LimbFormat) -> int:
 _ALIASES = {"bool_": "bool", "float": "float32", "double": "float64", "half": "float16"}
 
 
+def decoding(value_dtype: str, fmt: LimbFormat | None = None) -> tuple[int, int, int]:
+    """``(exp_bits, frac_bits, shift)``: how the kernels decode ``value_dtype``'s bits.
+
+    The exponent and fraction widths of the format and its :func:`decode_shift`
+    into ``fmt`` (default: the limb format that holds its sums).
+    """
+    f = FLOATS[value_dtype]
+    return f.exponent_bits, f.fraction_bits, decode_shift(value_dtype, fmt or limb_format_for(
+        value_dtype))  # fmt: skip
+
+
+def held_shift(out_name: str) -> int:
+    """Bits a result's pattern is shifted left when held in a wider type: 16 for bfloat16
+    (NumPy has none: bitfold returns bfloat16 results as the float32 holding them), else 0."""
+    return 16 if out_name == "bfloat16" else 0
+
+
+def rounding_target(out_name: str, fmt: LimbFormat) -> tuple[int, int, int, int, int, int]:
+    """``(unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift)``: what the
+    kernels need to round sums held in ``fmt`` once to ``out_name`` (see
+    :func:`bitfold.kernels.ieee.round_row`)."""
+    t = FLOATS[out_name]
+    return (fmt.unit_exp, t.precision, t.exponent_bits, t.subnormal_exp, t.canonical_nan,
+            held_shift(out_name))  # fmt: skip
+
+
 def dtype_name(x: Any) -> str:
     """The canonical name (``"float32"``, ``"bfloat16"``, ``"int64"``, ...) of an array or dtype.
 
@@ -216,8 +242,11 @@ __all__ = [
     "LimbFormat",
     "check_value_dtype",
     "decode_shift",
+    "decoding",
     "default_out_dtype",
     "dtype_name",
+    "held_shift",
     "limb_format_for",
     "resolve_out_dtype",
+    "rounding_target",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..arrays import family_of, from_numpy, to_numpy
-from ..formats import FLOATS, LimbFormat
+from ..formats import FLOATS, LimbFormat, rounding_target
 from ..validate import Values
 
 
@@ -51,9 +51,7 @@ def result(out: np.ndarray, like: Any, out_name: str, spec: Values) -> Any:
 
 def target(out_name: str, fmt: LimbFormat) -> tuple[int, ...]:
     """``(unit_exp, precision, exp_bits, subnormal_exp, nan_bits, out_shift)`` for the kernels."""
-    t = FLOATS[out_name]
-    return (fmt.unit_exp, t.precision, t.exponent_bits, t.subnormal_exp, t.canonical_nan,
-            16 if out_name == "bfloat16" else 0)  # fmt: skip
+    return rounding_target(out_name, fmt)
 
 
 def empty_out(shape: tuple[int, ...], out_name: str) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,7 @@ import sys
 import numpy as np
 from numba import njit, prange
 
-from ..formats import FLOATS, LimbFormat, decode_shift, limb_format_for
+from ..formats import decoding
 from .ieee import (
     FINITE,
     NEGZERO,
@@ -36,11 +36,7 @@ from .ieee import (
     split_wide,
 )
 
-
-def _decoding(name: str) -> tuple[int, int, int]:
-    f = FLOATS[name]
-    fmt: LimbFormat = limb_format_for(name)
-    return f.exponent_bits, f.fraction_bits, decode_shift(name, fmt)
+_decoding = decoding
 
 
 # (exp_bits, frac_bits, shift) of each value format, compile-time constants of the limb kernel

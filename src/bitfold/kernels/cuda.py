@@ -99,7 +99,17 @@ import numpy as np
 from numba import cuda, float32, float64, int64, uint32, uint64
 from numba.core.types import float16
 
-from ..formats import F64, FLOATS, LIMBS, OUT_DTYPES, LimbFormat, decode_shift, limb_format_for
+from ..formats import (
+    F32,
+    F64,
+    FLOATS,
+    LIMBS,
+    OUT_DTYPES,
+    LimbFormat,
+    decoding,
+    limb_format_for,
+    rounding_target,
+)
 from .ieee import (
     CHUNK,
     FINITE,
@@ -139,8 +149,7 @@ SOURCES: dict[str, tuple[Any, LimbFormat]] = {
 
 def _decoding(source: str) -> tuple[int, int, int]:
     """``(exp_bits, frac_bits, shift)`` for :func:`bitfold.kernels.ieee.decode` of ``source``."""
-    f = FLOATS[source]
-    return f.exponent_bits, f.fraction_bits, decode_shift(source, SOURCES[source][1])
+    return decoding(source, SOURCES[source][1])
 
 
 def shared_bytes(K: int, fmt: LimbFormat) -> int:
@@ -333,8 +342,7 @@ def settle_kernel(limbs: int) -> Any:
 
 def _rounding_target(out_name: str) -> tuple[int, int, int, int]:
     """``(precision, exponent bits, smallest subnormal exponent, canonical NaN)`` of a target."""
-    t = FLOATS[out_name]
-    return t.precision, t.exponent_bits, t.subnormal_exp, t.canonical_nan
+    return rounding_target(out_name, F32)[1:5]
 
 
 def signed_bits(unsigned: int, width: int) -> int:
