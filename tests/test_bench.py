@@ -182,6 +182,28 @@ def test_training_steps_under_exact_mode_are_timed_against_plain_torch(
     assert "issue 11, a training step of the graph model under exact_mode" in summary
 
 
+def test_compiled_training_steps_are_timed_against_torch_compile(
+    tiny_run: tuple[str, dict, str],
+) -> None:
+    out, res, _ = tiny_run
+    compiled = res["compiled_steps"]
+    assert compiled["status"] == "ok", compiled
+    assert set(compiled["models"]) == {"graph", "embedding-bag"}
+    for name, m in compiled["models"].items():
+        assert set(m["median_s"]) == {"compiled", "exact_compiled", "exact_mode"}
+        assert all(len(t) == 7 and min(t) > 0 for t in m["times_s"].values()), name
+        assert m["over_compiled"]["compiled"] == 1.0
+        assert m["goal_met"] == (m["over_compiled"]["exact_compiled"] <= 1.5)
+    # the pass rewrote the folds of each compiled step (forward and backward graphs)
+    assert compiled["models"]["graph"]["exact_counts"]["scatter_add"] >= 1
+    assert compiled["models"]["embedding-bag"]["exact_counts"] == {"embedding_bag_backward": 1}
+    assert set(res["goals"]["compiled_steps"]) == {"graph", "embedding-bag"}
+    with open(os.path.join(out, "summary.md")) as f:
+        summary = f.read()
+    assert "## Compiled training steps: bitfold.torch.compile against torch.compile" in summary
+    assert "issue 18, a compiled training step of the graph model" in summary
+
+
 def test_from_json_rewrites_summary_without_measuring(
     tiny_run: tuple[str, dict, str], tmp_path, monkeypatch
 ) -> None:
@@ -296,7 +318,8 @@ def test_a_failing_contender_is_recorded_and_the_rest_continues(tmp_path, monkey
     )
     out = tmp_path / "out"
     argv = ["bench", "--quick", "--scale", "0.001", "--repeats", "4", "--sweeps", "seed",
-            "--contenders", "boom,hungry,flaky,numpy-bincount", "--skip", "memory,threads,startup",
+            "--contenders", "boom,hungry,flaky,numpy-bincount",
+            "--skip", "memory,threads,startup,compiled",
             "--out", str(out)]  # fmt: skip
     assert cli.main(argv) == 0
     with open(out / "results.json") as f:

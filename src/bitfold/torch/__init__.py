@@ -13,6 +13,11 @@ order their threads or atomics finish.
   and ``segment_reduce`` sum/mean, products with a sparse COO/CSR/CSC factor
   — is exact, in the forward and the backward; ``mode.counts`` says what it
   saw.
+* ``compile(model, **kwargs)`` (:mod:`bitfold.torch.compiled`):
+  ``torch.compile`` whose folds reaching inductor, forward and backward, are
+  rewritten into exact custom ops by a post-grad graph pass; the same bits
+  as the eager exact folds, at compiled speed. The table both read is
+  :mod:`bitfold.torch.rules`.
 * Drop-ins with torch's signatures (:mod:`bitfold.torch.functional`,
   :mod:`bitfold.torch.layers`): ``index_add``, ``scatter_add``,
   ``segment_sum``, ``embedding``, ``embedding_bag``, and the modules
@@ -47,6 +52,7 @@ CUDA tensors on their device; other devices get a
 
 from __future__ import annotations
 
+from .compiled import compile
 from .functional import embedding, embedding_bag, index_add, scatter_add, segment_sum
 from .layers import Embedding, EmbeddingBag, FoldedLinear
 from .mode import ExactMode, exact_mode
@@ -57,6 +63,7 @@ __all__ = [
     "EmbeddingBag",
     "ExactMode",
     "FoldedLinear",
+    "compile",
     "embedding",
     "embedding_bag",
     "exact_mode",

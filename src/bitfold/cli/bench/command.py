@@ -7,7 +7,9 @@ contenders (:mod:`bitfold.cli.bench.contenders`) and writes into ``--out``:
   (case, contender) (fields in :mod:`bitfold.cli.bench.measure`), peak memory
   (:mod:`bitfold.cli.bench.worker`), Numba cold and warm start-up
   (:mod:`bitfold.cli.bench.startup`), whole training steps under
-  ``exact_mode`` against plain PyTorch (:mod:`bitfold.cli.bench.steps`) and the
+  ``exact_mode`` against plain PyTorch (:mod:`bitfold.cli.bench.steps`), the same
+  steps compiled by ``bitfold.torch.compile`` against ``torch.compile``
+  (:mod:`bitfold.cli.bench.compiled_steps`) and the
   goals of issues 3, 10 and 11 (:mod:`bitfold.cli.bench.goals`);
 * ``summary.md`` generated from it (:mod:`bitfold.cli.bench.report`);
 * PNG plots (:mod:`bitfold.cli.bench.plots`);
@@ -35,7 +37,7 @@ from ..torch_env import passive_openmp_before_torch
 HELP = "measure the cost of determinism: bitfold against every peer, with JSON, table and plots"
 
 SCHEMA = "bitfold-bench/1"
-PHASES = ("memory", "threads", "startup", "steps", "plots")
+PHASES = ("memory", "threads", "startup", "steps", "compiled", "plots")
 #: Import name -> distributions that may provide it (first installed one wins): the libraries
 #: a contender or an output of the benchmark may use, listed in ``machine.libraries``.
 LIBRARIES = {
@@ -386,6 +388,7 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     from ...repro.fingerprint import load_average
     from ..progress import progress_bar
     from .cases import build_cases, describe_sweep
+    from .compiled_steps import measure_compiled_steps
     from .goals import goals
     from .startup import measure_startup
     from .steps import measure_steps
@@ -396,8 +399,12 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     n_jobs = len(cases) * len(cfg["contenders"])
     total = n_jobs * (1 + sum(p not in cfg["skip"] for p in ("memory", "threads")))
     phases: dict[str, float] = {}
-    startup = steps = None
-    extra = 2 * ("startup" not in cfg["skip"]) + ("steps" not in cfg["skip"])
+    startup = steps = compiled = None
+    extra = (
+        2 * ("startup" not in cfg["skip"])
+        + ("steps" not in cfg["skip"])
+        + ("compiled" not in cfg["skip"])
+    )
     with progress_bar(total + extra, "bitfold bench") as progress:
         t0 = time.perf_counter()
         rows = _time_cases(cfg, cases, progress)
@@ -419,6 +426,12 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
             steps = measure_steps(repeats=7 if cfg["quick"] else 15, scale=cfg["scale"])
             progress.tick(1)
             phases["steps"] = time.perf_counter() - t0
+        if "compiled" not in cfg["skip"]:
+            progress.note("compiled training steps: bitfold.torch.compile against torch.compile")
+            t0 = time.perf_counter()
+            compiled = measure_compiled_steps(repeats=7 if cfg["quick"] else 15, scale=cfg["scale"])
+            progress.tick(1)
+            phases["compiled"] = time.perf_counter() - t0
     res: dict[str, Any] = {
         "schema": SCHEMA,
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -430,6 +443,7 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
         "results": rows,
         "startup": startup,
         "steps": steps,
+        "compiled_steps": compiled,
     }
     res["goals"] = goals(res)
     res["phase_seconds"] = phases

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...repro.fingerprint import summary
+from .compiled_steps import summary_lines as compiled_summary
 from .goals import (
     MEMORY_GOAL_BYTES_PER_ELEMENT,
     MEMORY_GOAL_BYTES_PER_ENTRY,
@@ -274,6 +275,7 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         if cases:
             out += _sweep_table(res, sweep, cases, title.format(base=base), metric)
     out += [line.replace("### ", "## ", 1) for line in steps_summary(res.get("steps"))]
+    out += [line.replace("### ", "## ", 1) for line in compiled_summary(res.get("compiled_steps"))]
     skipped = sorted(
         {(r["contender"], r["reason"]) for r in res["results"] if r["status"] == "skipped"}
     )

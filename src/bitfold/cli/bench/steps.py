@@ -138,6 +138,29 @@ def _stepper(torch: Any, model: Any, loss_of: Callable[[Any], Any], setting: str
     return step
 
 
+def time_in_turns(
+    steps: dict[str, Callable[[], Any]], repeats: int
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """Times of every setting's step, taking turns (module docstring); and the last counts seen.
+
+    A step returns the counts of the folds it made exact, or None.
+    """
+    times: dict[str, list[float]] = {s: [] for s in steps}
+    counts: dict[str, int] = {}
+    order = list(steps)
+    for r in range(WARMUP_ROUNDS + repeats):
+        for setting in order:
+            t0 = time.perf_counter()
+            seen = steps[setting]()
+            elapsed = time.perf_counter() - t0
+            if r >= WARMUP_ROUNDS:
+                times[setting].append(elapsed)
+            if seen is not None:
+                counts = seen
+        order = order[1:] + order[:1]
+    return times, counts
+
+
 def measure_steps(*, repeats: int = 15, scale: float = 1.0) -> dict[str, Any]:
     """Step times of every model in every setting (see the module docstring)."""
     try:
@@ -157,19 +180,7 @@ def measure_steps(*, repeats: int = 15, scale: float = 1.0) -> dict[str, Any]:
     for name, (description, build) in MODELS.items():
         model, loss_of = build(torch, scale)
         steps = {s: _stepper(torch, model, loss_of, s) for s in SETTINGS}
-        times: dict[str, list[float]] = {s: [] for s in SETTINGS}
-        counts: dict[str, int] = {}
-        order = list(SETTINGS)
-        for r in range(WARMUP_ROUNDS + repeats):
-            for setting in order:
-                t0 = time.perf_counter()
-                seen = steps[setting]()
-                elapsed = time.perf_counter() - t0
-                if r >= WARMUP_ROUNDS:
-                    times[setting].append(elapsed)
-                if seen is not None:
-                    counts = seen
-            order = order[1:] + order[:1]
+        times, counts = time_in_turns(steps, repeats)
         medians = {s: statistics.median(t) for s, t in times.items()}
         plain = medians["plain"]
         entry: dict[str, Any] = {

@@ -1,0 +1,111 @@
+"""The custom ops that stand for ATen's folds in compiled graphs: ``bitfold::exact_<op>``.
+
+For every functional ATen overload in the fold rules' ``compiled`` column
+(:data:`bitfold.torch.rules.COMPILED`) there is one ``torch.library``
+custom op with the same schema (``bitfold::exact_index_put``,
+``bitfold::exact_scatter_reduce_two``, ...). Its implementation binds the
+arguments and calls the rule's exact handler, the very function
+:func:`bitfold.torch.exact_mode` calls, so a fold rewritten into it gives
+the eager exact fold's bits: every element the correctly rounded sum of its
+old value and all its terms, one rounding, the same bits for any order of
+the terms. Where the handler leaves the call to ATen (an integer tensor, a
+product), ATen's op runs. The output is a new contiguous tensor (never an
+alias of an input), as the fake implementation says, so inductor can plan
+its buffers; ``self``'s dtype, except the embedding backward's narrowing
+(:mod:`bitfold.torch.graph_pass`), where float32 terms fold into a float16
+or bfloat16 table with one rounding.
+
+The ops have no autograd: they appear only in post-grad graphs, after
+AOT autograd has split the forward from the backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from .handlers import Leave, bind
+from .rules import COMPILED, Rule, op_name
+
+#: ATen overload -> its bitfold custom op (the ``.default`` overload)
+EXACT_OPS: dict[Any, Any] = {}
+
+
+def _schema_of(overload: Any) -> str:
+    """``(args) -> returns`` of an overload's schema, every argument positional.
+
+    (A custom op takes no keyword-only tensors; :func:`call_args` orders a
+    call's arguments for it.)
+    """
+    text = str(overload._schema)
+    return text[text.index("(") :].replace("*, ", "")
+
+
+def call_args(overload: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """A call of ``overload`` as the positional arguments of its custom op (defaults filled)."""
+    bound = bind(overload, args, kwargs)
+    return tuple(bound[a.name] for a in overload._schema.arguments)
+
+
+def _aten_call(overload: Any, values: tuple[Any, ...]) -> Any:
+    """Call ``overload`` with the custom op's positional ``values`` (keyword-only as keywords)."""
+    pos, kw = [], {}
+    for arg, value in zip(overload._schema.arguments, values, strict=True):
+        if arg.kwarg_only:
+            kw[arg.name] = value
+        else:
+            pos.append(value)
+    return overload(*pos, **kw)
+
+
+def _fresh(result: torch.Tensor, inputs: tuple[Any, ...]) -> torch.Tensor:
+    """``result`` as a new contiguous tensor that shares no storage with an input."""
+    out = result.contiguous()
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == (
+            out.untyped_storage().data_ptr()
+        ):
+            return out.clone()
+    return out
+
+
+def _define(overload: Any, rule: Rule) -> Any:
+    schema = overload._schema.arguments
+
+    def full(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """Every argument in schema order (the op may get some by keyword, or defaulted)."""
+        got = dict(zip((a.name for a in schema), args, strict=False)) | kwargs
+        return tuple(got[a.name] if a.name in got else a.default_value for a in schema)
+
+    def impl(*args: Any, **kwargs: Any) -> torch.Tensor:
+        values = full(args, kwargs)
+        result = rule.handler({a.name: v for a, v in zip(schema, values, strict=True)})
+        if isinstance(result, Leave):
+            result = _aten_call(overload, values)
+        return _fresh(result, values)
+
+    def fake(*args: Any, **kwargs: Any) -> torch.Tensor:
+        args = full(args, kwargs)
+        first = next(a for a in args if isinstance(a, torch.Tensor))
+
+        def narrow(t: Any) -> Any:  # wider floating terms fold into self's dtype
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != first.dtype:
+                return t.to(first.dtype)
+            return t
+
+        shaped = _aten_call(overload, tree_map(narrow, args))
+        return shaped.new_empty(shaped.shape)
+
+    op = torch.library.custom_op(
+        f"bitfold::{op_name(overload)}", impl, mutates_args=(), schema=_schema_of(overload)
+    )
+    op.register_fake(fake)
+    return getattr(torch.ops.bitfold, op_name(overload)).default
+
+
+for _overload, _rule in COMPILED.items():
+    EXACT_OPS[_overload] = _define(_overload, _rule)
+
+__all__ = ["EXACT_OPS", "call_args"]

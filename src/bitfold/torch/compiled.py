@@ -1,0 +1,191 @@
+"""``bitfold.torch.compile``: ``torch.compile`` whose folds, forward and backward, are exact.
+
+``bitfold.torch.compile(model, **kwargs)`` takes ``torch.compile``'s
+arguments and returns what ``torch.compile`` returns (a compiled function,
+or an ``OptimizedModule`` for a module), with one difference: inductor's
+post-grad graphs, forward and backward, go through
+:class:`bitfold.torch.graph_pass.ExactFoldPass`, which rewrites every fold
+node (``index_put`` / ``_unsafe_index_put`` with ``accumulate``,
+``scatter_add``, ``scatter_reduce`` sum/mean, ``index_add``, the embedding
+and embedding-bag backwards) into bitfold's exact custom ops. Everything
+else compiles as usual; the graphs really compile (the custom ops are
+extern calls inside inductor's generated code, no graph break).
+
+The numeric contract:
+
+* every fold in the compiled graphs gives exactly the bits of the eager exact
+  fold of the same terms (:func:`bitfold.torch.exact_mode`): each element the
+  correctly rounded sum of its old value and all its terms, one rounding;
+* so a compiled step gives the same bits for any order of a fold's terms
+  (edges, tokens), run after run;
+* the other ops are inductor's, and inductor orders its own reductions (a
+  ``sum``, a matrix product, fused kernels): a compiled step is **not**
+  promised the eager step's bits, even for a model with no fold. Where
+  inductor computes a fold's terms itself (a float16 table's gradient
+  scaled by frequency, say, divided in float32), the terms are inductor's.
+
+``mode=`` and ``options=`` are merged into one ``options`` dict (inductor's
+``list_mode_options(mode)``, the user's options, and the pass), so the
+user's inductor options are kept; a ``post_grad_custom_post_pass`` of the
+user's (in ``options`` or in ``torch._inductor.config`` when ``compile`` is
+called) runs before bitfold's. The returned object carries a
+:class:`~bitfold.torch.graph_pass.CompileReport` as ``.bitfold``
+(``counts``, ``passed``); ``strict=True`` raises :class:`bitfold.FoldError`
+at compile time for a fold that cannot be made exact.
+
+Inside :func:`bitfold.torch.exact_mode` the compiled callable runs the
+original model op by op, under the mode (Dynamo compiles nothing while a
+dispatch mode is active and would remember that skip); a backward run
+inside the mode through a graph compiled by this function outside it is
+allowed, its folds being exact.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from ..errors import FoldError
+from .graph_pass import CompileReport, ExactFoldPass
+from .mode import COMPILED_NODE, EXACT_GRAPH, active_exact_mode
+
+_PASS_KEY = "post_grad_custom_post_pass"
+
+
+def _options(
+    mode: str | None, options: dict[str, Any] | None, dynamic: bool | None, report: CompileReport
+) -> dict[str, Any]:
+    """One options dict: the mode's, the user's, and the exact pass wrapping the user's pass."""
+    from torch._inductor import config, list_mode_options
+
+    merged = dict(list_mode_options(mode, dynamic)) if mode is not None else {}
+    merged.update(options or {})
+    inner = merged.get(_PASS_KEY, getattr(config, _PASS_KEY, None))
+    merged[_PASS_KEY] = ExactFoldPass(report, inner)
+    return merged
+
+
+def _mark(outputs: Any, since: int | None) -> None:
+    """Mark the compiled graphs' autograd nodes behind ``outputs`` as exact (for the mode's guard).
+
+    Only nodes created by this call (sequence number ``>= since``) are marked.
+    """
+    todo = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+    seen: set[int] = set()
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if since is not None and node._sequence_nr() < since:
+            continue
+        if node.name().startswith(COMPILED_NODE):
+            node.metadata[EXACT_GRAPH] = True
+        todo.extend(nxt for nxt, _ in node.next_functions)
+
+
+def _sequence_now() -> int | None:
+    getter = getattr(torch._C._autograd, "_get_sequence_nr", None)
+    return getter() if getter is not None and torch.is_grad_enabled() else None
+
+
+def _fold_error_in(exc: BaseException) -> FoldError | None:
+    """The FoldError (``strict=True``) that inductor wrapped in its own errors, or None."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, FoldError):
+            return e
+        todo += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
+    return None
+
+
+def _guarded(compiled: Callable[..., Any], eager: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled``, except that inside ``exact_mode()`` it runs ``eager`` under the mode."""
+
+    @functools.wraps(eager)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if active_exact_mode() is not None:
+            return eager(*args, **kwargs)
+        since = _sequence_now()
+        try:
+            out = compiled(*args, **kwargs)
+        except Exception as exc:
+            refusal = _fold_error_in(exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
+        if torch.is_grad_enabled():
+            _mark(out, since)
+        return out
+
+    return call
+
+
+def compile(
+    model: Callable[..., Any] | None = None,
+    *,
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    backend: str | None = "inductor",
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+    disable: bool = False,
+    strict: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """``torch.compile(model, ...)`` whose folds, forward and backward, are exact.
+
+    Same arguments as ``torch.compile`` (``kwargs`` passes on the ones of
+    newer torch versions), plus ``strict``: raise :class:`bitfold.FoldError`
+    when a fold cannot be made exact, instead of recording it in
+    ``.bitfold.passed``. ``backend`` must be inductor (the pass is
+    inductor's). Usable as a decorator, with or without arguments. See the
+    module docstring for the numeric contract.
+
+    >>> import torch, bitfold.torch as bt
+    >>> idx = torch.tensor([0, 0, 0])
+    >>> f = bt.compile(lambda x, v: x.index_add(0, idx, v), fullgraph=True)
+    >>> f(torch.zeros(1), torch.tensor([1.0, 2.0**-24, 2.0**-24])).tolist()  # one rounding
+    [1.0000001192092896]
+    >>> f.bitfold.passed  # folds it could not make exact
+    Counter()
+    """
+    if backend not in (None, "inductor"):
+        raise FoldError(
+            f"bitfold.torch.compile rewrites inductor's graphs: backend must be 'inductor'; "
+            f"got {backend!r}"
+        )
+    if model is None:
+        return functools.partial(
+            compile, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+            options=options, disable=disable, strict=strict, **kwargs,
+        )  # fmt: skip
+    report = CompileReport(strict=bool(strict))
+    compiled = torch.compile(
+        model,
+        fullgraph=fullgraph,
+        dynamic=dynamic,
+        backend="inductor",
+        options=_options(mode, options, dynamic, report),
+        disable=disable,
+        **kwargs,
+    )
+    if isinstance(model, torch.nn.Module):
+        compiled.forward = _guarded(compiled.forward, model.__call__)
+        compiled.bitfold = report
+        return compiled
+    call = _guarded(compiled, model)
+    call.bitfold = report  # type: ignore[attr-defined]
+    return call
+
+
+__all__ = ["compile"]
