@@ -39,7 +39,7 @@ class Mutation:
 MUTATIONS = (
     Mutation(
         "mode: put returns ATen's inexact sum (still counted)",
-        "torch/mode.py",
+        "torch/handlers.py",
         "    return folds.put(x, index, source)\n",
         "    return torch.ops.aten.put(x, index, source, True)\n",
         ("tests/test_torch_dropins.py", "-k", "correctly_rounded and put"),
@@ -47,7 +47,7 @@ MUTATIONS = (
     ),
     Mutation(
         "mode: scatter_reduce returns ATen's inexact sum (still counted)",
-        "torch/mode.py",
+        "torch/handlers.py",
         '    return folds.scatter_reduce(x, dim, index, src, reduce, bool(a["include_self"]))\n',
         "    return torch.ops.aten.scatter_reduce(x, dim, index, src, reduce,"
         ' include_self=bool(a["include_self"]))\n',
@@ -56,7 +56,7 @@ MUTATIONS = (
     ),
     Mutation(
         "mode: index_add returns ATen's inexact sum (still counted)",
-        "torch/mode.py",
+        "torch/handlers.py",
         '    return folds.index_add(x, dim, index.reshape(-1), source, a.get("alpha", 1))\n',
         '    return torch.ops.aten.index_add(x, dim, index, source, alpha=a.get("alpha", 1))\n',
         ("tests/test_torch_dropins.py", "-k", "correctly_rounded and index_add"),
