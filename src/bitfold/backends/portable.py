@@ -368,12 +368,15 @@ def _check_out(ops: ArrayFamily, out_name: str) -> None:
 
 
 # -- the strategies ----------------------------------------------------------------------------
-def fold_exact(plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None) -> Any:
+def fold_exact(
+    plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None, **options: Any
+) -> Any:
     """Every bucket's exact sum, rounded once to ``out_name``, on the values' device.
 
     ``init`` ((K,) + trailing, same library and device, any float dtype) is one
     more term of every output element. Same bits as the host path.
     """
+    check_options(options)
     ops = _check_family(values)
     _check_out(ops, out_name)
     K, D = plan.K, spec.row_size
@@ -438,12 +441,15 @@ def _canonical_nan(ops: ArrayFamily, like: Any, out_name: str) -> Any:
     return ops.bitcast(ops.constant(like, np.array([bits], dtype=width)), held)
 
 
-def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None) -> Any:
+def fold_ordered(
+    plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None, **options: Any
+) -> Any:
     """``out[index[i]] += values[i]`` for i in increasing position, rounded in ``out_name``.
 
     The host's order and bits (``out`` starts as zeros, or ``init``), in
     ``max(counts)`` vector steps of K rows each; NaN results canonical.
     """
+    check_options(options)
     ops = _check_family(values)
     _check_out(ops, out_name)
     K, D, N = plan.K, spec.row_size, spec.positions
@@ -472,8 +478,11 @@ def _canonical(ops: ArrayFamily, out: Any, out_name: str) -> Any:
     return ops.where(out != out, _canonical_nan(ops, out, out_name), out)
 
 
-def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None) -> Any:
+def fold_atomic(
+    plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None, **options: Any
+) -> Any:
     """The library's float scatter-add into zeros (or ``init``) of ``out_name``: no order."""
+    check_options(options)
     ops = _check_family(values)
     _check_out(ops, out_name)
     K, D = plan.K, spec.row_size
@@ -554,7 +563,9 @@ def to_host_state(table: np.ndarray, words: Words, fmt: LimbFormat) -> np.ndarra
     return state
 
 
-def add_to_state(state: np.ndarray, plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> None:
+def add_to_state(
+    state: np.ndarray, plan: Fold, values: Any, spec: Values, fmt: LimbFormat, **options: Any
+) -> None:
     """Add ``values`` (plan positions ``spec.start ..``) into the host ``state``, exactly.
 
     The sums are made on the values' device and the table copied to the host
@@ -562,6 +573,7 @@ def add_to_state(state: np.ndarray, plan: Fold, values: Any, spec: Values, fmt: 
     """
     from . import host
 
+    check_options(options)
     ops = _check_family(values)
     table, words = _table(plan, values, spec, fmt)
     R = plan.K * spec.row_size
