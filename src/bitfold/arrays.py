@@ -84,6 +84,10 @@ class ArrayFamily:
         """Zeros of ``shape`` and ``dtype`` on ``like``'s device."""
         raise self._missing("zeros")
 
+    def arange(self, like: Any, n: int, dtype: str) -> Any:
+        """``0, 1, .., n - 1`` of ``dtype`` on ``like``'s device."""
+        raise self._missing("arange")
+
     def bitcast(self, x: Any, dtype: str) -> Any:
         """``x``'s bits read as ``dtype`` of the same width (no conversion, no float unit)."""
         raise self._missing("bitcast")
@@ -148,13 +152,16 @@ class _Numpy(ArrayFamily):
     name = "numpy"
 
     def is_appropriate(self, x: Any) -> bool:
-        return isinstance(x, np.ndarray | np.generic)
+        return isinstance(x, (np.ndarray, np.generic))  # a tuple: torch.compile reads it
 
     def constant(self, like: Any, arr: np.ndarray) -> Any:
         return np.asarray(arr)
 
     def zeros(self, like: Any, shape: tuple[int, ...], dtype: str) -> Any:
         return np.zeros(shape, dtype)
+
+    def arange(self, like: Any, n: int, dtype: str) -> Any:
+        return np.arange(n, dtype=dtype)
 
     def bitcast(self, x: Any, dtype: str) -> Any:
         return np.asarray(x).view(dtype)
@@ -250,6 +257,11 @@ class _Torch(ArrayFamily):
 
         return torch.zeros(shape, dtype=getattr(torch, dtype), device=like.device)
 
+    def arange(self, like: Any, n: int, dtype: str) -> Any:
+        import torch
+
+        return torch.arange(n, dtype=getattr(torch, dtype), device=like.device)
+
     def bitcast(self, x: Any, dtype: str) -> Any:
         import torch
 
@@ -336,6 +348,12 @@ class _Cupy(ArrayFamily):
 
         with cupy.cuda.Device(like.device.id):
             return cupy.zeros(shape, dtype)
+
+    def arange(self, like: Any, n: int, dtype: str) -> Any:
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.arange(n, dtype=dtype)
 
     def bitcast(self, x: Any, dtype: str) -> Any:
         return x.view(dtype)
@@ -436,6 +454,11 @@ class _Jax(ArrayFamily):
         import jax.numpy as jnp
 
         return jnp.zeros(shape, jnp.dtype(dtype))
+
+    def arange(self, like: Any, n: int, dtype: str) -> Any:
+        import jax.numpy as jnp
+
+        return jnp.arange(n, dtype=jnp.dtype(dtype))
 
     def bitcast(self, x: Any, dtype: str) -> Any:
         import jax

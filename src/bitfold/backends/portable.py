@@ -239,7 +239,7 @@ def table_of(
     """
     cols = words.columns
     table = ops.zeros(like, (R * cols,), words.word)
-    at = ops.constant(like, np.arange(R, dtype=words.word)) * cols
+    at = ops.arange(like, R, words.word) * cols
     index = [at + (words.digits + N_TERMS), at + (words.digits + N_NOT_NEGZERO)]
     adds = [counts_rows, counts_rows]
     load = 0  # additions to one word since the last carry
@@ -283,7 +283,7 @@ def round_table(ops: ArrayFamily, table: Any, words: Words, fmt: LimbFormat, out
     neg = cols[-1] < 0
     cols = _carry([where(neg, -c, c) for c in cols], w)
     digits = ops.stack(cols, 1)  # (R, n), each in [0, 2^w)
-    pos = ops.constant(table, np.arange(n, dtype=word)).reshape(1, n)
+    pos = ops.arange(table, n, word).reshape(1, n)
     top = ops.amax(where(digits != 0, pos + 1, 0), 1)  # leading digit + 1; 0 for a zero sum
     zero = top == 0
     h = ops.clip(top - 1, 0, n - 1)
@@ -319,11 +319,21 @@ def round_table(ops: ArrayFamily, table: Any, words: Words, fmt: LimbFormat, out
 
 # -- what a plan gives the device, made once per device ----------------------------------------
 def _constant(plan: Fold, ops: ArrayFamily, like: Any, what: str, build: Any) -> Any:
-    """``build()`` (a host array) on ``like``'s device; kept on the plan unless tracing."""
+    """``build()`` (a host array) on ``like``'s device; kept on the plan unless tracing.
+
+    Under ``torch.compile`` the plan must have met the device once before (a
+    first, eager call), as for a CUDA-graph capture: the compiled fold then
+    reads the kept constants.
+    """
     key = ops.cache_key(like)
     if key is None:
         return ops.constant(like, build())
     return plan.prepared(("portable", what, key), lambda: ops.constant(like, build()))
+
+
+def _max_count(plan: Fold) -> int:
+    """The most values of one bucket (a Python int, kept on the plan)."""
+    return plan.prepared(("portable", "max-count"), lambda: int(plan.counts.max()))
 
 
 def _index(plan: Fold, ops: ArrayFamily, like: Any, word: str) -> Any:
@@ -334,7 +344,7 @@ def _rows(ops: ArrayFamily, index: Any, D: int, like: Any, word: str) -> Any:
     """Table rows of every value of ``(positions, D)`` rows: ``index * D + d``, flat."""
     if D == 1:
         return index
-    d = ops.constant(like, np.arange(D, dtype=word)).reshape(1, D)
+    d = ops.arange(like, D, word).reshape(1, D)
     return (index.reshape(-1, 1) * D + d).reshape(-1)
 
 
@@ -382,12 +392,12 @@ def fold_exact(
     K, D = plan.K, spec.row_size
     init_dtype = None if init is None else _float_name(init)
     fmt = _values_format(spec.dtype, init_dtype)
-    bound = int(plan.counts.max(initial=0)) + (init is not None)
+    bound = _max_count(plan) + (init is not None)
     words = words_for(fmt, ops.has_int64(values), bound)
     index = _index(plan, ops, values, words.word)
     groups = [(_rows(ops, index, D, values, words.word), values.reshape(-1), spec.dtype)]
     if init is not None:
-        every = ops.constant(values, np.arange(K * D, dtype=words.word))
+        every = ops.arange(values, K * D, words.word)
         groups.append((every, init.reshape(-1), init_dtype))
     counts = _constant(
         plan, ops, values, f"counts-rows-{words.word}-{D}-{init is not None}",
@@ -438,7 +448,7 @@ def _canonical_nan(ops: ArrayFamily, like: Any, out_name: str) -> Any:
     held = out_name if ops.has_dtype(out_name) else "float32"
     bits = f.canonical_nan << (16 if held != out_name else 0)
     width = FLOATS[held].signed_bits_dtype.name
-    return ops.bitcast(ops.constant(like, np.array([bits], dtype=width)), held)
+    return ops.bitcast(ops.zeros(like, (1,), width) + bits, held)
 
 
 def fold_ordered(
@@ -461,7 +471,7 @@ def fold_ordered(
     order = _constant(plan, ops, values, f"order-{word}", lambda: plan.order.astype(word))
     starts = _constant(plan, ops, values, f"starts-{word}", lambda: plan.offsets[:-1].astype(word))
     counts = _constant(plan, ops, values, f"counts-{word}", lambda: plan.counts.astype(word))
-    steps = int(plan.counts.max(initial=0))
+    steps = _max_count(plan)
 
     def step(t: Any, acc: Any) -> Any:
         at = ops.take(order, ops.clip(starts + t, 0, max(N - 1, 0)))
