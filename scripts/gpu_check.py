@@ -7,10 +7,11 @@ calls, the device synchronised before and after; ``us`` is microseconds a call):
 * ``cupyx.scatter_add`` (float32 atomics, the seed's baseline);
 * torch ``zeros + index_add_``, atomic and under ``torch.use_deterministic_algorithms``;
 * XLA's ``jax.ops.segment_sum`` under ``jax.jit`` on the GPU;
-* bitfold ``exact`` on the portable backend (``backend="portable"``): not yet
-  implemented, recorded as such (its place in the JSON is kept);
+* bitfold ``exact`` on the portable backend (``backend="portable"``): torch
+  CUDA tensors (eager ATen operations) and JAX arrays on the GPU
+  (``bitfold.jax.segment_sum(..., backend="portable")`` under ``jax.jit``);
 
-and checks that the numba kernels give the CPU's bits. Configurations
+and checks that the numba kernels and the portable path give the CPU's bits. Configurations
 (float32 values, standard normal):
 
 * ``seed``: N = 768 x 4096 = 3,145,728 values, K = 433, uniform index (the seed's defaults);
@@ -26,8 +27,7 @@ Every step is recorded in ``steps`` as ``ok``, ``failed`` (with the error),
 ``not yet implemented``; the JSON is written in a ``finally``, whatever fails,
 also when the process is stopped with SIGTERM (``timeout``). ``assessment``
 judges the goals: numba kernels at most 1.0x ``cupyx.scatter_add``, portable
-at most 3x (``not available`` until it exists), graph capture works for torch
-and CuPy results.
+(torch) at most 3x, graph capture works for torch and CuPy results.
 
 ``--smoke`` runs the same code on tiny sizes with numba device arrays only, so
 that the script is checked under ``NUMBA_ENABLE_CUDASIM=1`` without a GPU (its
@@ -256,11 +256,42 @@ def run_config(check: Check, cfg: Config) -> None:
         key = "bitfold_exact[numba-kernels,cupy]"
         times[key] = check.step(f"{cfg.name}: {key}", lambda: timed(check, lambda: exact(gc), sync))
 
-    def portable() -> Any:
-        raise NotYet('backend="portable" is not written yet (issue 17 point 1)')
+    def portable() -> dict[str, Any]:
+        if torch is None:
+            raise Skip("torch with CUDA is not available (the portable path is timed on torch)")
+        gt = torch.from_numpy(g).cuda()
 
-    times["bitfold_exact[portable]"] = check.step(f"{cfg.name}: portable", portable)
-    out["bits"]["portable_equals_cpu"] = "not available"
+        def call() -> Any:
+            return dispatch.fold(plan, gt, backend="portable")
+
+        entry = timed(check, call, torch.cuda.synchronize)
+        entry["equals_cpu"] = want is not None and _bits(to_numpy(call())) == _bits(want)
+        return entry
+
+    key = "bitfold_exact[portable,torch]"
+    times[key] = check.step(f"{cfg.name}: {key}", portable, need_s=5)
+    out["bits"]["portable_equals_cpu"] = (times[key] or {}).get("equals_cpu", "not measured")
+
+    def portable_jax() -> dict[str, Any]:
+        if "jax" not in libs:
+            raise Skip("JAX with a GPU is not available")
+        import bitfold.jax as bj
+
+        jax, gpu = libs["jax"]
+        ij, gj = jax.device_put(idx.astype(np.int32), gpu), jax.device_put(g, gpu)
+        fn = jax.jit(lambda v, i: bj.segment_sum(v, i, cfg.K, backend="portable"))
+        holder: list[Any] = []
+
+        def call() -> None:
+            holder[:] = [fn(gj, ij)]
+
+        entry = timed(check, call, lambda: holder[0].block_until_ready())
+        entry["equals_cpu"] = want is not None and _bits(np.asarray(holder[0])) == _bits(want)
+        return entry
+
+    key = "bitfold_exact[portable,jax]"
+    times[key] = check.step(f"{cfg.name}: {key}", portable_jax, need_s=10)
+    out["bits"]["portable_jax_equals_cpu"] = (times[key] or {}).get("equals_cpu", "not measured")
 
     def cupyx_scatter_add() -> dict[str, Any]:
         if cupy is None:
@@ -399,7 +430,13 @@ def assess(report: dict[str, Any]) -> dict[str, Any]:
             out[f"{name}: numba_over_cupyx"] = numba["us"] / base["us"]
         else:
             out[f"{name}: numba_kernels_within_1.0x_cupyx"] = "not measured"
-        out[f"{name}: portable_within_3x_cupyx"] = "not available"
+        port = t.get("bitfold_exact[portable,torch]")
+        if port and base:
+            out[f"{name}: portable_within_3x_cupyx"] = port["us"] <= 3 * base["us"]
+            out[f"{name}: portable_over_cupyx"] = port["us"] / base["us"]
+        else:
+            out[f"{name}: portable_within_3x_cupyx"] = "not measured"
+        out[f"{name}: portable_equals_cpu_bits"] = cfg["bits"].get("portable_equals_cpu")
         out[f"{name}: numba_equals_cpu_bits"] = cfg["bits"].get("numba_equals_cpu")
     for lib in ("torch", "cupy"):
         g = report["graph_capture"].get(lib)

@@ -41,6 +41,12 @@ def _to_cuda(a: np.ndarray) -> Any:
     return cuda.to_device(np.ascontiguousarray(a))
 
 
+def _to_torch(a: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
 def _cuda_options() -> dict[str, Any]:
     from bitfold.kernels.cuda import LaunchShape
 
@@ -48,9 +54,14 @@ def _cuda_options() -> dict[str, Any]:
 
 
 #: backend name -> how a test puts a NumPy array where that backend folds it
-PLACE: dict[str, Callable[[np.ndarray], Any]] = {"host": lambda a: a, "cuda": _to_cuda}
-#: backend name -> tuning options for its folds in these (tiny) cases
-OPTIONS: dict[str, Callable[[], dict[str, Any]]] = {"cuda": _cuda_options}
+PLACE: dict[str, Callable[[np.ndarray], Any]] = {
+    "host": lambda a: a, "cuda": _to_cuda, "portable": _to_torch,
+}
+#: backend name -> options for its folds in these (tiny) cases (``backend=`` forces one that
+#: the values' family and device would not choose: the portable path on CPU tensors)
+OPTIONS: dict[str, Callable[[], dict[str, Any]]] = {
+    "cuda": _cuda_options, "portable": lambda: {"backend": "portable"},
+}
 #: backend name -> environment its cases run in (a fresh process), if not this one
 ENVIRONMENT: dict[str, dict[str, str]] = {"cuda": {"NUMBA_ENABLE_CUDASIM": "1"}}
 
@@ -89,7 +100,8 @@ def compare(name: str) -> list[str]:
 
     def fold(plan, vals, strategy, **kw):
         got = dispatch.fold(plan, place(vals), strategy, **options, **kw)
-        assert dispatch.backend_for(place(vals)) is backend, "the values went to another backend"
+        chosen = dispatch.backend_for(place(vals), backend=options.get("backend"))
+        assert chosen is backend, "the values went to another backend"
         return np.asarray(to_numpy(got))
 
     for dtype in DTYPES:

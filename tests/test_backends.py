@@ -25,7 +25,7 @@ REQUIRED = os.environ.get("BITFOLD_REQUIRE_CUDA") == "1"
 
 
 def test_backend_names_lists_the_registry():
-    assert bitfold.backend_names() == ("host", "cuda")
+    assert bitfold.backend_names() == ("host", "cuda", "portable")
     assert "backend_names" in bitfold.__all__
     assert bitfold.backends.__name__ == "bitfold.backends"  # the subpackage, not a function
 
@@ -72,13 +72,13 @@ def test_a_new_backend_is_selected_by_family_and_device_without_touching_dispatc
         return host.fold_exact(plan, values, spec, out_name)
 
     mps = dataclasses.replace(
-        host.BACKEND, name="fake-mps", families=("numpy",), devices=("mps",),
+        host.BACKEND, name="fake-mps", families=("numba",), devices=("mps",),
         folds={**host.BACKEND.folds, "exact": exact}, options={"exact": ("tile",)},
     )  # fmt: skip
     registry.register(mps)
     try:
         assert bitfold.backend_names()[-1] == "fake-mps"
-        assert registry.backend_for("numpy", "mps") is mps
+        assert registry.backend_for("numba", "mps") is mps
         assert registry.backend_for("numpy", "cpu") is host.BACKEND
         with pytest.raises(bitfold.FoldError, match="valid options: tile="):
             dispatch.check_options(mps, "exact", {"route": "limbs"})
@@ -87,13 +87,19 @@ def test_a_new_backend_is_selected_by_family_and_device_without_touching_dispatc
     assert "fake-mps" not in bitfold.backend_names()
 
 
-def test_jax_arrays_on_a_gpu_are_claimed_by_no_backend():
-    """The CUDA backend serves torch, CuPy, numba and interface arrays: not JAX's."""
+def test_jax_arrays_on_a_gpu_take_the_portable_backend(monkeypatch):
+    """The CUDA backend serves torch, CuPy, numba and interface arrays: not JAX's, which (and
+    every other device's arrays) the portable backend folds; numba's own arrays only CUDA."""
+    from bitfold.backends import cuda
+
+    monkeypatch.setattr(cuda, "numba_cuda_loads", lambda: True)
     assert registry.backend_for("torch", "cuda").name == "cuda"
-    with pytest.raises(bitfold.DeviceError, match=r"jax arrays on device 'cuda'.*bitfold\.jax"):
-        registry.backend_for("jax", "cuda")
-    with pytest.raises(bitfold.DeviceError, match="meta"):
-        registry.backend_for("torch", "meta")
+    monkeypatch.setattr(cuda, "numba_cuda_loads", lambda: False)  # no numba-cuda: portable
+    assert registry.backend_for("torch", "cuda").name == "portable"
+    assert registry.backend_for("jax", "cuda").name == "portable"
+    assert registry.backend_for("torch", "mps").name == "portable"
+    with pytest.raises(bitfold.DeviceError, match=r"numba arrays on device 'meta'"):
+        registry.backend_for("numba", "meta")
 
 
 def test_an_unknown_option_is_a_fold_error_listing_the_valid_ones():

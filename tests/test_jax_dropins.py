@@ -73,6 +73,8 @@ def test_jax_segment_sum_refusals(monkeypatch):
     with pytest.raises(bitfold.ShapeError, match="segment_ids' shape"):
         bj.segment_sum(jnp.ones((3, 2)), jnp.array([0, 1]), 2)
     assert bj.segment_sum(x, jnp.array([0, 1, 1, 0])).tolist() == [2.0, 2.0]
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    with pytest.raises(bitfold.DeviceError, match="CPU backend only"):
-        jax.jit(lambda v: bj.segment_sum(v, jnp.array([0, 1, 1, 0]), 2))(x)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # off the CPU: the portable path
+    out = jax.jit(lambda v: bj.segment_sum(v, jnp.array([0, 1, 1, 0]), 2))(x)
+    assert out.tolist() == [2.0, 2.0]
+    with pytest.raises(bitfold.DeviceError, match="backend='portable'"):
+        jax.jit(lambda v: bj.segment_sum(v, jnp.array([0, 1, 1, 0]), 2, backend="host"))(x)

@@ -6,6 +6,14 @@ type and cached. Nothing here imports a framework: a family is only
 considered when its module is already in ``sys.modules`` (the value could
 not exist otherwise), and the framework is touched only through the value
 itself.
+
+Families also carry the few *operations* a fold written once against them
+needs (:mod:`bitfold.backends.portable`): zeros and constants on the values'
+device, reinterpretation of float bits as integers and back, casts,
+scatter-add / scatter-max / scatter-min into a flat array, gathers,
+``where``, reductions along an axis and a counted loop. Integer arithmetic,
+shifts, masks and comparisons are the arrays' own Python operators, which
+NumPy, PyTorch, CuPy and JAX share. A new array library is one class here.
 """
 
 from __future__ import annotations
@@ -48,12 +56,151 @@ class ArrayFamily:
         """``result`` as an array of this family, beside ``like`` (NumPy by default)."""
         return result
 
+    # -- operations (a fold written once against the families: backends/portable.py) --------
+    # Every operation takes and returns arrays of this family; dtypes are canonical names
+    # ("int64", "float32", "bfloat16", ...). Nothing here waits for the device.
+
+    def _missing(self, op: str) -> FoldTypeError:
+        return FoldTypeError(f"{self.name} arrays have no {op!r} operation for the portable path")
+
+    def has_int64(self, like: Any) -> bool:
+        """True when int64 arrays can be made beside ``like`` (JAX: only with jax_enable_x64)."""
+        return True
+
+    def has_dtype(self, name: str) -> bool:
+        """True when this library has arrays of dtype ``name`` (NumPy and CuPy: no bfloat16)."""
+        return name != "bfloat16"
+
+    def cache_key(self, like: Any) -> Any:
+        """A hashable key for constants made beside ``like``, or ``None`` not to cache them
+        (a traced value: a constant made while tracing belongs to that trace)."""
+        return (self.name,)
+
+    def constant(self, like: Any, arr: np.ndarray) -> Any:
+        """The host array ``arr`` as an array of this family on ``like``'s device."""
+        raise self._missing("constant")
+
+    def zeros(self, like: Any, shape: tuple[int, ...], dtype: str) -> Any:
+        """Zeros of ``shape`` and ``dtype`` on ``like``'s device."""
+        raise self._missing("zeros")
+
+    def arange(self, like: Any, n: int, dtype: str) -> Any:
+        """``0, 1, .., n - 1`` of ``dtype`` on ``like``'s device."""
+        raise self._missing("arange")
+
+    def bitcast(self, x: Any, dtype: str) -> Any:
+        """``x``'s bits read as ``dtype`` of the same width (no conversion, no float unit)."""
+        raise self._missing("bitcast")
+
+    def astype(self, x: Any, dtype: str) -> Any:
+        """``x`` converted to ``dtype`` (integers: exact when the value fits)."""
+        raise self._missing("astype")
+
+    def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
+        """``target`` (1-D) with ``target[index[i]] += src[i]`` for every i; returns the result.
+
+        In any order, atomics included: exact for integer arrays (wrapping on
+        overflow, which callers keep clear of), unordered float additions otherwise.
+        """
+        raise self._missing("scatter_add")
+
+    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
+        """``target`` (1-D) with ``target[index[i]] = max(target[index[i]], src[i])``."""
+        raise self._missing("scatter_max")
+
+    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
+        """``target`` (1-D) with ``target[index[i]] = min(target[index[i]], src[i])``."""
+        raise self._missing("scatter_min")
+
+    def take(self, x: Any, index: Any) -> Any:
+        """``x[index]`` along the first axis."""
+        raise self._missing("take")
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        """Elementwise ``a if cond else b`` (``a``, ``b``: arrays or Python scalars)."""
+        raise self._missing("where")
+
+    def clip(self, x: Any, lo: int, hi: int) -> Any:
+        """``x`` limited to ``[lo, hi]`` (Python ints)."""
+        raise self._missing("clip")
+
+    def sum(self, x: Any, axis: int) -> Any:
+        """Sum along ``axis`` (integers: exact, in the array's dtype)."""
+        raise self._missing("sum")
+
+    def amax(self, x: Any, axis: int) -> Any:
+        """Maximum along ``axis``."""
+        raise self._missing("amax")
+
+    def stack(self, xs: list[Any], axis: int) -> Any:
+        """The arrays ``xs`` stacked along a new ``axis``."""
+        raise self._missing("stack")
+
+    def concat(self, xs: list[Any]) -> Any:
+        """The 1-D arrays ``xs`` one after another."""
+        raise self._missing("concat")
+
+    def loop(self, n: int, body: Any, init: Any) -> Any:
+        """``init`` passed through ``body(i, carry)`` for i = 0 .. n-1 (JAX: one compiled loop)."""
+        carry = init
+        for i in range(n):
+            carry = body(i, carry)
+        return carry
+
 
 class _Numpy(ArrayFamily):
     name = "numpy"
 
     def is_appropriate(self, x: Any) -> bool:
-        return isinstance(x, np.ndarray | np.generic)
+        return isinstance(x, (np.ndarray, np.generic))  # a tuple: torch.compile reads it
+
+    def constant(self, like: Any, arr: np.ndarray) -> Any:
+        return np.asarray(arr)
+
+    def zeros(self, like: Any, shape: tuple[int, ...], dtype: str) -> Any:
+        return np.zeros(shape, dtype)
+
+    def arange(self, like: Any, n: int, dtype: str) -> Any:
+        return np.arange(n, dtype=dtype)
+
+    def bitcast(self, x: Any, dtype: str) -> Any:
+        return np.asarray(x).view(dtype)
+
+    def astype(self, x: Any, dtype: str) -> Any:
+        return np.asarray(x).astype(dtype)
+
+    def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
+        np.add.at(target, index, src)
+        return target
+
+    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
+        np.maximum.at(target, index, src)
+        return target
+
+    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
+        np.minimum.at(target, index, src)
+        return target
+
+    def take(self, x: Any, index: Any) -> Any:
+        return np.take(x, index, axis=0)
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        return np.where(cond, a, b)
+
+    def clip(self, x: Any, lo: int, hi: int) -> Any:
+        return np.clip(x, lo, hi)
+
+    def sum(self, x: Any, axis: int) -> Any:
+        return np.sum(x, axis=axis, dtype=x.dtype)
+
+    def amax(self, x: Any, axis: int) -> Any:
+        return np.max(x, axis=axis)
+
+    def stack(self, xs: list[Any], axis: int) -> Any:
+        return np.stack(xs, axis=axis)
+
+    def concat(self, xs: list[Any]) -> Any:
+        return np.concatenate(xs)
 
 
 class _Torch(ArrayFamily):
@@ -89,6 +236,78 @@ class _Torch(ArrayFamily):
             t = t.to(like.device)
         return t
 
+    # operations: ATen ops only, nothing that waits for the device (traces with fake tensors)
+    def has_dtype(self, name: str) -> bool:
+        return True
+
+    def cache_key(self, like: Any) -> Any:
+        import torch
+
+        if type(like) is not torch.Tensor and not isinstance(like, torch.nn.Parameter):
+            return None  # a fake or functional tensor: tracing (make_fx, torch.compile)
+        return (self.name, str(like.device))
+
+    def constant(self, like: Any, arr: np.ndarray) -> Any:
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(arr)).to(like.device)
+
+    def zeros(self, like: Any, shape: tuple[int, ...], dtype: str) -> Any:
+        import torch
+
+        return torch.zeros(shape, dtype=getattr(torch, dtype), device=like.device)
+
+    def arange(self, like: Any, n: int, dtype: str) -> Any:
+        import torch
+
+        return torch.arange(n, dtype=getattr(torch, dtype), device=like.device)
+
+    def bitcast(self, x: Any, dtype: str) -> Any:
+        import torch
+
+        return x.view(getattr(torch, dtype))
+
+    def astype(self, x: Any, dtype: str) -> Any:
+        import torch
+
+        return x.to(getattr(torch, dtype))
+
+    def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
+        return target.index_add(0, index, src)
+
+    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
+        return target.scatter_reduce(0, index, src, "amax")
+
+    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
+        return target.scatter_reduce(0, index, src, "amin")
+
+    def take(self, x: Any, index: Any) -> Any:
+        return x.index_select(0, index)
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        import torch
+
+        return torch.where(cond, a, b)
+
+    def clip(self, x: Any, lo: int, hi: int) -> Any:
+        return x.clamp(lo, hi)
+
+    def sum(self, x: Any, axis: int) -> Any:
+        return x.sum(axis, dtype=x.dtype)
+
+    def amax(self, x: Any, axis: int) -> Any:
+        return x.amax(axis)
+
+    def stack(self, xs: list[Any], axis: int) -> Any:
+        import torch
+
+        return torch.stack(xs, axis)
+
+    def concat(self, xs: list[Any]) -> Any:
+        import torch
+
+        return torch.cat(xs)
+
 
 class _Cupy(ArrayFamily):
     name = "cupy"
@@ -114,6 +333,84 @@ class _Cupy(ArrayFamily):
         with cupy.cuda.Device(like.device.id):
             return cupy.asarray(result)
 
+    # operations: cupyx's scatters (int64 added as uint64: the same bits modulo 2^64)
+    def constant(self, like: Any, arr: np.ndarray) -> Any:
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.asarray(arr)
+
+    def cache_key(self, like: Any) -> Any:
+        return (self.name, int(like.device.id))
+
+    def zeros(self, like: Any, shape: tuple[int, ...], dtype: str) -> Any:
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.zeros(shape, dtype)
+
+    def arange(self, like: Any, n: int, dtype: str) -> Any:
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.arange(n, dtype=dtype)
+
+    def bitcast(self, x: Any, dtype: str) -> Any:
+        return x.view(dtype)
+
+    def astype(self, x: Any, dtype: str) -> Any:
+        return x.astype(dtype)
+
+    def _scatter(self, op: str, target: Any, index: Any, src: Any) -> Any:
+        import cupyx
+
+        if op == "scatter_add" and target.dtype == np.int64:  # cupyx adds uint64, not int64
+            target_u, src_u = target.view(np.uint64), src.astype(np.int64).view(np.uint64)
+            cupyx.scatter_add(target_u, index, src_u)
+            return target
+        getattr(cupyx, op)(target, index, src.astype(target.dtype))
+        return target
+
+    def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
+        return self._scatter("scatter_add", target, index, src)
+
+    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
+        return self._scatter("scatter_max", target, index, src)
+
+    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
+        return self._scatter("scatter_min", target, index, src)
+
+    def take(self, x: Any, index: Any) -> Any:
+        import cupy
+
+        return cupy.take(x, index, axis=0)
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        import cupy
+
+        return cupy.where(cond, a, b)
+
+    def clip(self, x: Any, lo: int, hi: int) -> Any:
+        import cupy
+
+        return cupy.clip(x, lo, hi)
+
+    def sum(self, x: Any, axis: int) -> Any:
+        return x.sum(axis=axis, dtype=x.dtype)
+
+    def amax(self, x: Any, axis: int) -> Any:
+        return x.max(axis=axis)
+
+    def stack(self, xs: list[Any], axis: int) -> Any:
+        import cupy
+
+        return cupy.stack(xs, axis=axis)
+
+    def concat(self, xs: list[Any]) -> Any:
+        import cupy
+
+        return cupy.concatenate(xs)
+
 
 class _Jax(ArrayFamily):
     name = "jax"
@@ -135,6 +432,89 @@ class _Jax(ArrayFamily):
         import jax.numpy as jnp
 
         return jnp.asarray(result)
+
+    # operations: jax.numpy and lax, traceable under jit, grad and vmap
+    def has_int64(self, like: Any) -> bool:
+        return bool(sys.modules["jax"].config.jax_enable_x64)
+
+    def has_dtype(self, name: str) -> bool:
+        return name != "float64" or self.has_int64(None)
+
+    def cache_key(self, like: Any) -> Any:
+        return (self.name, self.has_int64(like))
+
+    def constant(self, like: Any, arr: np.ndarray) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        with jax.ensure_compile_time_eval():  # a concrete array, even inside jit
+            return jnp.asarray(arr)
+
+    def zeros(self, like: Any, shape: tuple[int, ...], dtype: str) -> Any:
+        import jax.numpy as jnp
+
+        return jnp.zeros(shape, jnp.dtype(dtype))
+
+    def arange(self, like: Any, n: int, dtype: str) -> Any:
+        import jax.numpy as jnp
+
+        return jnp.arange(n, dtype=jnp.dtype(dtype))
+
+    def bitcast(self, x: Any, dtype: str) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        return jax.lax.bitcast_convert_type(x, jnp.dtype(dtype))
+
+    def astype(self, x: Any, dtype: str) -> Any:
+        import jax.numpy as jnp
+
+        return x.astype(jnp.dtype(dtype))
+
+    def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
+        return target.at[index].add(src)
+
+    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
+        return target.at[index].max(src)
+
+    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
+        return target.at[index].min(src)
+
+    def take(self, x: Any, index: Any) -> Any:
+        import jax.numpy as jnp
+
+        return jnp.take(x, index, axis=0)
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        import jax.numpy as jnp
+
+        return jnp.where(cond, a, b)
+
+    def clip(self, x: Any, lo: int, hi: int) -> Any:
+        import jax.numpy as jnp
+
+        return jnp.clip(x, lo, hi)
+
+    def sum(self, x: Any, axis: int) -> Any:
+        return x.sum(axis=axis, dtype=x.dtype)
+
+    def amax(self, x: Any, axis: int) -> Any:
+        return x.max(axis=axis)
+
+    def stack(self, xs: list[Any], axis: int) -> Any:
+        import jax.numpy as jnp
+
+        return jnp.stack(xs, axis=axis)
+
+    def concat(self, xs: list[Any]) -> Any:
+        import jax.numpy as jnp
+
+        return jnp.concatenate(xs)
+
+    def loop(self, n: int, body: Any, init: Any) -> Any:
+        import jax
+
+        return jax.lax.fori_loop(0, n, body, init)
 
 
 class _NumbaDevice(ArrayFamily):

@@ -28,10 +28,16 @@ if TYPE_CHECKING:
     from .plan import Fold
 
 
-def backend_for(values: Any, what: str = "values") -> Backend:
-    """The registered backend that serves ``values``, by their array family and device."""
+def backend_for(values: Any, what: str = "values", backend: str | None = None) -> Backend:
+    """The registered backend that serves ``values``, by their array family and device.
+
+    Host values take the host backend; CUDA values the numba-cuda kernels when
+    numba-cuda loads, else the portable path; values on any other device (MPS,
+    XPU, ROCm, TPU, JAX on a GPU) the portable path. ``backend`` (a name of
+    :func:`bitfold.backend_names`) forces one, refused unless it serves them.
+    """
     family = family_of(values)
-    return registry.backend_for(family.name, family.device(values), what)
+    return registry.backend_for(family.name, family.device(values), what, backend)
 
 
 def _as_array(values: Any) -> Any:
@@ -55,7 +61,7 @@ def validate(
 def _check_init(plan: Fold, backend: Backend, strategy: str, spec: Values, init: Any) -> str:
     """``init``'s dtype name, refused unless ``backend``'s init rule takes it for ``strategy``."""
     init_name = check_init(plan.K, spec, family_of(init).shape(init), init.dtype)
-    if backend_for(init, "init") is not backend:
+    if backend_for(init, "init", backend.name) is not backend:
         raise DeviceError(
             f"init lives on {family_of(init).device(init)!r} and the values on the "
             f"{backend.name} backend: pass both on one device"
@@ -81,6 +87,7 @@ def fold(
     *,
     out_dtype: Any = None,
     init: Any = None,
+    backend: str | None = None,
     **options: Any,
 ) -> Any:
     """Fold ``values`` into ``plan.K`` sums with ``strategy``, in the values' library and device.
@@ -98,20 +105,21 @@ def fold(
     backend's kernels (``route=``, ``kernel=``, ``carry_every=`` on the host;
     ``exact_path=``, ``launch=`` on CUDA) and never change an ``exact`` or
     ``ordered`` result; one the backend does not take for ``strategy`` is a
-    :class:`bitfold.FoldError` listing the valid ones.
+    :class:`bitfold.FoldError` listing the valid ones. ``backend`` forces a
+    backend by name (``"portable"`` runs anywhere, the CPU included).
     """
     strat = get_strategy(strategy)
     values = _as_array(values)
     spec = validate(plan, values)
-    backend = backend_for(values)
-    check_options(backend, strat.name, options)
+    chosen = backend_for(values, backend=backend)
+    check_options(chosen, strat.name, options)
     if init is not None:
         init = _as_array(init)
-        init_name = _check_init(plan, backend, strat.name, spec, init)
+        init_name = _check_init(plan, chosen, strat.name, spec, init)
         out_dtype = init_name if out_dtype is None else out_dtype
         options["init"] = init
     out_name = strat.check_out_dtype(resolve_out_dtype(spec.dtype, out_dtype))
-    return backend.fold(strat.name)(plan, values, spec, out_name, **options)
+    return chosen.fold(strat.name)(plan, values, spec, out_name, **options)
 
 
 def add_to_state(
@@ -122,6 +130,7 @@ def add_to_state(
     *,
     start: int | None = None,
     trailing: tuple[int, ...] = (),
+    backend: str | None = None,
     **options: Any,
 ) -> Values:
     """Add ``values`` exactly into the host ``state`` of ``plan`` in limb format ``fmt``.
@@ -137,16 +146,19 @@ def add_to_state(
         raise FoldTypeError(
             f"this accumulator sums {', '.join(fmt.value_dtypes)} values; got {spec.dtype}"
         )
-    backend = backend_for(values)
+    chosen = backend_for(values, backend=backend)
     check_accumulator_options(options)
-    mine = {k: v for k, v in options.items() if k in backend.options.get("add_to_state", ())}
-    backend.add_to_state(state, plan, values, spec, fmt, **mine)
+    mine = {k: v for k, v in options.items() if k in chosen.options.get("add_to_state", ())}
+    chosen.add_to_state(state, plan, values, spec, fmt, **mine)
     return spec
 
 
 def check_accumulator_options(options: dict[str, Any]) -> None:
-    """Refuse an accumulator option no registered backend takes, listing the valid ones."""
-    valid = registry.known_options("add_to_state")
+    """Refuse an accumulator option no registered backend takes, listing the valid ones.
+
+    ``backend=`` (a registered name) is always valid: it forces the backend of every add.
+    """
+    valid = (*registry.known_options("add_to_state"), "backend")
     bad = sorted(set(options) - set(valid))
     if bad:
         raise FoldError(
@@ -158,11 +170,11 @@ def check_accumulator_options(options: dict[str, Any]) -> None:
         )
 
 
-def expand(plan: Fold, v: Any) -> Any:
+def expand(plan: Fold, v: Any, backend: str | None = None) -> Any:
     """``v[plan.index]``: ``v`` of shape ``(K,) + trailing`` gives ``index.shape + trailing``."""
     v = _as_array(v)
     trailing = check_expand_input(plan.K, family_of(v).shape(v))
-    return backend_for(v).expand(plan, v, trailing)
+    return backend_for(v, backend=backend).expand(plan, v, trailing)
 
 
 @dataclass(frozen=True)
@@ -174,7 +186,9 @@ class Route:
     reason: str
 
 
-def route(plan: Fold, values: Any, strategy: str = "exact", **options: Any) -> Route:
+def route(
+    plan: Fold, values: Any, strategy: str = "exact", backend: str | None = None, **options: Any
+) -> Route:
     """The backend and route ``fold(plan, values, strategy, **options)`` would take, with why.
 
     Validates like :func:`fold`; folds nothing. A backend without a choice of
@@ -183,12 +197,12 @@ def route(plan: Fold, values: Any, strategy: str = "exact", **options: Any) -> R
     strat = get_strategy(strategy)
     values = _as_array(values)
     spec = validate(plan, values)
-    backend = backend_for(values)
-    check_options(backend, strat.name, options)
-    if backend.explain is None or strat.name != "exact":
-        return Route(backend.name, strat.name, f"the {backend.name} backend's {strat.name} fold")
-    name, reason = backend.explain(plan, values, spec, **options)
-    return Route(backend.name, name, reason)
+    chosen = backend_for(values, backend=backend)
+    check_options(chosen, strat.name, options)
+    if chosen.explain is None or strat.name != "exact":
+        return Route(chosen.name, strat.name, f"the {chosen.name} backend's {strat.name} fold")
+    name, reason = chosen.explain(plan, values, spec, **options)
+    return Route(chosen.name, name, reason)
 
 
 __all__ = [

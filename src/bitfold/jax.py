@@ -7,15 +7,31 @@ sum rounded once, the same bits on every run, where XLA's own scatter-add
 gradient promises no order. ``fold(values, plan)`` is the fold itself, whose
 gradient is the expanded output gradient.
 
-Host round trip
----------------
-The fold runs in bitfold's CPU kernels through ``jax.pure_callback``: the
-gradient is copied to a host NumPy array, folded, and the K sums copied
-back. On the CPU backend that costs one copy of the gradient; it works
-under ``jit``, ``grad`` and ``vmap`` (batched calls run one after another,
-``vmap_method="sequential"``). On a GPU or TPU backend it would copy every
-gradient to the host and back each step, so it is refused with a
-:class:`bitfold.DeviceError` until a device path exists.
+Two paths, the same bits
+------------------------
+``backend="portable"`` (the default on GPU and TPU backends): the fold is
+written in ``jax.numpy`` and ``lax`` operations
+(:mod:`bitfold.backends.portable`: integer decode, an integer scatter-add,
+carry and one rounding), so XLA compiles it with the rest of the step: no
+host callback, under ``jit``, ``grad`` and ``vmap``, on every backend. With
+``jax_enable_x64`` the words are int64; in JAX's default 32-bit mode they
+are int32 words of 16-bit (or 8-bit) digits. float64 values need
+``jax_enable_x64``, as in JAX itself.
+
+``backend="host"`` (the default on the CPU backend): the fold runs in
+bitfold's CPU kernels through ``jax.pure_callback``: the gradient is copied
+to a host NumPy array, folded, and the K sums copied back (batched calls of
+``vmap`` run one after another, ``vmap_method="sequential"``). It is
+refused on other backends (:class:`bitfold.DeviceError`).
+
+Out-of-range segment ids
+------------------------
+:func:`segment_sum` refuses an id outside ``[0, num_segments)`` with
+:class:`bitfold.IndexRangeError` when the ids are concrete (outside
+``jit``). Inside ``jit`` the ids cannot be read on the host: there, on both
+paths, an out-of-range id makes *every* element of the result the canonical
+NaN (:data:`bitfold.CANONICAL_NAN_BITS`), never a silently wrong sum and
+never an untyped runtime error.
 
 Gradient dtype follows ``v``: float32 and float64 (with ``jax_enable_x64``)
 get the correctly rounded sum in their own precision; float16 the exact sum
@@ -33,13 +49,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .backends import portable
 from .errors import DeviceError, FoldError, FoldTypeError, ShapeError
-from .formats import VALUE_DTYPES, dtype_name, resolve_out_dtype
+from .formats import FLOATS, VALUE_DTYPES, dtype_name, resolve_out_dtype
 from .plan import Fold
 from .strategies import get_strategy
 from .validate import check_expand_input, check_K, check_values
 
-__all__ = ["expand", "fold", "segment_sum"]
+#: The paths a fold of JAX arrays can take (module docstring).
+PATHS = ("host", "portable")
+
+__all__ = ["PATHS", "expand", "fold", "segment_sum"]
 
 
 def _host_fold(plan: Fold, strategy: str, out_name: str, g: Any) -> np.ndarray:
@@ -65,17 +85,41 @@ def _check(x: Any, what: str) -> str:
         raise FoldTypeError(
             f"{what} must be a floating JAX array ({', '.join(VALUE_DTYPES)}); got dtype {name}"
         )
+    return name
+
+
+def _path(x: Any, backend: str | None) -> str:
+    """``"host"`` or ``"portable"``: as asked, else host on the CPU backend, portable elsewhere."""
     try:  # a concrete array knows its devices; a tracer inside jit does not
         platforms = {d.platform for d in x.devices()}
     except (AttributeError, jax.errors.ConcretizationTypeError):
         platforms = {jax.default_backend()}
-    if platforms != {"cpu"}:
+    on_cpu = platforms == {"cpu"}
+    if backend is None or backend == "auto":
+        return "host" if on_cpu else "portable"
+    if backend not in PATHS:
+        raise FoldError(f"unknown backend {backend!r}; choose 'auto', 'host' or 'portable'")
+    if backend == "host" and not on_cpu:
         raise DeviceError(
-            f"{what} lives on {', '.join(sorted(platforms))}; bitfold.jax folds on the host "
-            "through jax.pure_callback and supports the CPU backend only for now "
-            "(a GPU path is not implemented yet)"
+            f"backend='host' folds through a host callback on the CPU backend only; the values "
+            f"live on {', '.join(sorted(platforms))}: use backend='portable' (the default there)"
         )
-    return name
+    return backend
+
+
+def _portable_fold(plan: Fold, strategy: str, g: Any, out_name: str) -> Any:
+    """The fold of ``g`` in XLA operations (:mod:`bitfold.backends.portable`)."""
+    spec = check_values(plan.shape, tuple(g.shape), np.dtype(g.dtype))
+    impl = getattr(portable, f"fold_{strategy}")
+    if out_name == "bfloat16" and strategy != "exact":  # their float32 fold, rounded
+        return impl(plan, g, spec, "float32").astype(jnp.bfloat16)
+    return impl(plan, g, spec, out_name)
+
+
+def _fold_by(path: str, plan: Fold, strategy: str, g: Any, out_name: str) -> Any:
+    if path == "portable":
+        return _portable_fold(plan, strategy, g, out_name)
+    return _callback(plan, strategy, g, out_name)
 
 
 def _callback(plan: Fold, strategy: str, g: Any, out_name: str) -> Any:
@@ -86,32 +130,32 @@ def _callback(plan: Fold, strategy: str, g: Any, out_name: str) -> Any:
     return jax.pure_callback(fn, out, g, vmap_method="sequential")
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def _expand(v: Any, plan: Fold, strategy: str) -> Any:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _expand(v: Any, plan: Fold, strategy: str, path: str) -> Any:
     return jnp.take(v, _index(plan), axis=0).reshape(plan.shape + tuple(v.shape[1:]))
 
 
-def _expand_fwd(v: Any, plan: Fold, strategy: str) -> tuple[Any, Any]:
-    return _expand(v, plan, strategy), None
+def _expand_fwd(v: Any, plan: Fold, strategy: str, path: str) -> tuple[Any, Any]:
+    return _expand(v, plan, strategy, path), None
 
 
-def _expand_bwd(plan: Fold, strategy: str, res: Any, g: Any) -> tuple[Any]:
-    return (_callback(plan, strategy, g, np.dtype(g.dtype).name),)
+def _expand_bwd(plan: Fold, strategy: str, path: str, res: Any, g: Any) -> tuple[Any]:
+    return (_fold_by(path, plan, strategy, g, np.dtype(g.dtype).name),)
 
 
 _expand.defvjp(_expand_fwd, _expand_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def _fold(flat: Any, plan: Fold, strategy: str, out_name: str) -> Any:
-    return _callback(plan, strategy, flat, out_name)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+def _fold(flat: Any, plan: Fold, strategy: str, out_name: str, path: str) -> Any:
+    return _fold_by(path, plan, strategy, flat, out_name)
 
 
-def _fold_fwd(flat: Any, plan: Fold, strategy: str, out_name: str) -> tuple[Any, Any]:
-    return _fold(flat, plan, strategy, out_name), jnp.zeros((0,), flat.dtype)
+def _fold_fwd(flat: Any, plan: Fold, strategy: str, out_name: str, path: str) -> tuple[Any, Any]:
+    return _fold(flat, plan, strategy, out_name, path), jnp.zeros((0,), flat.dtype)
 
 
-def _fold_bwd(plan: Fold, strategy: str, out_name: str, res: Any, g: Any) -> tuple[Any]:
+def _fold_bwd(plan: Fold, strategy: str, out_name: str, path: str, res: Any, g: Any) -> tuple[Any]:
     return (jnp.take(g.astype(res.dtype), _index(plan), axis=0),)
 
 
@@ -126,13 +170,13 @@ def _check_plan(plan: Any, strategy: str) -> str:
     return get_strategy(strategy).name
 
 
-def expand(v: Any, plan: Fold, strategy: str = "exact") -> Any:
+def expand(v: Any, plan: Fold, strategy: str = "exact", *, backend: str | None = None) -> Any:
     """``v[plan.index]`` in the plan's shape; the gradient of ``v`` is ``plan``'s fold.
 
     ``v`` is a floating JAX array of shape ``(plan.K,)`` or ``(plan.K,) +
-    trailing`` (rows) on the CPU backend; the result has shape ``plan.shape +
-    trailing``. See the module docstring for the host round trip and the
-    gradient dtype.
+    trailing`` (rows), on any backend; the result has shape ``plan.shape +
+    trailing``. ``backend`` (``"host"``, ``"portable"``) chooses the path of
+    the gradient's fold (module docstring), with the same bits either way.
 
     >>> import numpy as np, jax, jax.numpy as jnp, bitfold, bitfold.jax as bj
     >>> plan = bitfold.Fold(np.array([[0, 1], [1, 1]]), K=2)
@@ -142,10 +186,17 @@ def expand(v: Any, plan: Fold, strategy: str = "exact") -> Any:
     strategy = _check_plan(plan, strategy)
     _check(v, "v")
     check_expand_input(plan.K, tuple(v.shape))
-    return _expand(v, plan, strategy)
+    return _expand(v, plan, strategy, _path(v, backend))
 
 
-def fold(values: Any, plan: Fold, strategy: str = "exact", *, out_dtype: Any = None) -> Any:
+def fold(
+    values: Any,
+    plan: Fold,
+    strategy: str = "exact",
+    *,
+    out_dtype: Any = None,
+    backend: str | None = None,
+) -> Any:
     """The bucket sums of ``values`` as a JAX array of shape ``(K,) + trailing``.
 
     ``values`` have the index's shape or ``(N,)``, followed by a trailing
@@ -154,7 +205,7 @@ def fold(values: Any, plan: Fold, strategy: str = "exact", *, out_dtype: Any = N
     ``out_dtype`` defaults to float32 (float64 for float64 values), as in
     ``plan(values)``; ``"bfloat16"`` rounds the exact sum once to bfloat16.
     Differentiable: the gradient of ``values`` is the expanded output
-    gradient. Runs on the host (see the module docstring).
+    gradient. ``backend`` chooses the path (module docstring).
     """
     strategy = _check_plan(plan, strategy)
     name = _check(values, "values")
@@ -162,33 +213,48 @@ def fold(values: Any, plan: Fold, strategy: str = "exact", *, out_dtype: Any = N
         out_dtype = jnp.dtype(out_dtype).name
     out_name = resolve_out_dtype(name, out_dtype)
     spec = check_values(plan.shape, tuple(values.shape), name)
-    return _fold(values.reshape((plan.size, *spec.trailing)), plan, strategy, out_name)
+    path = _path(values, backend)
+    return _fold(values.reshape((plan.size, *spec.trailing)), plan, strategy, out_name, path)
 
 
 # -- segment_sum: jax.ops.segment_sum's signature, exact ----------------------------------------
 def _host_segment_sum(num_segments: int, out_name: str, data: Any, ids: Any) -> np.ndarray:
-    """One (unbatched) exact segment sum on the host: a plan of these ids, folded once."""
+    """One (unbatched) exact segment sum on the host: a plan of these ids, folded once.
+
+    An id outside ``[0, num_segments)`` (possible only for ids traced inside
+    ``jit``) gives the canonical NaN everywhere: raising inside a callback
+    would surface as an untyped runtime error.
+    """
     ids = np.asarray(ids)
+    shape = (num_segments, *np.shape(data)[ids.ndim :])
+    flat = ids.reshape(-1)
+    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= num_segments):
+        nan = FLOATS[out_name].canonical_nan
+        return np.full(shape, nan, FLOATS[out_name].bits_dtype).view(jnp.dtype(out_name))
     plan = Fold(ids, num_segments)
     return _host_fold(plan, "exact", out_name, np.asarray(data).reshape(ids.size, -1)).reshape(
-        (num_segments, *np.shape(data)[ids.ndim :])
+        shape
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _segment_sum(data: Any, segment_ids: Any, num_segments: int) -> Any:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _segment_sum(data: Any, segment_ids: Any, num_segments: int, path: str) -> Any:
     out_name = np.dtype(data.dtype).name
     trailing = tuple(data.shape[segment_ids.ndim :])
+    if path == "portable":
+        ids = segment_ids.reshape(-1)
+        flat = data.reshape((ids.shape[0], *trailing))
+        return portable.segment_fold(flat, ids, num_segments, out_name)
     out = jax.ShapeDtypeStruct((num_segments, *trailing), data.dtype)
     fn = functools.partial(_host_segment_sum, num_segments, out_name)
     return jax.pure_callback(fn, out, data, segment_ids, vmap_method="sequential")
 
 
-def _segment_sum_fwd(data: Any, segment_ids: Any, num_segments: int) -> tuple[Any, Any]:
-    return _segment_sum(data, segment_ids, num_segments), segment_ids
+def _segment_sum_fwd(data: Any, segment_ids: Any, num_segments: int, path: str) -> tuple[Any, Any]:
+    return _segment_sum(data, segment_ids, num_segments, path), segment_ids
 
 
-def _segment_sum_bwd(num_segments: int, segment_ids: Any, g: Any) -> tuple[Any, Any]:
+def _segment_sum_bwd(num_segments: int, path: str, segment_ids: Any, g: Any) -> tuple[Any, Any]:
     ids_zero = np.zeros(segment_ids.shape, jax.dtypes.float0)
     return jnp.take(g, segment_ids, axis=0), ids_zero
 
@@ -202,6 +268,8 @@ def segment_sum(
     num_segments: int | None = None,
     indices_are_sorted: bool = False,
     unique_indices: bool = False,
+    *,
+    backend: str | None = None,
 ) -> Any:
     """``jax.ops.segment_sum`` with the same signature, exact: one correctly rounded sum each.
 
@@ -210,13 +278,13 @@ def segment_sum(
     + trailing`` gives ``(num_segments,) + trailing``), in ``data``'s dtype:
     the same bits for any order of the data, where XLA's scatter-add promises
     no order. Works under ``jit``, ``grad`` (the gradient of ``data`` is
-    ``g[segment_ids]``) and ``vmap`` on the CPU backend, through
-    ``jax.pure_callback`` (the host round trip of :func:`fold`); a GPU array
-    is refused with :class:`bitfold.DeviceError` until a device path exists.
+    ``g[segment_ids]``) and ``vmap`` on every backend; ``backend`` chooses
+    the path (module docstring), with the same bits either way.
 
     Differences from ``jax.ops.segment_sum``: a segment id outside
-    ``[0, num_segments)`` is an error (:class:`bitfold.IndexRangeError`,
-    raised when the callback runs) rather than silently dropped;
+    ``[0, num_segments)`` is never silently dropped: with concrete ids it is
+    a :class:`bitfold.IndexRangeError`; inside ``jit`` the whole result is the
+    canonical NaN (module docstring);
     ``num_segments`` must be given when ``segment_ids`` is traced (under
     ``jit``). ``indices_are_sorted`` and ``unique_indices`` are accepted
     hints; neither changes the result.
@@ -226,6 +294,7 @@ def segment_sum(
     [4.0, 0.0, 2.0]
     """
     _check(data, "data")
+    path = _path(data, backend)
     ids_dtype = getattr(segment_ids, "dtype", None)
     ids_dtype = np.dtype(ids_dtype if ids_dtype is not None else np.asarray(segment_ids).dtype)
     if ids_dtype.kind not in "iu":
@@ -247,4 +316,4 @@ def segment_sum(
     num_segments = check_K(num_segments)
     if concrete is not None and concrete.size:
         Fold(concrete, num_segments)  # refuses an id outside [0, num_segments) now, by name
-    return _segment_sum(data, segment_ids, num_segments)
+    return _segment_sum(data, segment_ids, num_segments, path)

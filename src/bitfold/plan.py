@@ -159,9 +159,15 @@ class Fold:
         return value
 
     # -- folding ----------------------------------------------------------------
-    def __call__(self, values: Any, strategy: str = "exact", *, out_dtype: Any = None) -> Any:
-        """Fold ``values`` into K sums with ``strategy`` (see :func:`bitfold.dispatch.fold`)."""
-        return dispatch.fold(self, values, strategy, out_dtype=out_dtype)
+    def __call__(
+        self, values: Any, strategy: str = "exact", *, out_dtype: Any = None, backend: Any = None
+    ) -> Any:
+        """Fold ``values`` into K sums with ``strategy`` (see :func:`bitfold.dispatch.fold`).
+
+        ``backend`` (``"host"``, ``"cuda"``, ``"portable"``) forces a backend; by
+        default the values' family and device choose it.
+        """
+        return dispatch.fold(self, values, strategy, out_dtype=out_dtype, backend=backend)
 
     def route(self, values: Any, strategy: str = "exact", **options: Any) -> dispatch.Route:
         """Which backend and which of its routes would fold ``values``, and why (folds nothing).

@@ -3,7 +3,9 @@
 ``host`` serves NumPy arrays, CPU tensors and CPU JAX arrays with the Numba
 CPU kernels; ``cuda`` serves GPU arrays (CuPy, torch CUDA, numba and
 ``__cuda_array_interface__`` arrays) with the numba-cuda kernels (loaded
-only when GPU values arrive). Each module ends with its ``BACKEND`` entry
+only when GPU values arrive); ``portable`` serves torch, CuPy and JAX arrays
+on any device (CUDA without numba-cuda, MPS, XPU, ROCm, TPU, JAX on a GPU)
+with the array libraries' own integer operations. Each module ends with its ``BACKEND`` entry
 (:class:`~bitfold.backends.registry.Backend`); the lines below register them,
 in the order :func:`~bitfold.backends.registry.backend_for` asks them. A new
 backend is one module and one line here.
@@ -11,10 +13,11 @@ backend is one module and one line here.
 
 from __future__ import annotations
 
-from . import cuda, host
+from . import cuda, host, portable
 from .registry import backend_names, register
 
 register(host.BACKEND)
-register(cuda.BACKEND)
+register(cuda.BACKEND)  # when numba-cuda loads (its entry's available())
+register(portable.BACKEND)  # every device the array libraries run on
 
 __all__ = ["backend_names"]

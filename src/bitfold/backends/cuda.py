@@ -43,6 +43,7 @@ device memory (contiguity, the device of a state) is checked here.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -808,6 +809,18 @@ def device_values_of_state(state: Any) -> _StateView:
 #: The CUDA backend's registry entry (:mod:`bitfold.backends.registry`). Its accumulator
 #: states live on the host (``add_to_state`` copies the device state back once), so the
 #: state operations are the host's; :func:`exact_state` keeps a state on the device.
+@functools.cache
+def numba_cuda_loads() -> bool:
+    """True when numba-cuda imports and finds a device (or its simulator); else CUDA values
+    take the portable backend."""
+    try:
+        from numba import cuda as numba_cuda
+
+        return bool(numba_cuda.is_available())
+    except Exception:  # no numba-cuda, no driver
+        return False
+
+
 BACKEND = Backend.from_functions(
     globals(),
     name=NAME,
@@ -821,6 +834,7 @@ BACKEND = Backend.from_functions(
     init=InitRule(strategies=("exact",), mixed_dtypes=False),
     explain=explain_route,
     summary="CuPy arrays, torch CUDA tensors, numba and __cuda_array_interface__ arrays",
+    available=lambda: numba_cuda_loads(),
 )
 
 __all__ = [

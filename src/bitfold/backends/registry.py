@@ -21,7 +21,10 @@ entry states, as data:
   array may have another dtype than the values (see :class:`InitRule`);
 * optionally ``explain(plan, values, spec, **options) -> (route, reason)``:
   which of its paths an ``exact`` fold would take, and why
-  (``plan.route(values)``).
+  (``plan.route(values)``);
+* optionally ``available() -> bool``: whether it can run here at all (the
+  CUDA backend: whether numba-cuda loads); an unavailable backend serves
+  nothing, and the next one is asked.
 
 A backend missing any piece is refused by :func:`register` with an error
 naming it and the piece. :func:`backend_for` picks the first registered
@@ -77,6 +80,7 @@ class Backend:
     init: InitRule = InitRule()
     explain: Impl | None = None
     summary: str = ""
+    available: Callable[[], bool] | None = None
 
     @classmethod
     def from_functions(cls, functions: Mapping[str, Any], **entry: Any) -> Backend:
@@ -88,8 +92,15 @@ class Backend:
         return cls(folds=folds, **{**{op: functions.get(op) for op in OPERATIONS}, **entry})
 
     def serves(self, family: str, device: str) -> bool:
-        """True when this backend folds values of array ``family`` living on ``device``."""
-        return family in self.families and device in self.devices
+        """True when this backend folds values of array ``family`` living on ``device``.
+
+        ``devices`` may be ``("*",)``: any device the array library runs on. A
+        backend whose ``available()`` says False (its kernels' library does not
+        load) serves nothing.
+        """
+        if family not in self.families or not ("*" in self.devices or device in self.devices):
+            return False
+        return self.available is None or bool(self.available())
 
     def fold(self, strategy: str) -> Impl:
         """The implementation of ``strategy`` (every registered backend has one per strategy)."""
@@ -150,8 +161,24 @@ def backends() -> tuple[Backend, ...]:
     return tuple(_REGISTRY.values())
 
 
-def backend_for(family: str, device: str, what: str = "values") -> Backend:
-    """The first registered backend serving arrays of ``family`` on ``device``, or a refusal."""
+def backend_for(
+    family: str, device: str, what: str = "values", name: str | None = None
+) -> Backend:
+    """The first registered backend serving arrays of ``family`` on ``device``, or a refusal.
+
+    With ``name``, that backend (forced), refused unless it serves them.
+    """
+    if name is not None:
+        chosen = get_backend(name)
+        if not chosen.serves(family, device):
+            raise DeviceError(
+                f"the {name} backend does not fold {what} that are {family} arrays on device "
+                f"{device!r}: it serves {', '.join(chosen.families)} arrays on "
+                f"{', '.join(chosen.devices)}"
+                + ("" if chosen.available is None or chosen.available() else ", and cannot run "
+                   "here")
+            )
+        return chosen
     for backend in _REGISTRY.values():
         if backend.serves(family, device):
             return backend
@@ -159,9 +186,8 @@ def backend_for(family: str, device: str, what: str = "values") -> Backend:
         f"{b.name}: {', '.join(b.families)} arrays on {', '.join(b.devices)}"
         for b in _REGISTRY.values()
     )
-    hint = " (use bitfold.jax for JAX arrays on a GPU)" if family == "jax" else ""
     raise DeviceError(
-        f"{what} are {family} arrays on device {device!r}, which no backend folds{hint}; "
+        f"{what} are {family} arrays on device {device!r}, which no backend folds; "
         f"the backends serve {served} — move them with .cpu() or to a CUDA device"
     )
 

@@ -1,0 +1,667 @@
+"""The portable backend: exact folds written once in the array library's own operations.
+
+It folds torch tensors on any device (CPU, CUDA, ROCm, MPS, XPU), CuPy arrays
+and JAX arrays on any backend (and NumPy arrays, when asked), with nothing
+but the operations of their array family (:mod:`bitfold.arrays`): integer
+views of float bits, shifts and masks, an integer scatter-add, gathers,
+``where`` and reductions. There is no switch on the library: the same lines
+run everywhere, so the CPU tests prove the code that runs on a device.
+
+Method (DESIGN.md §11)
+----------------------
+Integer addition is associative and commutative, so an integer scatter-add
+gives the same bits in any order, atomics included.
+
+1. *Decode* every value with integer operations only (immune to flush-to-zero):
+   sign, integer significand ``M`` and shift ``p`` with ``|v| = M·2^(p + unit)``
+   (:func:`bitfold.formats.decode_shift`; ``unit`` is the limb format's, -149 for
+   float16/bfloat16/float32 values and -1074 for float64 values).
+2. *Split* ``±M << p`` into ``w``-bit digits: digit ``p // w + t`` gets
+   ``±((M << (p mod w)) >> (w t)) mod 2^w`` for a fixed number of pieces ``t``.
+   NaN, +inf and -inf add 1 to their counter column instead, and -0.0 adds -1 to
+   ``n_not_negzero`` (the plan's counts are added to it and to ``n_terms``).
+3. *Scatter-add* every piece into one flat integer table, ``(K·D, digits + 5)``:
+   each output element's digits, then the five counters of
+   :class:`bitfold.formats.LimbFormat`. With int64 words the digits are 32 bits
+   wide and the table *is* the accumulator state of the host
+   (:attr:`bitfold.ExactAccumulator.state`), so states merge across backends.
+   Without int64 (JAX in its default 32-bit mode) the words are int32 and the
+   digits 16 bits wide (8 bits when a bucket holds more than 2^13 values), the
+   same 320 bits in finer digits, converted to the host layout when a state
+   leaves the device.
+4. *Carry* (sequentially over the digit columns, vectorised over the output
+   elements), take the sign from the top digit, and *round once* to the output
+   format with integer operations: leading digit and bit length, the guard bit
+   and the sticky bit, round half to even, then the bit pattern, read back as the
+   output dtype.
+
+Each addition is below ``2^w`` in magnitude: a word absorbs ``2^30`` additions
+(int64, 32-bit digits) or ``2^(29 - w)`` (int32) before it could overflow.
+More positions than that are taken in fixed chunks (from the shapes only)
+with a carry between chunks.
+
+Numeric contract: the host's (:mod:`bitfold.exact`). ``exact`` returns the
+correctly rounded sum of every bucket, the same bits as the host path and
+the Fraction oracle, on every device; NaN results are the canonical NaN of
+:data:`bitfold.formats.FLOATS`. Nothing waits for the device inside a fold
+(no ``.item()``, no shape that depends on the data): a torch fold traces with
+fake tensors to ATen ops and compiles with ``torch.compile(fullgraph=True)``;
+a JAX fold runs under ``jit``, ``grad`` and ``vmap``.
+
+``ordered`` adds each bucket's values in increasing position, one rounding
+an addition, the host's order and bits (a loop of ``max(counts)`` vector
+steps: slow for hot buckets, use ``exact``); ``atomic`` is the library's
+float scatter-add.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..arrays import ArrayFamily, family_of, to_numpy
+from ..errors import DeviceError, FoldError, FoldTypeError
+from ..formats import (
+    F64,
+    FLOATS,
+    N_NAN,
+    N_NEGINF,
+    N_NOT_NEGZERO,
+    N_POSINF,
+    N_TERMS,
+    LimbFormat,
+    check_value_dtype,
+    decode_shift,
+    dtype_name,
+    limb_format_for,
+)
+from ..validate import Values
+from . import host_state
+from .registry import Backend, InitRule
+
+if TYPE_CHECKING:
+    from ..plan import Fold
+
+NAME = "portable"
+#: The array families whose operations this backend is written against.
+FAMILIES: tuple[str, ...] = ("torch", "cupy", "jax", "numpy")
+
+
+def serves(device: str) -> bool:
+    """Any device: the portable path runs wherever its array library does."""
+    return True
+
+
+def serves_family(family: str, device: str) -> bool:
+    """True for arrays of :data:`FAMILIES` on any device."""
+    return family in FAMILIES
+
+
+# -- integer words -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Words:
+    """How exact sums are held in integer words on one array library.
+
+    ``word`` is the integer dtype, ``digit_bits`` the width ``w`` of a digit
+    (each addition to a word is below ``2^w`` in magnitude), ``digits`` the
+    digit columns of an output element and ``chunk`` the most additions to one
+    word between two carry passes.
+    """
+
+    word: str
+    word_bits: int
+    digit_bits: int
+    digits: int
+    chunk: int
+
+    @property
+    def columns(self) -> int:
+        """Columns of a table row: the digits and the five counters."""
+        return self.digits + 5
+
+
+def words_for(fmt: LimbFormat, int64: bool, bound: int) -> Words:
+    """The words for sums in ``fmt`` when each output element gets at most ``bound`` terms.
+
+    int64 words hold 32-bit digits, the host's limbs (:class:`LimbFormat`).
+    int32 words hold the same bits in 16-bit digits, or 8-bit digits when
+    ``bound`` exceeds 2^13 (a word then absorbs 2^21 additions between carries).
+    """
+    if int64:
+        return Words("int64", 64, 32, fmt.limbs, 1 << 30)
+    if fmt is F64:
+        raise FoldTypeError(
+            "exact sums of float64 values need 64-bit integers: enable them "
+            "(jax.config.update('jax_enable_x64', True)), as JAX itself needs for float64"
+        )
+    w = 16 if bound <= (1 << 13) else 8
+    return Words("int32", 32, w, fmt.limbs * 32 // w, 1 << (29 - w))
+
+
+def _pieces(value_dtype: str, w: int) -> int:
+    """Digits one value's ``M << (p mod w)`` can touch."""
+    return -(-(FLOATS[value_dtype].precision + w - 1) // w)
+
+
+# -- steps 1 and 2: decode a value into digit pieces --------------------------------------------
+def _terms(
+    ops: ArrayFamily, values: Any, rows: Any, dtype: str, fmt: LimbFormat, words: Words
+) -> tuple[list[Any], list[Any]]:
+    """(flat table positions, signed additions) of every piece of every value (flat arrays)."""
+    f = FLOATS[dtype]
+    w, word, cols, D0 = words.digit_bits, words.word, words.columns, words.digits
+    bits = ops.bitcast(values, f.signed_bits_dtype.name)
+    if f.width < 32:
+        bits = ops.astype(bits, "int32")
+    neg = bits < 0
+    expo = (bits >> f.fraction_bits) & ((1 << f.exponent_bits) - 1)
+    frac = bits & ((1 << f.fraction_bits) - 1)
+    if f.width != words.word_bits:
+        expo, frac = ops.astype(expo, word), ops.astype(frac, word)
+    top = (1 << f.exponent_bits) - 1
+    special = expo == top
+    nan = special & (frac != 0)
+    posinf = special & (frac == 0) & ~neg
+    neginf = special & (frac == 0) & neg
+    negzero = neg & (expo == 0) & (frac == 0)
+    mant = frac + (ops.astype(expo != 0, word) << f.fraction_bits)
+    p = ops.clip(expo, 1, top) + (decode_shift(dtype, fmt) - 1)
+    j = p >> int(math.log2(w))
+    r = p & (w - 1)
+    base = rows * cols
+    where = ops.where
+    index, adds = [], []
+    for t in range(_pieces(dtype, w)):
+        if t == 0:  # the low w - r bits of M, moved up by r (never wider than w bits)
+            keep = w - r
+            digit = (mant - ((mant >> keep) << keep)) << r
+        else:
+            digit = (mant >> ops.clip(w * t - r, 0, words.word_bits - 1)) & ((1 << w) - 1)
+        signed = where(neg, -digit, digit)
+        col = j + t
+        if t == 0:
+            col = where(neginf, D0 + N_NEGINF, col)
+            col = where(nan, D0 + N_NAN, where(posinf, D0 + N_POSINF, col))
+            add = where(special, 1, signed)
+        elif t == 1:
+            col = where(special, 0, where(negzero, D0 + N_NOT_NEGZERO, col))
+            add = where(special, 0, where(negzero, -1, signed))
+        else:
+            col = where(special, 0, col)
+            add = where(special, 0, signed)
+        index.append(base + col)
+        adds.append(ops.astype(add, word))
+    return index, adds
+
+
+# -- step 3: the table --------------------------------------------------------------------------
+def _carry(cols: list[Any], w: int) -> list[Any]:
+    """Digit columns with carries moved up: all in ``[0, 2^w)`` but the top one (signed)."""
+    mask = (1 << w) - 1
+    out: list[Any] = []
+    carry = None
+    for c in cols[:-1]:
+        if carry is not None:
+            c = c + carry
+        carry = c >> w
+        out.append(c & mask)
+    out.append(cols[-1] if carry is None else cols[-1] + carry)
+    return out
+
+
+def _carried_table(ops: ArrayFamily, table: Any, words: Words, R: int) -> Any:
+    """The flat table with its digits carried (the counters as they are)."""
+    t2 = table.reshape(R, words.columns)
+    cols = _carry([t2[:, i] for i in range(words.digits)], words.digit_bits)
+    cols += [t2[:, words.digits + i] for i in range(5)]
+    return ops.stack(cols, 1).reshape(-1)
+
+
+def table_of(
+    ops: ArrayFamily,
+    like: Any,
+    fmt: LimbFormat,
+    words: Words,
+    R: int,
+    groups: list[tuple[Any, Any, str]],
+    counts_rows: Any,
+    bound: int,
+) -> Any:
+    """The flat ``(R · columns,)`` table of the exact sums of ``groups``.
+
+    ``groups`` are ``(rows, values, dtype)``: flat values and the table row
+    (output element) each one adds to. ``counts_rows`` (R,) is the number of
+    terms of every output element (added to ``n_terms`` and ``n_not_negzero``),
+    ``bound`` the most terms of one output element. When more than
+    ``words.chunk`` additions could reach one word, the groups are taken in
+    chunks of positions, carried in between (decided from the shapes only).
+    """
+    cols = words.columns
+    table = ops.zeros(like, (R * cols,), words.word)
+    at = ops.arange(like, R, words.word) * cols
+    index = [at + (words.digits + N_TERMS), at + (words.digits + N_NOT_NEGZERO)]
+    adds = [counts_rows, counts_rows]
+    load = 0  # additions to one word since the last carry
+    for rows, values, dtype in groups:
+        n = int(values.shape[0])
+        for lo in range(0, max(n, 1), words.chunk):
+            m = min(words.chunk, n - lo)
+            if load + min(m, bound) > words.chunk:
+                table = ops.scatter_add(table, ops.concat(index), ops.concat(adds))
+                table, index, adds, load = _carried_table(ops, table, words, R), [], [], 0
+            more = _terms(ops, values[lo : lo + m], rows[lo : lo + m], dtype, fmt, words)
+            index, adds, load = index + more[0], adds + more[1], load + min(m, bound)
+    return ops.scatter_add(table, ops.concat(index), ops.concat(adds))
+
+
+# -- step 4: carry, sign, round once ------------------------------------------------------------
+def _bit_length(ops: ArrayFamily, x: Any, w: int) -> Any:
+    """Bits of each non-negative ``x < 2^w`` (0 for 0), by halving: integer operations only."""
+    n = x - x
+    step = w // 2
+    while step:
+        big = (x >> step) != 0
+        n = n + ops.where(big, step, 0)
+        x = ops.where(big, x >> step, x)
+        step //= 2
+    return n + x
+
+
+def round_table(ops: ArrayFamily, table: Any, words: Words, fmt: LimbFormat, out_name: str) -> Any:
+    """Each row of ``table`` ``(R, columns)`` rounded once to ``out_name``: an ``(R,)`` array.
+
+    The rows need not be carried (a merged state is not): only clear of
+    overflow. bfloat16 results of a library without bfloat16 are float32
+    arrays holding the bfloat16 values.
+    """
+    target = FLOATS[out_name]
+    P, F, E, S = target.precision, target.fraction_bits, target.exponent_bits, target.subnormal_exp
+    w, n, word = words.digit_bits, words.digits, words.word
+    where, unit = ops.where, fmt.unit_exp
+    cols = _carry([table[:, i] for i in range(n)], w)
+    neg = cols[-1] < 0
+    cols = _carry([where(neg, -c, c) for c in cols], w)
+    digits = ops.stack(cols, 1)  # (R, n), each in [0, 2^w)
+    pos = ops.arange(table, n, word).reshape(1, n)
+    top = ops.amax(where(digits != 0, pos + 1, 0), 1)  # leading digit + 1; 0 for a zero sum
+    zero = top == 0
+    h = ops.clip(top - 1, 0, n - 1)
+    lead = ops.sum(where(pos == h.reshape(-1, 1), digits, 0), 1)
+    e = h * w + _bit_length(ops, lead, w) + (unit - 1)  # exponent of the leading bit
+    q = ops.clip(e - (P - 1), S, 1 << 20)  # exponent of the result's last bit
+    below = (q - unit - 1).reshape(-1, 1)  # bits under the guard bit
+    a = pos * w - below
+    up, down = ops.clip(a, 0, words.word_bits - 1), ops.clip(-a, 0, w)
+    part = where(a >= 0, digits << up, digits >> down)
+    x = ops.sum(part, 1)  # the significand and the guard bit
+    low = ops.clip(below - pos * w, 0, w)
+    sticky = ops.amax(ops.astype((digits - ((digits >> low) << low)) != 0, word), 1)
+    mag = x >> 1
+    mag = mag + ((x & 1) & (sticky | (mag & 1)))
+    biased = (q - S) + (mag >> F)
+    inf_exp = (1 << E) - 1
+    over = biased >= inf_exp
+    bits = (ops.clip(biased, 0, inf_exp) << F) | where(over, 0, mag & ((1 << F) - 1))
+    counter = table[:, n:]
+    negzero = (counter[:, N_NOT_NEGZERO] == 0) & (counter[:, N_TERMS] > 0)
+    bits = where(zero, 0, bits)
+    sign_bit = 1 << (target.width - 1)
+    signed = bits + where(neg | (zero & negzero), -sign_bit, 0)
+    posinf, neginf = counter[:, N_POSINF] > 0, counter[:, N_NEGINF] > 0
+    inf = inf_exp << F
+    signed = where(posinf, inf, where(neginf, inf - sign_bit, signed))
+    signed = where((counter[:, N_NAN] > 0) | (posinf & neginf), target.canonical_nan, signed)
+    if ops.has_dtype(out_name):
+        return ops.bitcast(ops.astype(signed, target.signed_bits_dtype.name), out_name)
+    return ops.bitcast(ops.astype(signed << 16, "int32"), "float32")  # bfloat16, held in float32
+
+
+# -- what a plan gives the device, made once per device ----------------------------------------
+def _constant(plan: Fold, ops: ArrayFamily, like: Any, what: str, build: Any) -> Any:
+    """``build()`` (a host array) on ``like``'s device; kept on the plan unless tracing.
+
+    Under ``torch.compile`` the plan must have met the device once before (a
+    first, eager call), as for a CUDA-graph capture: the compiled fold then
+    reads the kept constants.
+    """
+    key = ops.cache_key(like)
+    if key is None:
+        return ops.constant(like, build())
+    return plan.prepared(("portable", what, key), lambda: ops.constant(like, build()))
+
+
+def _max_count(plan: Fold) -> int:
+    """The most values of one bucket (a Python int, kept on the plan)."""
+    return plan.prepared(("portable", "max-count"), lambda: int(plan.counts.max()))
+
+
+def _index(plan: Fold, ops: ArrayFamily, like: Any, word: str) -> Any:
+    return _constant(plan, ops, like, f"index-{word}", lambda: plan.index.astype(word))
+
+
+def _rows(ops: ArrayFamily, index: Any, D: int, like: Any, word: str) -> Any:
+    """Table rows of every value of ``(positions, D)`` rows: ``index * D + d``, flat."""
+    if D == 1:
+        return index
+    d = ops.arange(like, D, word).reshape(1, D)
+    return (index.reshape(-1, 1) * D + d).reshape(-1)
+
+
+def _float_name(x: Any) -> str:
+    """The canonical dtype name of a float array (a refusal for any other)."""
+    return check_value_dtype(dtype_name(x))
+
+
+def _values_format(dtype: str, init_dtype: str | None) -> LimbFormat:
+    fmt = limb_format_for(dtype)
+    if init_dtype is not None and limb_format_for(init_dtype) is F64:
+        return F64  # float64 init and float32 values: both summed in the float64 format
+    return fmt
+
+
+def _check_family(values: Any) -> ArrayFamily:
+    ops = family_of(values)
+    if ops.name not in FAMILIES:
+        raise DeviceError(
+            f"the portable path folds {', '.join(FAMILIES)} arrays; got {ops.name} arrays "
+            f"({type(values).__module__}.{type(values).__qualname__})"
+        )
+    return ops
+
+
+def _check_out(ops: ArrayFamily, out_name: str) -> None:
+    if out_name == "float64" and not ops.has_dtype("float64"):
+        raise FoldTypeError(
+            "float64 results need jax_enable_x64 (JAX makes no float64 arrays without it)"
+        )
+
+
+# -- the strategies ----------------------------------------------------------------------------
+def fold_exact(
+    plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None, **options: Any
+) -> Any:
+    """Every bucket's exact sum, rounded once to ``out_name``, on the values' device.
+
+    ``init`` ((K,) + trailing, same library and device, any float dtype) is one
+    more term of every output element. Same bits as the host path.
+    """
+    check_options(options)
+    ops = _check_family(values)
+    _check_out(ops, out_name)
+    K, D = plan.K, spec.row_size
+    init_dtype = None if init is None else _float_name(init)
+    fmt = _values_format(spec.dtype, init_dtype)
+    bound = _max_count(plan) + (init is not None)
+    words = words_for(fmt, ops.has_int64(values), bound)
+    index = _index(plan, ops, values, words.word)
+    groups = [(_rows(ops, index, D, values, words.word), values.reshape(-1), spec.dtype)]
+    if init is not None:
+        every = ops.arange(values, K * D, words.word)
+        groups.append((every, init.reshape(-1), init_dtype))
+    counts = _constant(
+        plan, ops, values, f"counts-rows-{words.word}-{D}-{init is not None}",
+        lambda: np.repeat(plan.counts + (init is not None), D).astype(words.word),
+    )  # fmt: skip
+    table = table_of(ops, values, fmt, words, K * D, groups, counts, bound)
+    out = round_table(ops, table.reshape(K * D, words.columns), words, fmt, out_name)
+    return out.reshape((K, *spec.trailing))
+
+
+def segment_fold(
+    data: Any, segment_ids: Any, num_segments: int, out_name: str, *, check: bool = True
+) -> Any:
+    """The exact fold of ``data`` ((n,) + trailing) by traced ``segment_ids`` ((n,)), no plan.
+
+    For ids that live on the device only (JAX ids inside ``jit``): the counts
+    come from an integer scatter of ones, the chunking from ``n``. An id
+    outside ``[0, num_segments)`` cannot be refused without reading the ids on
+    the host, so with ``check`` the whole result is the canonical NaN instead
+    (never a silently wrong sum).
+    """
+    ops = _check_family(data)
+    _check_out(ops, out_name)
+    dtype = _float_name(data)
+    n = int(segment_ids.shape[0])
+    trailing = tuple(int(s) for s in data.shape[1:])
+    K, D = num_segments, math.prod(trailing)
+    fmt = limb_format_for(dtype)
+    words = words_for(fmt, ops.has_int64(data), n)
+    ids = ops.astype(segment_ids, words.word)
+    ones = ops.astype(ids - ids + 1, words.word)
+    counts = ops.scatter_add(ops.zeros(data, (K,), words.word), ids, ones)
+    if D != 1:
+        counts = (counts.reshape(-1, 1) + ops.zeros(data, (1, D), words.word)).reshape(-1)
+    groups = [(_rows(ops, ids, D, data, words.word), data.reshape(-1), dtype)]
+    table = table_of(ops, data, fmt, words, K * D, groups, counts, n)
+    out = round_table(ops, table.reshape(K * D, words.columns), words, fmt, out_name)
+    if check and n:
+        bad = ops.amax(ops.astype((ids < 0) | (ids >= K), words.word), 0)
+        nan = _canonical_nan(ops, out, out_name)
+        out = ops.where(bad > 0, nan, out)
+    return out.reshape((K, *trailing))
+
+
+def _canonical_nan(ops: ArrayFamily, like: Any, out_name: str) -> Any:
+    """The canonical NaN of ``out_name`` as a one-element array of ``like``'s family."""
+    f = FLOATS[out_name]
+    held = out_name if ops.has_dtype(out_name) else "float32"
+    bits = f.canonical_nan << (16 if held != out_name else 0)
+    width = FLOATS[held].signed_bits_dtype.name
+    return ops.bitcast(ops.zeros(like, (1,), width) + bits, held)
+
+
+def fold_ordered(
+    plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None, **options: Any
+) -> Any:
+    """``out[index[i]] += values[i]`` for i in increasing position, rounded in ``out_name``.
+
+    The host's order and bits (``out`` starts as zeros, or ``init``), in
+    ``max(counts)`` vector steps of K rows each; NaN results canonical.
+    """
+    check_options(options)
+    ops = _check_family(values)
+    _check_out(ops, out_name)
+    K, D, N = plan.K, spec.row_size, spec.positions
+    rows = ops.astype(values.reshape(N, D), out_name)
+    acc = ops.zeros(values, (K, D), out_name)
+    if init is not None:
+        acc = ops.astype(init.reshape(K, D), out_name)
+    word = "int64" if ops.has_int64(values) else "int32"
+    order = _constant(plan, ops, values, f"order-{word}", lambda: plan.order.astype(word))
+    starts = _constant(plan, ops, values, f"starts-{word}", lambda: plan.offsets[:-1].astype(word))
+    counts = _constant(plan, ops, values, f"counts-{word}", lambda: plan.counts.astype(word))
+    steps = _max_count(plan)
+
+    def step(t: Any, acc: Any) -> Any:
+        at = ops.take(order, ops.clip(starts + t, 0, max(N - 1, 0)))
+        term = ops.take(rows, at)
+        return acc + ops.where((counts > t).reshape(K, 1), term, -0.0)  # x + -0.0 == x
+
+    if N:
+        acc = ops.loop(steps, step, acc)
+    return _canonical(ops, acc, out_name).reshape((K, *spec.trailing))
+
+
+def _canonical(ops: ArrayFamily, out: Any, out_name: str) -> Any:
+    """``out`` with every NaN replaced by the canonical NaN of ``out_name``."""
+    return ops.where(out != out, _canonical_nan(ops, out, out_name), out)
+
+
+def fold_atomic(
+    plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None, **options: Any
+) -> Any:
+    """The library's float scatter-add into zeros (or ``init``) of ``out_name``: no order."""
+    check_options(options)
+    ops = _check_family(values)
+    _check_out(ops, out_name)
+    K, D = plan.K, spec.row_size
+    word = "int64" if ops.has_int64(values) else "int32"
+    rows = _rows(ops, _index(plan, ops, values, word), D, values, word)
+    out = ops.zeros(values, (K * D,), out_name)
+    if init is not None:
+        out = ops.astype(init.reshape(-1), out_name)
+    out = ops.scatter_add(out, rows, ops.astype(values.reshape(-1), out_name))
+    return out.reshape((K, *spec.trailing))
+
+
+def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
+    """``v[index]`` in the index's shape (then ``trailing``), on ``v``'s device and library."""
+    ops = _check_family(v)
+    word = "int64" if ops.has_int64(v) else "int32"
+    return ops.take(v, _index(plan, ops, v, word)).reshape(plan.shape + tuple(trailing))
+
+
+# -- exact states ------------------------------------------------------------------------------
+def new_state(K: int, fmt: LimbFormat, trailing: tuple[int, ...] = (), like: Any = None) -> Any:
+    """A zero state ``(K,) + trailing + (L + 5,)`` int64 beside ``like`` (NumPy without one)."""
+    if like is None:
+        return np.zeros((K, *trailing, fmt.width), np.int64)
+    ops = _check_family(like)
+    _need_int64(ops, like)
+    return ops.zeros(like, (K, *trailing, fmt.width), "int64")
+
+
+def _need_int64(ops: ArrayFamily, like: Any) -> None:
+    if not ops.has_int64(like):
+        raise FoldTypeError(
+            "an accumulator state on the device is int64: enable jax_enable_x64, or add the "
+            "values to a host accumulator (plan.accumulator().add(values))"
+        )
+
+
+def _table(plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> tuple[Any, Words]:
+    """The table of ``values`` at plan positions ``spec.start ..``: (flat table, its words)."""
+    ops = _check_family(values)
+    D, n = spec.row_size, spec.positions
+    if spec.start == 0 and n == plan.size:
+        host_index, counts = plan.index, plan.counts
+    else:
+        host_index = plan.index[spec.start : spec.start + n]
+        counts = np.bincount(host_index, minlength=plan.K).astype(np.int64)
+    bound = int(counts.max(initial=0))
+    words = words_for(fmt, ops.has_int64(values), bound)
+    index = ops.constant(values, host_index.astype(words.word))
+    rows = _rows(ops, index, D, values, words.word)
+    counts_rows = ops.constant(values, np.repeat(counts, D).astype(words.word))
+    groups = [(rows, values.reshape(-1), spec.dtype)]
+    return table_of(ops, values, fmt, words, plan.K * D, groups, counts_rows, bound), words
+
+
+def exact_state(plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> Any:
+    """The accumulator state of ``values`` on their device: ``(K,) + trailing + (L + 5,)`` int64.
+
+    Bit for bit a host state of the same values (carried or not, it has the
+    same value): it merges with host states by integer addition.
+    """
+    ops = _check_family(values)
+    _need_int64(ops, values)
+    table, _ = _table(plan, values, spec, fmt)
+    return table.reshape((plan.K, *spec.trailing, fmt.width))
+
+
+def to_host_state(table: np.ndarray, words: Words, fmt: LimbFormat) -> np.ndarray:
+    """A table of ``w``-bit digits (host copy, rows of ``words.columns``) in the host layout."""
+    t = np.asarray(table, np.int64).reshape(-1, words.columns)
+    if words.digit_bits == 32:
+        return t
+    per = 32 // words.digit_bits
+    state = np.zeros((t.shape[0], fmt.width), np.int64)
+    for i in range(words.digits):  # digits are carried: each below 2^w but the top one
+        state[:, i // per] += t[:, i] << (words.digit_bits * (i % per))
+    state[:, fmt.limbs :] = t[:, words.digits :]
+    return state
+
+
+def add_to_state(
+    state: np.ndarray, plan: Fold, values: Any, spec: Values, fmt: LimbFormat, **options: Any
+) -> None:
+    """Add ``values`` (plan positions ``spec.start ..``) into the host ``state``, exactly.
+
+    The sums are made on the values' device and the table copied to the host
+    once (the accumulator's state lives on the host).
+    """
+    check_options(options)
+    ops = _check_family(values)
+    table, words = _table(plan, values, spec, fmt)
+    R = plan.K * spec.row_size
+    if words.digit_bits != 32:
+        table = _carried_table(ops, table, words, R)  # digits below 2^w before regrouping
+    host_table = to_host_state(to_numpy(table), words, fmt)
+    host_state.merge_states(state, host_table.reshape(state.shape), fmt)
+
+
+def merge_states(into: Any, other: Any, fmt: LimbFormat) -> Any:
+    """``into + other``: two states of one plan and format (any devices' values, one library)."""
+    return into + other
+
+
+def round_state(state: Any, fmt: LimbFormat, out_name: str) -> Any:
+    """Round every element of a state ``(K,) + trailing + (L + 5,)`` once to ``out_name``."""
+    ops = _check_family(state)
+    words = words_for(fmt, True, 1)
+    shape = tuple(int(s) for s in state.shape[:-1])
+    flat = state.reshape(-1, fmt.width)
+    return round_table(ops, flat, words, fmt, out_name).reshape(shape)
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """The portable path takes no tuning options: refuse any, by name."""
+    if options:
+        raise FoldError(
+            f"the portable backend takes no options; got {', '.join(f'{k}=' for k in options)}"
+        )
+
+
+
+def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tuple[str, str]:
+    """``plan.route``'s answer: one route, integer words in the array library's operations."""
+    ops = _check_family(values)
+    word = "int64" if ops.has_int64(values) else "int32 (16-bit digits)"
+    return "words", (
+        f"{spec.dtype} {'rows' if spec.trailing else 'scalars'} of the {ops.name} family on "
+        f"{ops.device(values)!r}: integer digits scatter-added in {word} words, carried and "
+        "rounded once with the library's own operations"
+    )
+
+
+#: The registry's entry: any device the families' libraries run on; the accumulator's state
+#: lives on the host, so its state operations are the host's.
+BACKEND = Backend.from_functions(
+    globals(),
+    name=NAME,
+    families=FAMILIES,
+    devices=("*",),
+    new_state=host_state.new_state,
+    merge_states=host_state.merge_states,
+    round_state=host_state.round_state,
+    options={"exact": (), "ordered": (), "atomic": (), "add_to_state": ()},
+    init=InitRule(strategies=("exact", "ordered", "atomic"), mixed_dtypes=True),
+    explain=explain_route,
+    summary="torch, CuPy and JAX arrays on any device (and NumPy), in their own operations",
+)
+
+__all__ = [
+    "BACKEND",
+    "FAMILIES",
+    "NAME",
+    "Words",
+    "add_to_state",
+    "exact_state",
+    "expand",
+    "fold_atomic",
+    "fold_exact",
+    "fold_ordered",
+    "merge_states",
+    "new_state",
+    "round_state",
+    "round_table",
+    "segment_fold",
+    "serves",
+    "serves_family",
+    "table_of",
+    "to_host_state",
+    "words_for",
+]

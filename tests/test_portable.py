@@ -1,0 +1,276 @@
+"""The portable backend on the CPU: the very code a device runs, bit for bit against the oracle.
+
+``plan(values, backend="portable")`` folds torch tensors (and NumPy arrays,
+when forced) with the array family's operations only. Compared bitwise with
+the Fraction oracle (hypothesis: every dtype, rows, special values, empty
+input, K = 1, large K at small N, out_dtype, init) and with the host path;
+a torch fold traces with fake tensors to ATen ops and compiles with
+``fullgraph=True``; states merge across backends; routing picks it where
+the kernels do not serve.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from oracle import exact_fold_oracle, ordered_fold_reference
+
+import bitfold
+from bitfold import arrays, dispatch
+from bitfold.backends import cuda, host, portable
+from bitfold.formats import limb_format_for
+from bitfold.validate import check_values
+
+torch = pytest.importorskip("torch", reason="the portable path is tested through torch")
+
+UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+SPECIALS = [np.nan, np.inf, -np.inf, -0.0, 0.0, 2.0**-149, -(2.0**-149), 2.0**-1074, 3.0e38,
+            -3.0e38, 1.7e308, 65504.0, 1.0, 2.0**-24, 2.0**-80]  # fmt: skip
+
+
+def _bits(x, out):
+    """Bit patterns of a result (torch or NumPy); bfloat16 as the float32 holding it."""
+    if isinstance(x, torch.Tensor):
+        x = x.float().numpy() if x.dtype == torch.bfloat16 else x.numpy()
+    x = np.asarray(x)
+    if out == "bfloat16":
+        return x.astype(np.float32).view(np.uint32)
+    return x.view(UINT[x.dtype.itemsize])
+
+
+def _as(values64, dtype):
+    """float64 test values as a torch tensor of ``dtype`` and the float64 values it holds."""
+    t = torch.from_numpy(values64).to(getattr(torch, dtype))
+    return t, t.double().numpy()
+
+
+def _oracle(index, held, K, out, init=None):
+    """The oracle per trailing column: (K, D) bits; ``init`` (K, D) adds one term a bucket."""
+    D = held.shape[1]
+    cols = []
+    for d in range(D):
+        idx, vals = index, held[:, d]
+        if init is not None:
+            idx, vals = np.concatenate([index, np.arange(K)]), np.concatenate([vals, init[:, d]])
+        cols.append(exact_fold_oracle(idx, vals, K, out))
+    return _bits(np.stack(cols, axis=1) if cols else np.zeros((K, 0), np.float32), out)
+
+
+finite_or_special = st.one_of(
+    st.sampled_from(SPECIALS),
+    st.builds(lambda m, e: m * 2.0**e, st.floats(-2, 2, allow_nan=False), st.integers(-160, 140)),
+)
+
+
+@st.composite
+def folds(draw):
+    dtype = draw(st.sampled_from(["float16", "bfloat16", "float32", "float64"]))
+    K = draw(st.one_of(st.integers(1, 6), st.integers(1000, 5000)))
+    n = draw(st.integers(0, 40))
+    D = draw(st.sampled_from([None, 1, 3]))
+    shape = (n,) if D is None else (n, D)
+    values = np.array(draw(st.lists(finite_or_special, min_size=n * (D or 1),
+                                    max_size=n * (D or 1))), np.float64).reshape(shape)  # fmt: skip
+    index = np.array(draw(st.lists(st.integers(0, K - 1), min_size=n, max_size=n)), np.int64)
+    outs = ["float32", "float16", "bfloat16"] + (["float64"] if dtype == "float64" else [])
+    out = draw(st.sampled_from([None, *outs, "float64"]))
+    with_init = draw(st.booleans())
+    return dtype, K, index, values, out, with_init
+
+
+@given(folds())
+def test_portable_exact_against_the_oracle(case):
+    dtype, K, index, values, out, with_init = case
+    with np.errstate(over="ignore"):
+        t, held = _as(values, dtype)
+    plan = bitfold.Fold(index, K)
+    D = int(np.prod(t.shape[1:], dtype=np.int64))
+    init = init_held = None
+    if with_init:
+        start = np.linspace(-3, 3, K * D)
+        start[:3] = [-0.0, 2.0**-30, 1e4][: start.size]
+        init, init_held = _as(start.reshape((K, *t.shape[1:])), dtype)
+    got = (
+        plan(t, backend="portable", out_dtype=out)
+        if init is None
+        else dispatch.fold(plan, t, out_dtype=out, init=init, backend="portable")
+    )
+    out_name = bitfold.formats.resolve_out_dtype(dtype, out if init is None or out else dtype)
+    assert got.shape == (K, *t.shape[1:])
+    rows = held.reshape(len(index), D)
+    start = None if init_held is None else init_held.reshape(K, D)
+    want = _oracle(index, rows, K, out_name, start)
+    assert np.array_equal(_bits(got, out_name).reshape(K, -1), want)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("shape", [(5000,), (600, 4)])
+def test_portable_is_the_host_path_bit_for_bit(dtype, shape):
+    rng = np.random.default_rng(3)
+    K = 97
+    values = (rng.standard_normal(shape) * 2.0 ** rng.integers(-20, 20, shape)).astype(dtype)
+    values.reshape(-1)[:7] = [np.nan, np.inf, -0.0, 0.0, 1e-30, -np.inf, 2.0**-24]
+    plan = bitfold.Fold(rng.integers(0, K, shape[0]), K)
+    for out in (None, "float16", "bfloat16"):
+        want = plan(values, out_dtype=out)
+        got_np = plan(values, backend="portable", out_dtype=out)  # the NumPy family
+        got_t = plan(torch.from_numpy(values), backend="portable", out_dtype=out)
+        name = bitfold.formats.resolve_out_dtype(dtype, out)
+        assert np.array_equal(_bits(got_np, name), _bits(want, name))
+        assert np.array_equal(_bits(got_t, name), _bits(want, name))
+
+
+@pytest.mark.parametrize("strategy", ["ordered", "atomic"])
+def test_ordered_and_atomic(strategy):
+    rng = np.random.default_rng(4)
+    values = rng.standard_normal(300).astype(np.float32)
+    values[5] = np.nan
+    index = rng.integers(0, 13, 300)
+    plan = bitfold.Fold(index, 13)
+    got = plan(torch.from_numpy(values), strategy, backend="portable").numpy()
+    if strategy == "ordered":  # the host's documented order, bit for bit
+        want = ordered_fold_reference(index, values, 13)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    else:
+        want = exact_fold_oracle(index, values.astype(np.float64), 13)
+        ok = ~np.isnan(want)
+        np.testing.assert_allclose(got[ok], want[ok], rtol=1e-5, atol=1e-5)
+        assert np.isnan(got[~ok]).all()
+
+
+def test_expand_and_refusals():
+    plan = bitfold.Fold(np.array([[0, 2], [1, 2]]), 3)
+    v = torch.arange(6.0).reshape(3, 2)
+    assert torch.equal(
+        dispatch.expand(plan, v, backend="portable"), v[torch.tensor([[0, 2], [1, 2]])]
+    )
+    with pytest.raises(bitfold.FoldError, match=r"takes no option route=; valid options: none"):
+        dispatch.fold(plan, torch.ones(2, 2), backend="portable", route="limbs")
+    with pytest.raises(bitfold.FoldError, match="host, cuda, portable"):
+        plan(torch.ones(2, 2), backend="tpu")
+
+
+def test_chunked_carries_give_the_same_bits(monkeypatch):
+    """More additions than a word absorbs are taken in chunks with a carry between them."""
+    rng = np.random.default_rng(8)
+    values = (rng.standard_normal(3000) * 2.0 ** rng.integers(-100, 100, 3000)).astype(np.float32)
+    index = rng.integers(0, 3, 3000)
+    plan = bitfold.Fold(index, 3)
+    want = plan(values)
+    real = portable.words_for
+    for int64 in (True, False):
+
+        def tiny(fmt, _int64, bound, int64=int64):
+            w = real(fmt, int64, bound)
+            return portable.Words(w.word, w.word_bits, 8 if not int64 else 32,
+                                  fmt.limbs * 32 // (8 if not int64 else 32), 7)  # fmt: skip
+
+        monkeypatch.setattr(portable, "words_for", tiny)
+        got = plan(torch.from_numpy(values), backend="portable")
+        assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
+
+
+# -- no host synchronisation: fake tensors, torch.compile ---------------------------------------
+def _fold_fn(plan, **kw):
+    return lambda x: dispatch.fold(plan, x, backend="portable", **kw)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_a_torch_fold_traces_with_fake_tensors_to_aten_ops(dtype):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    rng = np.random.default_rng(9)
+    plan = bitfold.Fold(rng.integers(0, 11, 64), 11)
+    x = torch.from_numpy(rng.standard_normal((64, 2))).to(getattr(torch, dtype))
+    gm = make_fx(_fold_fn(plan), tracing_mode="fake")(x)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets and all(isinstance(t, torch._ops.OpOverload) for t in targets)
+    names = {str(t) for t in targets}
+    assert all(n.startswith("aten.") for n in names)
+    assert not names & {"aten._local_scalar_dense.default", "aten.nonzero.default"}  # .item()
+    bits = torch.int64 if dtype == "float64" else torch.int32  # bfloat16 values: float32 sums
+    assert torch.equal(gm(x).view(bits), _fold_fn(plan)(x).view(bits))
+
+
+def test_a_torch_fold_compiles_with_fullgraph():
+    rng = np.random.default_rng(10)
+    plan = bitfold.Fold(rng.integers(0, 7, 40), 7)
+    x = torch.from_numpy(rng.standard_normal((40, 3)).astype(np.float32))
+    x[0, 0] = float("nan")
+    fold = _fold_fn(plan)
+    fold(x)  # the plan meets the device once, eagerly (its constants are kept)
+    compiled = torch.compile(fold, fullgraph=True)
+    for trial in range(2):
+        y = x * (trial + 1)
+        assert torch.equal(compiled(y).view(torch.int32),
+                           torch.from_numpy(plan(y.numpy())).view(torch.int32))  # fmt: skip
+
+
+# -- states across backends ---------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_device_states_merge_with_host_states(dtype):
+    rng = np.random.default_rng(11)
+    index = rng.integers(0, 9, 200)
+    plan = bitfold.Fold(index, 9)
+    values = (rng.standard_normal(200) * 2.0 ** rng.integers(-200, 200, 200)).astype(dtype)
+    t = torch.from_numpy(values)
+    fmt = limb_format_for(dtype)
+    spec = check_values(plan.shape, (200,), dtype)
+    device_state = portable.exact_state(plan, t, spec, fmt)
+    assert device_state.dtype == torch.int64 and tuple(device_state.shape) == (9, fmt.width)
+    host_acc = plan.accumulator(dtype).add(values)
+    merged = bitfold.ExactAccumulator.from_state(plan, device_state.numpy(), dtype).merge(host_acc)
+    want = exact_fold_oracle(np.concatenate([index, index]), np.concatenate([values] * 2), 9, dtype)
+    assert np.array_equal(_bits(merged.result(), dtype), _bits(want, dtype))
+    # rounding a merged state on the device gives the same bits
+    both = portable.merge_states(device_state, torch.from_numpy(host_acc.state.copy()), fmt)
+    assert np.array_equal(_bits(portable.round_state(both, fmt, dtype), dtype), _bits(want, dtype))
+    # an accumulator fed by the portable path, in pieces
+    acc = plan.accumulator(dtype, backend="portable")
+    acc.add(t[:120], start=0).add(t[120:], start=120)
+    # (states need not be equal column for column: the host's binned kernel counts bins)
+    assert np.array_equal(_bits(acc.result(), dtype), _bits(host_acc.result(), dtype))
+
+
+def test_32_bit_digit_tables_convert_to_the_host_layout():
+    jnp = pytest.importorskip("jax.numpy")
+    rng = np.random.default_rng(12)
+    index = rng.integers(0, 5, 300)
+    plan = bitfold.Fold(index, 5)
+    values = rng.standard_normal((300, 2)) * 2.0 ** rng.integers(-120, 120, (300, 2))
+    values = values.astype(np.float32)
+    acc = plan.accumulator("float32", trailing=(2,))
+    acc.add(jnp.asarray(values[:100]), start=0)  # JAX in 32-bit mode: int32 words, 16-bit digits
+    acc.add(values[100:], start=100)
+    host_acc = plan.accumulator("float32", trailing=(2,)).add(values)
+    assert np.array_equal(_bits(acc.result(), "float32"), _bits(host_acc.result(), "float32"))
+
+
+# -- routing -------------------------------------------------------------------------------------
+def test_routing(monkeypatch):
+    t = torch.ones(3)
+    name = lambda x, **k: dispatch.backend_for(x, **k).name  # noqa: E731
+    assert name(np.ones(3)) == host.NAME and name(t) == host.NAME
+    assert name(t, backend="portable") == portable.NAME
+    assert bitfold.backend_names() == ("host", "cuda", "portable")
+    monkeypatch.setattr(arrays._Torch, "device", lambda self, x: "mps")
+    assert name(t) == portable.NAME  # MPS, XPU, ROCm: the portable path
+    with pytest.raises(bitfold.DeviceError, match="the host backend does not fold"):
+        name(t, backend="host")
+    monkeypatch.setattr(arrays._Torch, "device", lambda self, x: "cuda")
+    monkeypatch.setattr(cuda, "numba_cuda_loads", lambda: False)
+    assert name(t) == portable.NAME  # CUDA without numba-cuda
+    monkeypatch.setattr(cuda, "numba_cuda_loads", lambda: True)
+    assert name(t) == cuda.NAME
+    jnp = pytest.importorskip("jax.numpy")
+    monkeypatch.setattr(arrays._Jax, "device", lambda self, x: "cuda")
+    assert name(jnp.ones(3)) == portable.NAME  # the kernels do not read JAX arrays
+
+
+def test_a_forced_portable_fold_on_the_cpu_is_the_default_host_fold():
+    plan = bitfold.Fold(np.array([0, 1, 0, 1]), 2)
+    v = torch.tensor([1.0, 2.0**-24, 2.0**-24, 3.0])
+    assert torch.equal(plan(v, backend="portable"), plan(v))
+    assert plan(v, backend="portable").tolist() == [1.0, 3.0]
