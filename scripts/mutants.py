@@ -57,8 +57,8 @@ MUTATIONS = (
     Mutation(
         "mode: index_add returns ATen's inexact sum (still counted)",
         "torch/handlers.py",
-        '    return folds.index_add(x, dim, index.reshape(-1), source, a.get("alpha", 1))\n',
-        '    return torch.ops.aten.index_add(x, dim, index, source, alpha=a.get("alpha", 1))\n',
+        "lambda *xdis: folds.index_add(*xdis, alpha))\n",
+        "lambda x, d, i, s: torch.ops.aten.index_add(x, d, i, s, alpha=alpha))\n",
         ("tests/test_torch_dropins.py", "-k", "correctly_rounded and index_add"),
         "one of our own: the same hole for another op",
     ),

@@ -80,7 +80,7 @@ from ..formats import (
 )
 from ..validate import Values
 from . import host_state
-from .registry import Backend, InitRule
+from .registry import FOLDS, Backend, InitRule
 
 if TYPE_CHECKING:
     from ..plan import Fold
@@ -637,8 +637,8 @@ BACKEND = Backend.from_functions(
     new_state=host_state.new_state,
     merge_states=host_state.merge_states,
     round_state=host_state.round_state,
-    options={"exact": (), "ordered": (), "atomic": (), "add_to_state": ()},
-    init=InitRule(strategies=("exact", "ordered", "atomic"), mixed_dtypes=True),
+    options=dict.fromkeys((*FOLDS, "add_to_state"), ()),  # no tuning option anywhere
+    init=InitRule(strategies=FOLDS, mixed_dtypes=True),  # every fold, into any float dtype
     explain=explain_route,
     summary="torch, CuPy and JAX arrays on any device (and NumPy), in their own operations",
 )

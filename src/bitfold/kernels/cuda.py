@@ -107,6 +107,7 @@ from ..formats import (
     OUT_DTYPES,
     LimbFormat,
     decoding,
+    held_shift,
     limb_format_for,
     rounding_target,
 )
@@ -340,6 +341,22 @@ def settle_kernel(limbs: int) -> Any:
     return cuda.jit(settle)
 
 
+def _source_constants(source: str) -> tuple[int, int, int, bool, int, int, int]:
+    """A kernel factory's constants of a value format: ``(EXP, FRAC, SHIFT, WIDE, L, W,
+    UNIT)``, its decoding, whether it takes float64's wide limbs, its limbs, its state row
+    width and its limb unit."""
+    exp, frac, shift = _decoding(source)
+    fmt = SOURCES[source][1]
+    return exp, frac, shift, fmt is F64, fmt.limbs, fmt.limbs + 5, fmt.unit_exp
+
+
+def _target_constants(out_name: str, widen_bfloat16: bool) -> tuple[int, int, int, int, int]:
+    """``(P, EBITS, SUB_EXP, NAN_BITS, OUT_SHIFT)`` of a rounding target (a bfloat16 result
+    held in float32 with ``widen_bfloat16``)."""
+    shift = held_shift(out_name) if widen_bfloat16 else 0
+    return (*_rounding_target(out_name), shift)
+
+
 def _rounding_target(out_name: str) -> tuple[int, int, int, int]:
     """``(precision, exponent bits, smallest subnormal exponent, canonical NaN)`` of a target."""
     return rounding_target(out_name, F32)[1:5]
@@ -410,14 +427,8 @@ def buckets_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -> 
     once: no state, no atomics, whatever K is. Adjacent threads read adjacent
     columns of one row.
     """
-    EXP, FRAC, SHIFT = _decoding(source)
-    fmt = SOURCES[source][1]
-    WIDE = fmt is F64
-    L = fmt.limbs
-    W = L + 5
-    UNIT = fmt.unit_exp
-    P, EBITS, SUB_EXP, NAN_BITS = _rounding_target(out_name)
-    OUT_SHIFT = 16 if (widen_bfloat16 and out_name == "bfloat16") else 0
+    EXP, FRAC, SHIFT, WIDE, L, W, UNIT = _source_constants(source)
+    P, EBITS, SUB_EXP, NAN_BITS, OUT_SHIFT = _target_constants(out_name, widen_bfloat16)
     FROM_BITS = source == "bfloat16"
 
     def exact_buckets(values, bits, order, offsets, out_bits, init, init_bits, has_init, split):
@@ -522,12 +533,7 @@ def hot_segments_kernel(source: str) -> Any:
     :data:`SEGMENT_MAX` values, so a private limb stays below ``2^54``; the
     caller settles ``state`` before a bucket could have received ``2^29`` values.
     """
-    EXP, FRAC, SHIFT = _decoding(source)
-    fmt = SOURCES[source][1]
-    WIDE = fmt is F64
-    L = fmt.limbs
-    W = L + 5
-    UNIT = fmt.unit_exp
+    EXP, FRAC, SHIFT, WIDE, L, W, UNIT = _source_constants(source)
     FROM_BITS = source == "bfloat16"
 
     def hot_segments(values, bits, order, offsets, hot, starts, seg_bucket, s0, s1, state):
@@ -583,14 +589,8 @@ def hot_round_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -
     with :func:`bitfold.kernels.ieee.round_row` (the CPU's rounding) into
     ``out_bits[hot[h], d]`` and zeroes the state row for the next fold.
     """
-    EXP, FRAC, SHIFT = _decoding(source)
-    fmt = SOURCES[source][1]
-    WIDE = fmt is F64
-    L = fmt.limbs
-    W = L + 5
-    UNIT = fmt.unit_exp
-    P, EBITS, SUB_EXP, NAN_BITS = _rounding_target(out_name)
-    OUT_SHIFT = 16 if (widen_bfloat16 and out_name == "bfloat16") else 0
+    EXP, FRAC, SHIFT, WIDE, L, W, UNIT = _source_constants(source)
+    P, EBITS, SUB_EXP, NAN_BITS, OUT_SHIFT = _target_constants(out_name, widen_bfloat16)
 
     def hot_round(state, hot, out_bits, init_bits, has_init):  # pragma: no cover - compiled
         d = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)

@@ -51,7 +51,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..errors import FoldError
 from .graph_pass import CompileReport, ExactFoldPass
-from .mode import COMPILED_NODE, EXACT_GRAPH, active_exact_mode
+from .mode import COMPILED_NODE, EXACT_GRAPH, active_exact_mode, autograd_nodes
 
 _PASS_KEY = "post_grad_custom_post_pass"
 
@@ -74,18 +74,10 @@ def _mark(outputs: Any, since: int | None) -> None:
 
     Only nodes created by this call (sequence number ``>= since``) are marked.
     """
-    todo = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
-    seen: set[int] = set()
-    while todo:
-        node = todo.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if since is not None and node._sequence_nr() < since:
-            continue
+    keep = None if since is None else (lambda node: node._sequence_nr() >= since)
+    for node in autograd_nodes(tree_leaves(outputs), keep):
         if node.name().startswith(COMPILED_NODE):
             node.metadata[EXACT_GRAPH] = True
-        todo.extend(nxt for nxt, _ in node.next_functions)
 
 
 def _sequence_now() -> int | None:

@@ -199,14 +199,22 @@ def index_add_verdict(a: dict[str, Any]) -> Leave | None:
     return leave
 
 
-def index_add(a: dict[str, Any]) -> torch.Tensor | Leave:
+def _index_fold(a: dict[str, Any], verdict: Callable[..., Leave | None],
+                compute: Callable[..., torch.Tensor]) -> torch.Tensor | Leave:  # fmt: skip
+    """An ``index_*`` fold: ``verdict``, then torch's shape rules, then ``compute(x, dim,
+    flat index, source)``."""
     x, dim, index, source = a["self"], a["dim"], a["index"], a["source"]
-    leave = index_add_verdict(a)
+    leave = verdict(a)
     if leave is not None:
         return leave
     if folds.index_add_shape_problem(x, dim, index, source):
         return UNTOUCHED
-    return folds.index_add(x, dim, index.reshape(-1), source, a.get("alpha", 1))
+    return compute(x, dim, index.reshape(-1), source)
+
+
+def index_add(a: dict[str, Any]) -> torch.Tensor | Leave:
+    alpha = a.get("alpha", 1)
+    return _index_fold(a, index_add_verdict, lambda *xdis: folds.index_add(*xdis, alpha))
 
 
 def index_reduce_verdict(a: dict[str, Any]) -> Leave | None:
@@ -218,13 +226,9 @@ def index_reduce_verdict(a: dict[str, Any]) -> Leave | None:
 
 
 def index_reduce(a: dict[str, Any]) -> torch.Tensor | Leave:
-    x, dim, index, source = a["self"], a["dim"], a["index"], a["source"]
-    leave = index_reduce_verdict(a)
-    if leave is not None:
-        return leave
-    if folds.index_add_shape_problem(x, dim, index, source):
-        return UNTOUCHED
-    return folds.index_reduce_mean(x, dim, index.reshape(-1), source, bool(a["include_self"]))
+    include_self = bool(a["include_self"])
+    return _index_fold(a, index_reduce_verdict,
+                       lambda *xdis: folds.index_reduce_mean(*xdis, include_self))  # fmt: skip
 
 
 def index_put_verdict(a: dict[str, Any]) -> Leave | None:

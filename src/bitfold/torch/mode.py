@@ -102,7 +102,7 @@ custom operators that ``torch.compile`` keeps whole.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,17 +132,26 @@ def _compiled_node_in(roots: Any) -> str | None:
     """
     if isinstance(roots, torch.Tensor):
         roots = (roots,)
-    todo = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    for node in autograd_nodes(roots):
+        if node.name().startswith(COMPILED_NODE) and not node.metadata.get(EXACT_GRAPH):
+            return str(node.name())
+    return None
+
+
+def autograd_nodes(tensors: Any, keep: Callable[[Any], bool] | None = None) -> Iterator[Any]:
+    """Every autograd node reachable from ``tensors``, each once; a node for which ``keep``
+    says False is skipped with everything behind it."""
+    todo = [t.grad_fn for t in tensors if isinstance(t, torch.Tensor)]
     seen: set[int] = set()
     while todo:
         node = todo.pop()
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
-        if node.name().startswith(COMPILED_NODE) and not node.metadata.get(EXACT_GRAPH):
-            return str(node.name())
+        if keep is not None and not keep(node):
+            continue
+        yield node
         todo.extend(nxt for nxt, _ in node.next_functions)
-    return None
 
 
 # -- sparse products, seen above autograd ------------------------------------------------------

@@ -420,18 +420,21 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
             startup = measure_startup()
             progress.tick(2)
             phases["startup"] = time.perf_counter() - t0
-        if "steps" not in cfg["skip"]:
-            progress.note("training steps: exact_mode against plain PyTorch")
+        step_phases = {
+            "steps": ("training steps: exact_mode against plain PyTorch", measure_steps),
+            "compiled": ("compiled training steps: bitfold.torch.compile against torch.compile",
+                         measure_compiled_steps),
+        }  # fmt: skip
+        measured = {}
+        for phase, (note, measure) in step_phases.items():
+            if phase in cfg["skip"]:
+                continue
+            progress.note(note)
             t0 = time.perf_counter()
-            steps = measure_steps(repeats=7 if cfg["quick"] else 15, scale=cfg["scale"])
+            measured[phase] = measure(repeats=7 if cfg["quick"] else 15, scale=cfg["scale"])
             progress.tick(1)
-            phases["steps"] = time.perf_counter() - t0
-        if "compiled" not in cfg["skip"]:
-            progress.note("compiled training steps: bitfold.torch.compile against torch.compile")
-            t0 = time.perf_counter()
-            compiled = measure_compiled_steps(repeats=7 if cfg["quick"] else 15, scale=cfg["scale"])
-            progress.tick(1)
-            phases["compiled"] = time.perf_counter() - t0
+            phases[phase] = time.perf_counter() - t0
+        steps, compiled = measured.get("steps", steps), measured.get("compiled", compiled)
     res: dict[str, Any] = {
         "schema": SCHEMA,
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),

@@ -19,11 +19,10 @@ the CPU (1.2x on a GPU, when measured there).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from typing import Any
 
-from .steps import MODELS, WARMUP_ROUNDS, time_in_turns
+from .steps import exact_mode_step, phase_record, step_table, time_models
 
 #: The issue's goal on the CPU: an exact compiled step costs at most this many compiled steps.
 GOAL_RATIO = 1.5
@@ -35,7 +34,6 @@ def _stepper(torch: Any, model: Any, loss_of: Callable[[Any], Any], setting: str
     import copy
 
     from ...torch import compile as exact_compile
-    from ...torch import exact_mode
 
     own = copy.deepcopy(model)
     opt = torch.optim.Adam(own.parameters(), lr=1e-3)
@@ -49,10 +47,7 @@ def _stepper(torch: Any, model: Any, loss_of: Callable[[Any], Any], setting: str
     def step() -> dict[str, int] | None:
         opt.zero_grad(set_to_none=True)
         if setting == "exact_mode":
-            with exact_mode() as mode:
-                loss_of(run).backward()
-            opt.step()
-            return dict(mode.counts)
+            return exact_mode_step(loss_of, run, opt)
         loss_of(run).backward()
         opt.step()
         return dict(run.bitfold.counts) if setting == "exact_compiled" else None
@@ -66,62 +61,22 @@ def measure_compiled_steps(*, repeats: int = 15, scale: float = 1.0) -> dict[str
         import torch
     except ImportError:
         return {"status": "skipped", "reason": "torch is not installed"}
-    out: dict[str, Any] = {
-        "status": "ok",
-        "goal": f"bitfold.torch.compile step <= {GOAL_RATIO}x the torch.compile step",
-        "method": "settings take turns one step each, order rotated every round; "
-        f"{WARMUP_ROUNDS} warm-up rounds (they compile), then the median of {repeats} timed "
-        "rounds",
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "scale": scale,
-        "models": {},
-    }
-    for name, (description, build) in MODELS.items():
-        model, loss_of = build(torch, scale)
-        torch._dynamo.reset()
-        steps = {s: _stepper(torch, model, loss_of, s) for s in SETTINGS}
-        times, counts = time_in_turns(steps, repeats)
-        medians = {s: statistics.median(t) for s, t in times.items()}
-        base = medians["compiled"]
-        entry: dict[str, Any] = {
-            "description": description,
-            "median_s": medians,
-            "times_s": times,
-            "over_compiled": {s: medians[s] / base for s in SETTINGS},
-            "exact_counts": counts,
-        }
-        entry["goal_met"] = entry["over_compiled"]["exact_compiled"] <= GOAL_RATIO
-        out["models"][name] = entry
+    out = phase_record(torch, f"bitfold.torch.compile step <= {GOAL_RATIO}x the torch.compile "
+                       "step", "warm-up rounds (they compile)", repeats, scale)  # fmt: skip
+    out["models"] = time_models(
+        torch, scale, repeats, _stepper, SETTINGS, base="compiled", goal="exact_compiled",
+        counts_key="exact_counts", before=torch._dynamo.reset, goal_ratio=GOAL_RATIO,
+    )  # fmt: skip
     return out
 
 
 def summary_lines(res: dict[str, Any] | None) -> list[str]:
     """Markdown lines for ``summary.md`` (empty when the phase did not run)."""
-    if not res:
-        return []
-    title = "### Compiled training steps: bitfold.torch.compile against torch.compile (issue 18)"
-    if res.get("status") != "ok":
-        return [title, "", f"skipped: {res.get('reason', 'unknown')}", ""]
-    lines = [
-        title,
-        "",
-        f"Goal: {res['goal']}. {res['method']}; torch {res['torch']}, {res['threads']} threads. "
-        "The exact compiled step's folds are exact; the rest is inductor's, so its bits are "
-        "not the eager step's.",
-        "",
-        "| model | torch.compile ms | bitfold.torch.compile ms (x) | eager exact_mode ms (x) "
-        "| goal | folds made exact (compile counts) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, m in res["models"].items():
-        med, ratio = m["median_s"], m["over_compiled"]
-        folds = ", ".join(f"{k} {v}" for k, v in sorted(m["exact_counts"].items())) or "none"
-        lines.append(
-            f"| {name}: {m['description']} | {1e3 * med['compiled']:.2f} | "
-            f"{1e3 * med['exact_compiled']:.2f} ({ratio['exact_compiled']:.2f}x) | "
-            f"{1e3 * med['exact_mode']:.2f} ({ratio['exact_mode']:.2f}x) | "
-            f"{'met' if m['goal_met'] else 'missed'} | {folds} |"
-        )
-    lines.append("")
-    return lines
+    return step_table(
+        res, "### Compiled training steps: bitfold.torch.compile against torch.compile (issue 18)",
+        base=("compiled", "torch.compile"),
+        others=(("exact_compiled", "bitfold.torch.compile"), ("exact_mode", "eager exact_mode")),
+        counts_key="exact_counts", counts_title="folds made exact (compile counts)",
+        note=" The exact compiled step's folds are exact; the rest is inductor's, so its bits "
+        "are not the eager step's.",
+    )  # fmt: skip

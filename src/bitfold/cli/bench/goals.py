@@ -230,22 +230,15 @@ def goals(res: dict[str, Any]) -> dict[str, Any]:
         }
     issue10 = [g.evaluate(res) for g in ISSUE10]
     out["issue10"] = [g for g in issue10 if g["points"]]
-    steps = res.get("steps") or {}
-    if steps.get("status") == "ok":
-        out["steps"] = {
-            name: {"exact_mode_over_plain": m["over_plain"]["exact_mode"],
-                   "deterministic_over_plain": m["over_plain"]["deterministic"],
-                   "met": m["goal_met"]}
-            for name, m in steps["models"].items()
-        }  # fmt: skip
-    compiled = res.get("compiled_steps") or {}
-    if compiled.get("status") == "ok":
-        out["compiled_steps"] = {
-            name: {"exact_compiled_over_compiled": m["over_compiled"]["exact_compiled"],
-                   "exact_mode_over_compiled": m["over_compiled"]["exact_mode"],
-                   "met": m["goal_met"]}
-            for name, m in compiled["models"].items()
-        }  # fmt: skip
+    for key, base, settings in (("steps", "plain", ("exact_mode", "deterministic")),
+                                ("compiled_steps", "compiled", ("exact_compiled", "exact_mode"))):
+        phase = res.get(key) or {}
+        if phase.get("status") == "ok":
+            out[key] = {
+                name: {**{f"{s}_over_{base}": m[f"over_{base}"][s] for s in settings},
+                       "met": m["goal_met"]}
+                for name, m in phase["models"].items()
+            }  # fmt: skip
     return out
 
 

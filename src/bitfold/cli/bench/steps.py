@@ -107,11 +107,20 @@ MODELS: dict[str, tuple[str, Callable[[Any, float], tuple[Any, Callable[[Any], A
 }
 
 
+def exact_mode_step(loss_of: Callable[[Any], Any], model: Any, opt: Any) -> dict[str, int]:
+    """One step's backward under ``exact_mode()`` and the optimiser's step: its fold counts."""
+    from ...torch import exact_mode
+
+    with exact_mode() as mode:
+        loss_of(model).backward()
+    opt.step()
+    return dict(mode.counts)
+
+
 def _stepper(torch: Any, model: Any, loss_of: Callable[[Any], Any], setting: str) -> Callable:
     """One training step of ``model`` in ``setting``; returns the exact mode's counts, if any."""
     import copy
 
-    from ...torch import exact_mode
 
     own = copy.deepcopy(model)
     opt = torch.optim.Adam(own.parameters(), lr=1e-3)
@@ -119,10 +128,7 @@ def _stepper(torch: Any, model: Any, loss_of: Callable[[Any], Any], setting: str
     def step() -> dict[str, int] | None:
         opt.zero_grad(set_to_none=True)
         if setting == "exact_mode":
-            with exact_mode() as mode:
-                loss_of(own).backward()
-            opt.step()
-            return dict(mode.counts)
+            return exact_mode_step(loss_of, own, opt)
         if setting == "deterministic":
             before = torch.are_deterministic_algorithms_enabled()
             torch.use_deterministic_algorithms(True)
@@ -167,59 +173,99 @@ def measure_steps(*, repeats: int = 15, scale: float = 1.0) -> dict[str, Any]:
         import torch
     except ImportError:
         return {"status": "skipped", "reason": "torch is not installed"}
-    out: dict[str, Any] = {
+    out = phase_record(torch, f"exact_mode step <= {GOAL_RATIO}x the plain step",
+                       "warm-up rounds", repeats, scale)  # fmt: skip
+    out["models"] = time_models(torch, scale, repeats, _stepper, SETTINGS, base="plain",
+                                goal="exact_mode", counts_key="exact_mode_counts")  # fmt: skip
+    return out
+
+
+def phase_record(torch: Any, goal: str, warmup: str, repeats: int, scale: float) -> dict:
+    """The head of a step phase's result: its goal, method and environment."""
+    return {
         "status": "ok",
-        "goal": f"exact_mode step <= {GOAL_RATIO}x the plain step",
+        "goal": goal,
         "method": "settings take turns one step each, order rotated every round; "
-        f"{WARMUP_ROUNDS} warm-up rounds, then the median of {repeats} timed rounds",
+        f"{WARMUP_ROUNDS} {warmup}, then the median of {repeats} timed rounds",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "scale": scale,
         "models": {},
     }
+
+
+def time_models(
+    torch: Any,
+    scale: float,
+    repeats: int,
+    stepper: Callable[..., Callable[[], Any]],
+    settings: tuple[str, ...],
+    *,
+    base: str,
+    goal: str,
+    counts_key: str,
+    before: Callable[[], Any] | None = None,
+    goal_ratio: float = GOAL_RATIO,
+) -> dict[str, Any]:
+    """Every model of :data:`MODELS` stepped in every setting, taking turns: medians, the
+    ratio of each setting to ``base`` (``over_<base>``), the fold counts, and whether
+    ``goal``'s ratio is within ``goal_ratio``. ``before()`` runs before each model."""
+    models: dict[str, Any] = {}
     for name, (description, build) in MODELS.items():
         model, loss_of = build(torch, scale)
-        steps = {s: _stepper(torch, model, loss_of, s) for s in SETTINGS}
+        if before is not None:
+            before()
+        steps = {s: stepper(torch, model, loss_of, s) for s in settings}
         times, counts = time_in_turns(steps, repeats)
         medians = {s: statistics.median(t) for s, t in times.items()}
-        plain = medians["plain"]
-        entry: dict[str, Any] = {
-            "description": description,
-            "median_s": medians,
-            "times_s": times,
-            "over_plain": {s: medians[s] / plain for s in SETTINGS},
-            "exact_mode_counts": counts,
-        }
-        entry["goal_met"] = entry["over_plain"]["exact_mode"] <= GOAL_RATIO
-        out["models"][name] = entry
-    return out
+        ratios = {s: medians[s] / medians[base] for s in settings}
+        models[name] = {
+            "description": description, "median_s": medians, "times_s": times,
+            f"over_{base}": ratios, counts_key: counts, "goal_met": ratios[goal] <= goal_ratio,
+        }  # fmt: skip
+    return models
 
 
 def summary_lines(steps: dict[str, Any] | None) -> list[str]:
     """Markdown lines for ``summary.md`` (empty when the phase did not run)."""
-    if not steps:
+    return step_table(
+        steps, "### Training steps under exact_mode (issue 11)", base=("plain", "plain"),
+        others=(("deterministic", "deterministic"), ("exact_mode", "exact_mode")),
+        counts_key="exact_mode_counts", counts_title="folds made exact per step",
+    )  # fmt: skip
+
+
+def step_table(
+    res: dict[str, Any] | None,
+    title: str,
+    *,
+    base: tuple[str, str],
+    others: tuple[tuple[str, str], ...],
+    counts_key: str,
+    counts_title: str,
+    note: str = "",
+) -> list[str]:
+    """``summary.md`` lines of a step phase: a row a model, the ``base`` setting's time, then
+    every other setting's time and its ratio to the base (``(setting, column title)``)."""
+    if not res:
         return []
-    if steps.get("status") != "ok":
-        return ["### Training steps under exact_mode (issue 11)", "",
-                f"skipped: {steps.get('reason', 'unknown')}", ""]  # fmt: skip
+    if res.get("status") != "ok":
+        return [title, "", f"skipped: {res.get('reason', 'unknown')}", ""]
+    heads = " | ".join(f"{head} ms (x {base[1]})" for _, head in others)
     lines = [
-        "### Training steps under exact_mode (issue 11)",
+        title,
         "",
-        f"Goal: {steps['goal']}. {steps['method']}; torch {steps['torch']}, "
-        f"{steps['threads']} threads.",
+        f"Goal: {res['goal']}. {res['method']}; torch {res['torch']}, {res['threads']} "
+        f"threads.{note}",
         "",
-        "| model | plain ms | deterministic ms (x plain) | exact_mode ms (x plain) | goal | folds "
-        "made exact per step |",
-        "|---|---|---|---|---|---|",
+        f"| model | {base[1]} ms | {heads} | goal | {counts_title} |",
+        "|---|---|" + "---|" * len(others) + "---|---|",
     ]
-    for name, m in steps["models"].items():
-        med, ratio = m["median_s"], m["over_plain"]
-        folds = ", ".join(f"{k} {v}" for k, v in sorted(m["exact_mode_counts"].items())) or "none"
-        lines.append(
-            f"| {name}: {m['description']} | {1e3 * med['plain']:.2f} | "
-            f"{1e3 * med['deterministic']:.2f} ({ratio['deterministic']:.2f}x) | "
-            f"{1e3 * med['exact_mode']:.2f} ({ratio['exact_mode']:.2f}x) | "
-            f"{'met' if m['goal_met'] else 'missed'} | {folds} |"
-        )
+    for name, m in res["models"].items():
+        med, ratio = m["median_s"], m[f"over_{base[0]}"]
+        folds = ", ".join(f"{k} {v}" for k, v in sorted(m[counts_key].items())) or "none"
+        cells = " | ".join(f"{1e3 * med[s]:.2f} ({ratio[s]:.2f}x)" for s, _ in others)
+        lines.append(f"| {name}: {m['description']} | {1e3 * med[base[0]]:.2f} | {cells} | "
+                     f"{'met' if m['goal_met'] else 'missed'} | {folds} |")  # fmt: skip
     lines.append("")
     return lines
