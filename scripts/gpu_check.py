@@ -353,16 +353,22 @@ def run_config(check: Check, cfg: Config) -> None:
 
 
 # -- CUDA graphs --------------------------------------------------------------------------------
-def graph_torch(check: Check) -> dict[str, Any]:
+def _graph_problem(seed: int) -> tuple[np.random.Generator, Any, np.ndarray]:
+    """A captured fold's problem: its random generator, a plan (K = 433) and 100,000 values."""
     import bitfold
+
+    rng = np.random.default_rng(seed)
+    plan = bitfold.Fold(rng.integers(0, 433, 100_000), 433)
+    return rng, plan, rng.standard_normal(100_000, dtype=np.float32)
+
+
+def graph_torch(check: Check) -> dict[str, Any]:
     from bitfold import dispatch
 
     torch = check.libs.get("torch")
     if torch is None:
         raise Skip("torch with CUDA is not available")
-    rng = np.random.default_rng(3)
-    idx, host = rng.integers(0, 433, 100_000), rng.standard_normal(100_000, dtype=np.float32)
-    plan = bitfold.Fold(idx, 433)
+    rng, plan, host = _graph_problem(3)
     static = torch.from_numpy(host).cuda()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -387,15 +393,12 @@ def graph_torch(check: Check) -> dict[str, Any]:
 
 
 def graph_cupy(check: Check) -> dict[str, Any]:
-    import bitfold
     from bitfold import dispatch
 
     cupy = check.libs.get("cupy")
     if cupy is None:
         raise Skip("CuPy is not available")
-    rng = np.random.default_rng(4)
-    idx, host = rng.integers(0, 433, 100_000), rng.standard_normal(100_000, dtype=np.float32)
-    plan = bitfold.Fold(idx, 433)
+    rng, plan, host = _graph_problem(4)
     static = cupy.asarray(host)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:

@@ -143,11 +143,6 @@ def _numba_array_device(arr: Any) -> int:
         return 0
 
 
-def serves(device: str) -> bool:
-    """The CUDA backend folds values that live on a CUDA device."""
-    return device == "cuda"
-
-
 def device_values(values: Any) -> DeviceValues:
     """Wrap GPU ``values`` for the kernels, or refuse them with a clear error."""
     lib = library_of(values)
@@ -850,5 +845,4 @@ __all__ = [
     "fold_atomic",
     "fold_exact",
     "fold_ordered",
-    "serves",
 ]

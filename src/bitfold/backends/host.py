@@ -40,11 +40,6 @@ if TYPE_CHECKING:
 NAME = "host"
 
 
-def serves(device: str) -> bool:
-    """The host backend folds values that live in host memory."""
-    return device == "cpu"
-
-
 # -- the strategies ----------------------------------------------------------------------------
 def fold_exact(
     plan: Fold,
@@ -193,6 +188,5 @@ __all__ = [
     "merge_states",
     "new_state",
     "round_state",
-    "serves",
     "slots_for",
 ]

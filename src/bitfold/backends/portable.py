@@ -90,16 +90,6 @@ NAME = "portable"
 FAMILIES: tuple[str, ...] = ("torch", "cupy", "jax", "numpy")
 
 
-def serves(device: str) -> bool:
-    """Any device: the portable path runs wherever its array library does."""
-    return True
-
-
-def serves_family(family: str, device: str) -> bool:
-    """True for arrays of :data:`FAMILIES` on any device."""
-    return family in FAMILIES
-
-
 # -- integer words -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Words:
@@ -659,8 +649,6 @@ __all__ = [
     "round_state",
     "round_table",
     "segment_fold",
-    "serves",
-    "serves_family",
     "table_of",
     "to_host_state",
     "words_for",
