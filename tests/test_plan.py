@@ -72,7 +72,7 @@ def test_large_map_path_uses_int64_order(monkeypatch):
     monkeypatch.setattr(plan_module, "_INT32_MAX", 5)
     idx = np.array([3, 0, 3, 1, 0, 2, 3, 3, 1])
     plan = bitfold.Fold(idx, 4)
-    assert plan.order.dtype == np.int64 and plan.index.dtype == np.int32
+    assert plan.order.dtype == np.int64 and plan.index.dtype == np.uint16
     np.testing.assert_array_equal(plan.order, np.argsort(idx, kind="stable"))
     v = np.arange(9, dtype=np.float32)
     np.testing.assert_array_equal(plan(v), np.bincount(idx, weights=v, minlength=4))
@@ -84,3 +84,47 @@ def test_same_map_and_fingerprint():
     c = bitfold.Fold(np.array([0, 2, 1]), 3)
     assert a.same_map(b) and a.fingerprint == b.fingerprint
     assert not a.same_map(c)
+
+
+@pytest.mark.parametrize(
+    ("K", "dtype"), [(1, np.uint16), (65_536, np.uint16), (65_537, np.int32), (2**31 - 1, np.int32)]
+)
+def test_the_plan_keeps_its_index_in_the_narrowest_type_that_holds_K(K, dtype):
+    idx = np.array([0, K - 1, K // 2], np.int64)
+    plan = bitfold.Fold(idx, K) if K < 2**20 else None
+    if plan is not None:
+        assert plan.index.dtype == dtype
+        assert plan.index.astype(np.int64).tolist() == idx.tolist()
+    assert plan_module.planning.index_dtype(K) == dtype
+
+
+@pytest.mark.parametrize("K", [3, 433, 50_000, 3_000_000])
+def test_the_parallel_plan_passes_give_the_stable_order_and_counts(K):
+    """Over 2^17 positions the scan and the sort run in position chunks; same result as argsort."""
+    rng = np.random.default_rng(K)
+    idx = (rng.zipf(1.3, 300_001) % K).astype(np.int64)
+    plan = bitfold.Fold(idx, K)
+    assert plan_module.planning.chunk_count(idx.size, K) > 1 or K > 300_001 // 8
+    np.testing.assert_array_equal(plan.counts, np.bincount(idx, minlength=K))
+    np.testing.assert_array_equal(plan.order, np.argsort(idx, kind="stable"))
+    np.testing.assert_array_equal(plan.index, idx)
+
+
+@pytest.mark.parametrize("where", [0, 150_000, 299_999])
+def test_the_parallel_scan_names_the_first_bad_entry(where):
+    idx = np.zeros(300_000, np.int64)
+    idx[where] = 7
+    idx[-1 if where != 299_999 else 0] = -2 if where != 299_999 else 0
+    with pytest.raises(bitfold.IndexRangeError, match=rf"index\[{where}\] = 7"):
+        bitfold.Fold(idx, 7)
+
+
+def test_a_one_shot_plan_does_not_sort_until_a_route_needs_it():
+    idx = np.random.default_rng(0).integers(0, 433, 400_000)
+    plan = bitfold.Fold(idx, 433)
+    held = plan.nbytes
+    plan(np.ones(idx.size, np.float32))  # the limbs route reads the index in position order
+    assert plan.nbytes <= held + plan.counts.nbytes  # the counts may be made, not the order
+    before = plan.nbytes
+    assert plan.order.nbytes == 4 * idx.size
+    assert plan.nbytes >= before + plan.order.nbytes - 4 * 64 * 433  # the chunk counts go

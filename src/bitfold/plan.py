@@ -12,7 +12,7 @@ import numpy as np
 from . import dispatch
 from .errors import FoldError
 from .exact import ExactAccumulator
-from .kernels import cpu
+from .kernels import planning
 from .validate import check_K, check_K_fits, index_range_error, read_index
 
 _INT32_MAX = np.iinfo(np.int32).max
@@ -24,8 +24,10 @@ class Fold:
 
     ``Fold(index, K)`` validates the index map once (integers, any shape, read
     in C order, every entry in ``[0, K)``) and keeps what every later call
-    needs: a compact copy of the index, the per-bucket ``offsets`` and the
-    stable sorted ``order`` (a counting sort, O(N + K) time and memory).
+    needs: a compact copy of the index (in the narrowest integer type that
+    holds K) and the per-bucket ``offsets``, all in one parallel pass over
+    the index; the stable sorted ``order`` (a counting sort, O(N + K) time
+    and memory) is built the first time a route needs it.
     The plan is immutable; build it once and call it every step.
 
     ``plan(values, strategy="exact")`` returns the K sums as an array of the
@@ -51,31 +53,29 @@ class Fold:
         arr = read_index(index)
         self._shape = tuple(int(s) for s in arr.shape)
         flat = arr.reshape(-1)
-        if flat.dtype.kind == "u" and flat.dtype.itemsize == 8:
-            big = np.flatnonzero(flat > np.uint64(np.iinfo(np.int64).max))
-            if big.size:
-                raise index_range_error(self._shape, int(big[0]), int(flat[big[0]]), self._K)
-            flat = flat.astype(np.int64)
         n = flat.size
         positions = np.int32 if n <= _INT32_MAX else np.int64
-        try:  # the counts land in offsets[1:], then add up in place: one K-sized array
+        try:  # one count a bucket per position chunk, then the K + 1 offsets
+            counts = np.zeros((planning.chunk_count(n, self._K), self._K), positions)
             offsets = np.zeros(self._K + 1, positions)
         except MemoryError:
             raise FoldError(
                 f"K = {self._K:,} buckets do not fit in memory: the plan keeps "
                 f"{offsets_bytes(self._K, n)} bytes a bucket; use a smaller K"
             ) from None
-        bad = cpu.count_and_check(flat, offsets[1:])
+        compact = np.empty(n, planning.index_dtype(self._K))
+        bad = planning.scan_index(flat, compact, counts)
         if bad >= 0:
-            raise index_range_error(self._shape, int(bad), int(flat[bad]), self._K)
-        np.cumsum(offsets[1:], out=offsets[1:])
-        compact = np.int32 if self._K <= _INT32_MAX else np.int64
-        self._index = _frozen(np.ascontiguousarray(flat, dtype=compact))
+            raise index_range_error(self._shape, bad, int(flat[bad]), self._K)
+        if counts.shape[0] == 1:
+            np.cumsum(counts[0], out=offsets[1:])
+        else:
+            np.cumsum(counts.sum(axis=0, dtype=positions), out=offsets[1:])
+        self._index = _frozen(compact)
         self._offsets = _frozen(offsets)
+        self._chunk_counts: np.ndarray | None = counts
         self._counts: np.ndarray | None = None
-        order = np.empty(n, positions)
-        cpu.counting_sort(self._index, self._offsets, order)
-        self._order = _frozen(order)
+        self._order: np.ndarray | None = None
         self._fingerprint: str | None = None
         self._prepared: dict[Any, Any] = {}
         self.build_seconds = time.perf_counter() - t0
@@ -98,7 +98,10 @@ class Fold:
 
     @property
     def index(self) -> np.ndarray:
-        """The flat index (read-only, int32 when K fits, else int64)."""
+        """The flat index, read-only, in the narrowest type that holds K.
+
+        uint16 for K <= 65,536, int32 for K < 2^31, else int64.
+        """
         return self._index
 
     @property
@@ -118,14 +121,31 @@ class Fold:
 
     @property
     def order(self) -> np.ndarray:
-        """Positions sorted by bucket, stable (increasing position within a bucket)."""
-        return self._order
+        """Positions sorted by bucket, stable (increasing position within a bucket).
+
+        Built on first use (a parallel counting sort, O(N + K)): the routes that
+        fold in position order never need it, so a one-shot fold does not pay it.
+        Same dtype as ``offsets``.
+        """
+        order = self._order
+        if order is None:
+            counts = self._chunk_counts
+            assert counts is not None
+            order = np.empty(self.size, self._offsets.dtype)
+            planning.stable_order(self._index, counts, self._offsets, order)
+            self._order = order = _frozen(order)
+            self._chunk_counts = None
+        return order
 
     @property
     def nbytes(self) -> int:
-        """Bytes the plan holds on the host (index copy, offsets, order, counts once made)."""
-        counts = 0 if self._counts is None else self._counts.nbytes
-        return int(self._index.nbytes + self._offsets.nbytes + self._order.nbytes + counts)
+        """Bytes the plan holds on the host now: index copy, offsets, and what it built on use.
+
+        The order (built when a route first needs it), the per-chunk counts it
+        is built from (until then) and ``counts`` once made.
+        """
+        held = (self._index, self._offsets, self._order, self._chunk_counts, self._counts)
+        return int(sum(a.nbytes for a in held if a is not None))
 
     @property
     def fingerprint(self) -> str:

@@ -1,4 +1,4 @@
-"""Numba CPU kernels: plan building, the ordered fold and the exact limb accumulation.
+"""Numba CPU kernels: the ordered fold, the gather and the exact limb accumulation.
 
 Every kernel is compiled on first use and cached on disk (``cache=True``);
 Numba falls back to a per-user cache directory when the package directory is
@@ -86,34 +86,6 @@ def thread_count() -> int:
 
     start_thread_pool()
     return int(numba.get_num_threads())
-
-
-@njit(cache=True, nogil=True)
-def count_and_check(index, counts):  # pragma: no cover - compiled
-    """Add the per-bucket counts of ``index`` into ``counts`` (K entries, zeroed by the caller).
-
-    Returns the first position whose value is outside ``[0, K)``, or -1 when
-    all are valid.
-    """
-    K = counts.shape[0]
-    n = index.shape[0]
-    for i in range(n):
-        k = np.int64(index[i])
-        if k < 0 or k >= K:
-            return np.int64(i)
-        counts[k] += 1
-    return np.int64(-1)
-
-
-@njit(cache=True, nogil=True)
-def counting_sort(index, offsets, order):  # pragma: no cover - compiled
-    """Stable counting sort: ``order`` lists positions bucket by bucket, increasing within each."""
-    K = offsets.shape[0] - 1
-    cursor = offsets[:K].copy()
-    for i in range(index.shape[0]):
-        k = index[i]
-        order[cursor[k]] = i
-        cursor[k] += 1
 
 
 @njit(cache=True, nogil=True)
