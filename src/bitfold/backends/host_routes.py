@@ -189,8 +189,10 @@ def _run_float_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, ou
     merged = stream.float_sums(plan.index, rows[:, 0], sums)
     out, out_bits = empty_out((plan.K, 1), out_name)
     fast = out_name == rows.dtype.name
+    # the order is read only to redo inexact buckets: a one-shot plan builds it only then
+    order = plan.order if np.isnan(merged).any() else np.empty(0, plan.offsets.dtype)
     buckets.finish_scalar(
-        merged, rows, plan.order, plan.offsets, bucket_bounds(plan, n),
+        merged, rows, order, plan.offsets, bucket_bounds(plan, n),
         out if fast else np.empty((1, 1), rows.dtype), out_bits, target(out_name, fmt), fast,
         fmt.limbs,
     )  # fmt: skip
@@ -205,21 +207,36 @@ def _always(s: Shape) -> bool:
 def _run_sorted_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
                        **_: Any) -> np.ndarray:  # fmt: skip
     rows = host_rows(values, spec)
-    K = plan.K
     sorted_buckets = plan.prepared("sorted-buckets", lambda: frozen(plan.index[plan.order]))
     bounds = bucket_bounds(plan, rows.shape[0])
     starts = plan.prepared(("sorted-starts", bounds.size), lambda: plan.offsets[bounds])
+
+    def fill(out: np.ndarray) -> None:
+        out.fill(0.0)  # empty buckets (and every page touched once, here, in order)
+        stream.sorted_sums(rows, plan.order, sorted_buckets, starts, out)
+
+    return _cast_or_redo(plan, rows, fmt, out_name, fill)
+
+
+def _cast_or_redo(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str,
+                  fill: Callable[[np.ndarray], None]) -> np.ndarray:  # fmt: skip
+    """The output of a streaming kernel ``fill`` that writes each bucket's exact sum, or NaN.
+
+    ``fill(out)`` writes into ``out`` (K,) — the output itself when it has the
+    values' dtype, else float64 sums rounded here — every bucket's exact sum
+    (``+0.0`` when empty), or NaN where it could not: those buckets are summed
+    again exactly through the plan's order (built then, if it was not yet).
+    """
+    K = plan.K
     goal = target(out_name, fmt)
     if out_name == rows.dtype.name:  # sums cast straight into the output
         out = np.empty(K, out_name)
-        out.fill(0.0)  # empty buckets (and every page touched once, here, in order)
-        stream.sorted_sums(rows, plan.order, sorted_buckets, starts, out)
+        fill(out)
         out_bits = out.view(FLOATS[out_name].signed_bits_dtype)
         redo = np.flatnonzero(np.isnan(out))
     else:
         sums = np.empty(K)
-        sums.fill(0.0)
-        stream.sorted_sums(rows, plan.order, sorted_buckets, starts, sums)
+        fill(sums)
         out, out_bits = empty_out((K,), out_name)
         buckets.round_doubles(sums, out_bits, goal)
         redo = np.flatnonzero(np.isnan(sums))
