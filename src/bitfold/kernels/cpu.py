@@ -20,7 +20,7 @@ import math
 import sys
 
 import numpy as np
-from numba import njit, prange
+from numba import get_thread_id, njit, prange
 
 from ..formats import decoding
 from .ieee import (
@@ -321,19 +321,25 @@ BF16_BLOCK = 4096
 
 
 @njit(cache=True, nogil=True)
+def _bin_range_bf16(index, bits16, lo, hi, bins, wide_bits):  # pragma: no cover - compiled
+    """:func:`_bin_range` for bfloat16 bit patterns, widened to float32 in ``wide_bits`` blocks."""
+    wide = wide_bits.view(np.float32)
+    for b0 in range(lo, hi, BF16_BLOCK):
+        b1 = min(hi, b0 + BF16_BLOCK)
+        src = bits16[b0:b1]
+        for j in range(b1 - b0):
+            wide_bits[j] = np.uint32(src[j]) << 16  # the float32 of the same value
+        _bin_range(index[b0:b1], wide, wide_bits, 0, b1 - b0, bins)
+
+
+@njit(cache=True, nogil=True)
 def _binned_slot_bf16(index, bits16, lo, hi, bins, acc, sp, flush_every):  # pragma: no cover
     """:func:`_binned_slot` for bfloat16 values given as their uint16 bit patterns."""
     wide_bits = np.empty(BF16_BLOCK, np.uint32)
-    wide = wide_bits.view(np.float32)
     start = lo
     while start < hi:
         stop = min(hi, start + flush_every)
-        for b0 in range(start, stop, BF16_BLOCK):
-            b1 = min(stop, b0 + BF16_BLOCK)
-            src = bits16[b0:b1]
-            for j in range(b1 - b0):
-                wide_bits[j] = np.uint32(src[j]) << 16  # the float32 of the same value
-            _bin_range(index[b0:b1], wide, wide_bits, 0, b1 - b0, bins)
+        _bin_range_bf16(index, bits16, start, stop, bins, wide_bits)
         _flush_bins(bins, acc, sp)
         normalise_rows(acc)
         start = stop
@@ -351,21 +357,72 @@ def _binned_parallel(index, values, bins, limbs, specials, flush_every, bf16):  
             _binned_slot(index, values, lo, hi, bins[s], limbs[s], specials[s], flush_every)
 
 
+#: Position chunks of the dynamically scheduled binned kernel (fixed: never the thread count).
+DYNAMIC_CHUNKS = 64
+
+
+@njit(cache=True, parallel=True)
+def _binned_dynamic(index, values, bins, limbs, specials, flush_every, bf16, chunks, pending):
+    # pragma: no cover - compiled
+    n = values.shape[0]
+    bits = np.empty(0, np.uint32) if bf16 else values.view(np.uint32)
+    for c in prange(chunks):
+        s = get_thread_id()  # this thread's own slot: no two threads share one
+        lo, hi = n * c // chunks, n * (c + 1) // chunks
+        if pending[s] + (hi - lo) > flush_every:  # a bin never holds more than flush_every
+            _flush_bins(bins[s], limbs[s], specials[s])
+            normalise_rows(limbs[s])
+            pending[s] = 0
+        if bf16:
+            _bin_range_bf16(index, values, lo, hi, bins[s], np.empty(BF16_BLOCK, np.uint32))
+        else:
+            _bin_range(index, values, bits, lo, hi, bins[s])
+        pending[s] += hi - lo
+
+
+@njit(cache=True, nogil=True)
+def _flush_slots(bins, limbs, specials):  # pragma: no cover - compiled
+    for s in range(bins.shape[0]):
+        _flush_bins(bins[s], limbs[s], specials[s])
+        normalise_rows(limbs[s])
+
+
 def exact_binned_accumulate(index, values, bins, limbs, specials, flush_every) -> None:
     """float32 (or bfloat16) values, small K: exact float64 bins per slot, flushed into limbs.
 
     ``values`` are float32, or the uint16 bit patterns of bfloat16 values.
     ``bins`` is (S, 32, K) float64 filled with -0.0, ``limbs`` (S, K, L) and
-    ``specials`` (S, K, 4) int64 zeroed, all by the caller. Slot s takes the
-    s-th of S equal ranges of the values. ``flush_every`` must not exceed
-    :data:`BIN_FLUSH_EVERY`.
+    ``specials`` (S, K, 4) int64 zeroed, all by the caller. ``flush_every``
+    must not exceed :data:`BIN_FLUSH_EVERY`.
+
+    When there is a slot for every thread, the values are cut into
+    :data:`DYNAMIC_CHUNKS` equal ranges (more when a range would exceed
+    ``flush_every``) handed to the threads as they become free, each adding
+    into its own slot: a core slowed by another process takes fewer chunks
+    instead of stalling the fold. Otherwise slot s takes the s-th of S equal
+    ranges. Every bin and limb addition is exact, so the merged state (and
+    every result bit) is the same for any split of the work.
     """
     bf16 = values.dtype == np.uint16
-    if bins.shape[0] == 1:
+    S = bins.shape[0]
+    if S == 1:
         slot = _binned_slot_bf16 if bf16 else _binned_slot
         slot(index, values, 0, values.shape[0], bins[0], limbs[0], specials[0], flush_every)
+        return
+    start_thread_pool()
+    import numba
+
+    if S >= numba.get_num_threads():
+        n = values.shape[0]
+        chunks = max(DYNAMIC_CHUNKS, -(-n // flush_every))
+        previous = numba.set_parallel_chunksize(1)  # one chunk at a time, to whichever is free
+        try:
+            _binned_dynamic(index, values, bins, limbs, specials, flush_every, bf16, chunks,
+                            np.zeros(S, np.int64))  # fmt: skip
+        finally:
+            numba.set_parallel_chunksize(previous)
+        _flush_slots(bins, limbs, specials)
     else:
-        start_thread_pool()
         _binned_parallel(index, values, bins, limbs, specials, flush_every, bf16)
 
 
