@@ -100,6 +100,8 @@ def fold_ordered(
     out = _start(plan, spec, dtype, init)
     if dtype == np.float16:  # Numba has no float16 arithmetic: NumPy's add.at, in order
         _add_at(out, _index64(plan), rows)
+    elif spec.row_size == 1:  # the one-dimensional loop: about 3x the speed of rows of one
+        cpu.ordered_fold(plan.index, rows.reshape(-1), out.reshape(-1))
     else:
         cpu.ordered_fold_rows(plan.index, rows, out)
     out = canonicalise_nans(out)
