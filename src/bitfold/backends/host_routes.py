@@ -207,7 +207,7 @@ def _always(s: Shape) -> bool:
 def _run_sorted_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
                        **_: Any) -> np.ndarray:  # fmt: skip
     rows = host_rows(values, spec)
-    sorted_buckets = plan.prepared("sorted-buckets", lambda: frozen(plan.index[plan.order]))
+    sorted_buckets = plan.prepared("sorted-buckets", lambda: _sorted_buckets(plan))
     bounds = bucket_bounds(plan, rows.shape[0])
     starts = plan.prepared(("sorted-starts", bounds.size), lambda: plan.offsets[bounds])
 
@@ -216,6 +216,15 @@ def _run_sorted_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, o
         stream.sorted_sums(rows, plan.order, sorted_buckets, starts, out)
 
     return _cast_or_redo(plan, rows, fmt, out_name, fill)
+
+
+def _sorted_buckets(plan: Fold) -> np.ndarray:
+    """The bucket of every sorted position, ``index[order]``: each k repeated ``counts[k]`` times.
+
+    Written in sequence from the offsets (no gather through the order).
+    """
+    ids = np.arange(plan.K, dtype=plan.index.dtype)
+    return frozen(np.repeat(ids, np.diff(plan.offsets)))
 
 
 def _cast_or_redo(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str,
