@@ -299,9 +299,10 @@ def _bin_range(index, values, bits, lo, hi, bins):  # pragma: no cover - compile
     flat = bins.reshape(-1)
     # slicing first lets the loop start at 0, so Numba drops negative-index checks
     ix, bt, vs = index[lo:hi], bits[lo:hi], values[lo:hi]
+    width = np.uint64(K)
     for t in range(hi - lo):
-        b = (np.int64(bt[t]) >> 26) & 0x1F  # the biased exponent // 8
-        flat[b * K + ix[t]] += as_double(vs[t], bt[t], 8, 23)  # subnormals DAZ-immune
+        b = (np.uint64(bt[t]) >> np.uint64(26)) & np.uint64(0x1F)  # the biased exponent // 8
+        flat[b * width + np.uint64(ix[t])] += as_double(vs[t], bt[t], 8, 23)  # DAZ-immune
 
 
 @njit(cache=True, nogil=True)

@@ -324,9 +324,10 @@ def as_double(x, raw, exp_bits, frac_bits):  # pragma: no cover - compiled
     NaN: "sum this exactly some other way", as :func:`checked_add` does.
     """
     b = int64(raw)
-    e = (b >> frac_bits) & ((int64(1) << exp_bits) - 1)
+    if (b >> frac_bits) & ((int64(1) << exp_bits) - 1) != 0:  # normal, infinite or NaN
+        return float64(x)
     m = b & ((int64(1) << frac_bits) - 1)
-    if e != 0 or m == 0:
+    if m == 0:  # a zero
         return float64(x)
     tiny_exp = 2 - (int64(1) << (exp_bits - 1)) - frac_bits  # -149 for float32
     if tiny_exp < -1022:
