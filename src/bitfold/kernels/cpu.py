@@ -16,8 +16,10 @@ could round.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+from collections.abc import Iterator
 
 import numpy as np
 from numba import get_thread_id, njit, prange
@@ -78,6 +80,25 @@ def start_thread_pool() -> None:
     if torch is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     _POOL_STARTED = True
+
+
+@contextlib.contextmanager
+def dynamic_schedule() -> Iterator[None]:
+    """Parallel loops started inside hand out one iteration at a time, to whichever thread is free.
+
+    Numba's default splits a loop's iterations evenly among the threads up front,
+    so a core slowed by another process stalls the whole loop. Loops run this way
+    have a fixed number of iterations (never the thread count) whose results do
+    not depend on which thread ran them.
+    """
+    import numba
+
+    start_thread_pool()
+    previous = numba.set_parallel_chunksize(1)
+    try:
+        yield
+    finally:
+        numba.set_parallel_chunksize(previous)
 
 
 def thread_count() -> int:
@@ -416,12 +437,9 @@ def exact_binned_accumulate(index, values, bins, limbs, specials, flush_every) -
     if S >= numba.get_num_threads():
         n = values.shape[0]
         chunks = max(DYNAMIC_CHUNKS, -(-n // flush_every))
-        previous = numba.set_parallel_chunksize(1)  # one chunk at a time, to whichever is free
-        try:
+        with dynamic_schedule():
             _binned_dynamic(index, values, bins, limbs, specials, flush_every, bf16, chunks,
                             np.zeros(S, np.int64))  # fmt: skip
-        finally:
-            numba.set_parallel_chunksize(previous)
         _flush_slots(bins, limbs, specials)
     else:
         _binned_parallel(index, values, bins, limbs, specials, flush_every, bf16)

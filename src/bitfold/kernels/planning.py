@@ -47,13 +47,23 @@ def index_dtype(K: int) -> np.dtype:
 
 @njit(cache=True, nogil=True)
 def _scan_chunk(index, compact, counts, lo, hi):  # pragma: no cover - compiled
+    # Two simple loops (a copy with min and max, which vectorises, then the counts) beat one
+    # fused loop; slices let the loops start at 0, so Numba drops its negative-index checks.
     K = counts.shape[0]
-    for i in range(lo, hi):
-        k = np.int64(index[i])  # a uint64 above int64's range wraps negative: refused
-        if k < 0 or k >= K:
-            return i
-        compact[i] = k
-        counts[k] += 1
+    ix, cp = index[lo:hi], compact[lo:hi]
+    least, most = np.int64(0), np.int64(0)
+    for t in range(hi - lo):
+        k = np.int64(ix[t])  # a uint64 above int64's range wraps negative: refused
+        least = min(least, k)
+        most = max(most, k)
+        cp[t] = k
+    if least < 0 or most >= K:
+        for t in range(hi - lo):
+            k = np.int64(ix[t])
+            if k < 0 or k >= K:
+                return lo + t
+    for t in range(hi - lo):
+        counts[cp[t]] += 1
     return -1
 
 
@@ -76,20 +86,21 @@ def scan_index(index: np.ndarray, compact: np.ndarray, counts: np.ndarray) -> in
     C = counts.shape[0]
     if C == 1:
         return int(_scan_chunk(index, compact, counts[0], 0, index.shape[0]))
-    from .cpu import start_thread_pool
+    from .cpu import dynamic_schedule
 
-    start_thread_pool()
     first_bad = np.empty(C, np.int64)
-    _scan_chunks(index, compact, counts, first_bad)
+    with dynamic_schedule():
+        _scan_chunks(index, compact, counts, first_bad)
     bad = first_bad[first_bad >= 0]
     return int(bad.min()) if bad.size else -1
 
 
 @njit(cache=True, nogil=True)
 def _place_chunk(index, cursor, order, lo, hi):  # pragma: no cover - compiled
-    for i in range(lo, hi):
-        k = index[i]
-        order[cursor[k]] = i
+    ix = index[lo:hi]
+    for t in range(hi - lo):
+        k = ix[t]
+        order[cursor[k]] = lo + t
         cursor[k] += 1
 
 
@@ -126,10 +137,10 @@ def stable_order(
     if C == 1:
         _place_chunk(index, cursors[0], order, 0, index.shape[0])
         return
-    from .cpu import start_thread_pool
+    from .cpu import dynamic_schedule
 
-    start_thread_pool()
-    _place_chunks(index, cursors, order)
+    with dynamic_schedule():
+        _place_chunks(index, cursors, order)
 
 
 __all__ = [
