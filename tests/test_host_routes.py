@@ -71,3 +71,40 @@ def test_plan_route_reports_the_route_and_its_reason(K, dtype, rows, want):
     assert plan.route(vals, "ordered").route == "ordered"
     with pytest.raises(AttributeError):
         found.route = "x"  # frozen
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_dynamically_scheduled_binned_kernel_gives_the_oracle_for_any_thread_count(dtype):
+    """Chunks go to whichever thread is free, each into its own slot, flushing as it must:
+    the result is the correctly rounded sum with one thread or two, and bins flushed often."""
+    import numba
+
+    from bitfold.kernels import cpu
+
+    rng = np.random.default_rng(7)
+    n, K = 300_000, 5
+    idx = rng.integers(0, K, n)
+    vals = (rng.standard_normal(n) * np.exp2(rng.integers(-60, 60, n))).astype(np.float32)
+    vals[::997] = 3e-39  # subnormal float32s, read DAZ-immune
+    if dtype == "bfloat16":
+        torch = pytest.importorskip("torch", reason="torch is not installed")
+        given = torch.from_numpy(vals).to(torch.bfloat16)
+        vals = given.to(torch.float32).numpy()
+    else:
+        given = vals
+    want = exact_fold_oracle(idx, vals.astype(np.float64), K, "float32")  # bfloat16 -> float32
+    plan = bitfold.Fold(idx, K)
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({1, before}):
+            numba.set_num_threads(threads)
+            for carry_every in (None, 1_000):
+                got = dispatch.fold(plan, given, "exact", kernel="binned",
+                                    carry_every=carry_every)  # fmt: skip
+                if dtype == "bfloat16":
+                    got = got.to(torch.float32).numpy()
+                np.testing.assert_array_equal(got.view(np.uint32), np.asarray(want, np.float32)
+                                              .view(np.uint32))  # fmt: skip
+    finally:
+        numba.set_num_threads(before)
+    assert cpu.DYNAMIC_CHUNKS > before  # more chunks than threads: a slow core is not waited for
