@@ -108,12 +108,36 @@ SWEEPS: dict[str, tuple[str, list[_Point], list[_Point]]] = {
         [(n // 4, k, "uniform", "float32", d) for n, d, k in ROW_SHAPES]
         + [(ROW_SHAPES[0][0] // 4, ROW_SHAPES[0][2], "zipf1.3", "float32", ROW_SHAPES[0][1])],
     ),
+    "oneshot": (
+        "one-shot folds (issue 20): the seed configuration, K = 1e5 and 1e6 (N = 3,145,728), "
+        "and rows (262,144, 64, 50,000); uniform, float32",
+        [(SEED_N, k, "uniform", "float32") for k in (SEED_K, 100_000, 1_000_000)]
+        + [(n, k, "uniform", "float32", d) for n, d, k in ROW_SHAPES[:1]],
+        [(SEED_N, SEED_K, "uniform", "float32")]
+        + [(1_000_000, k, "uniform", "float32") for k in (100_000, 1_000_000)]
+        + [(n // 4, k, "uniform", "float32", d) for n, d, k in ROW_SHAPES[:1]],
+    ),
     "d": (
         "row width D from 1 to 768 at N x D = 2^24 values (K = 50,000, uniform, float32)",
         [(D_SWEEP_VALUES // d, 50_000, "uniform", "float32", d) for d in D_SWEEP],
         [(D_SWEEP_VALUES // 4 // d, 50_000, "uniform", "float32", d) for d in (1, 16, 64, 768)],
     ),
 }
+
+
+#: Issue 20's rows against XLA: the ``rows`` sweep's six shapes (the same cases: they run once).
+SWEEPS["xla-rows"] = (
+    "rows against XLA (issue 20): the six shapes of the rows sweep, Zipf(1.3) included",
+    SWEEPS["rows"][1],
+    SWEEPS["rows"][2],
+)
+#: Sweeps that are phases of their own rather than cases: timed apart from the case loop.
+PHASE_SWEEPS: dict[str, str] = {
+    "load": "the seed configuration with one extra busy process on the machine (issue 20): "
+    "bitfold-exact against np.add.at",
+}
+#: Every name ``--sweeps`` accepts, in the order of a full run.
+ALL_SWEEPS = (*SWEEPS, *PHASE_SWEEPS)
 
 
 @dataclass(frozen=True)
@@ -185,8 +209,8 @@ class Case:
 def check_sweeps(names: list[str]) -> list[str]:
     """The sweep names, or a FoldError naming the unknown one and the valid ones."""
     for name in names:
-        if name not in SWEEPS:
-            raise FoldError(f"unknown sweep {name!r}; choose from: {', '.join(SWEEPS)}")
+        if name not in ALL_SWEEPS:
+            raise FoldError(f"unknown sweep {name!r}; choose from: {', '.join(ALL_SWEEPS)}")
     return names
 
 
@@ -198,7 +222,7 @@ def build_cases(sweeps: list[str], *, quick: bool, scale: float = 1.0) -> list[C
     """
     check_sweeps(sweeps)
     seen: dict[tuple[int, int, str, str, int], list[str]] = {}
-    for name in sweeps:
+    for name in (s for s in sweeps if s in SWEEPS):  # phase sweeps (load) have no cases
         _, full, fast = SWEEPS[name]
         for point in fast if quick else full:
             n, k, skew, dtype = point[:4]
@@ -212,6 +236,8 @@ def build_cases(sweeps: list[str], *, quick: bool, scale: float = 1.0) -> list[C
 
 def describe_sweep(name: str, cases: list[Case]) -> str:
     """What a sweep varied over the cases actually run, and what it held fixed."""
+    if name in PHASE_SWEEPS:
+        return PHASE_SWEEPS[name]
     mine = [c for c in cases if name in c.sweeps]
     if not mine:
         return SWEEPS[name][0]
@@ -223,7 +249,10 @@ def describe_sweep(name: str, cases: list[Case]) -> str:
         ns = ", ".join(f"{n:,}" for n in sorted({c.n for c in mine}))
         return (f"memory of a plan plus one exact fold ({mine[0].dtype}): maps {skews}; "
                 f"K = {ks}; N = {ns}")  # fmt: skip
-    if name == "rows":
+    if name == "oneshot":
+        shapes = "; ".join(c.describe() for c in mine)
+        return f"one-shot folds, the plan built in the call: {shapes}"
+    if name in ("rows", "xla-rows"):
         shapes = ", ".join(f"({c.n:,}, {c.d:,}, {c.k:,}) {c.skew}" for c in mine)
         return f"folds of rows (N, D, K): {shapes}; {mine[0].dtype}"
     if name == "d":

@@ -9,8 +9,10 @@ contenders (:mod:`bitfold.cli.bench.contenders`) and writes into ``--out``:
   (:mod:`bitfold.cli.bench.startup`), whole training steps under
   ``exact_mode`` against plain PyTorch (:mod:`bitfold.cli.bench.steps`), the same
   steps compiled by ``bitfold.torch.compile`` against ``torch.compile``
-  (:mod:`bitfold.cli.bench.compiled_steps`) and the
-  goals of issues 3, 10 and 11 (:mod:`bitfold.cli.bench.goals`);
+  (:mod:`bitfold.cli.bench.compiled_steps`), the seed configuration under one
+  extra busy process (the ``load`` sweep, :mod:`bitfold.cli.bench.load`) and the
+  goals of issues 3, 10 and 11 (:mod:`bitfold.cli.bench.goals`) and of issue 20
+  (:mod:`bitfold.cli.bench.issue20`; goal 6 from ``--allreduce-json``);
 * ``summary.md`` generated from it (:mod:`bitfold.cli.bench.report`);
 * PNG plots (:mod:`bitfold.cli.bench.plots`);
 
@@ -65,7 +67,7 @@ def _names(text: list[str] | None) -> list[str] | None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add ``bitfold bench``'s options to ``parser``."""
-    from .cases import SWEEPS
+    from .cases import ALL_SWEEPS
     from .contenders import CONTENDERS, GROUPS
 
     parser.add_argument(
@@ -87,7 +89,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="NAME",
         default=None,
-        help=f"sweeps to run (default: all): {', '.join(SWEEPS)}",
+        help=f"sweeps to run (default: all): {', '.join(ALL_SWEEPS)}",
     )
     parser.add_argument(
         "--contenders",
@@ -126,6 +128,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"phases to leave out: {', '.join(PHASES)}",
     )
+    parser.add_argument("--allreduce-json", metavar="PATH", default=None,
+                        help="benchmarks/allreduce.py's results, judged as issue 20's goal 6 "
+                        "(default: allreduce.json in the output folder, if there)")  # fmt: skip
     parser.add_argument("--from-json", metavar="RESULTS", default=None,
                         help="measure nothing: rewrite the table, summary.md and plots of a "
                         "saved results.json (into --out, default its folder)")  # fmt: skip
@@ -188,8 +193,9 @@ def _default_out(device: str, cores: int) -> str:
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     """Validate every option (raising FoldError) and return the run's settings."""
     from ...repro.fingerprint import physical_memory, usable_cores
-    from .cases import SWEEPS, check_sweeps
+    from .cases import ALL_SWEEPS, check_sweeps
     from .contenders import baseline_for, resolve
+    from .issue20 import read_allreduce
 
     if args.repeats is not None and args.repeats < 1:
         raise FoldError(f"--repeats must be at least 1; got {args.repeats}")
@@ -201,7 +207,9 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     for phase in skip:
         if phase not in PHASES:
             raise FoldError(f"unknown phase {phase!r} for --skip; choose from: {', '.join(PHASES)}")
-    sweeps = check_sweeps(_names(args.sweeps) or list(SWEEPS))
+    sweeps = check_sweeps(_names(args.sweeps) or list(ALL_SWEEPS))
+    if args.allreduce_json:
+        read_allreduce(args.allreduce_json)  # refused now if it cannot be read
     check_device(args.device)
     contenders = resolve(_names(args.contenders) or ["all"], args.device)
     if "plots" not in skip and importlib.util.find_spec("matplotlib") is None:
@@ -224,6 +232,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "baseline": baseline_for(args.device),
         "memory_limit_bytes": limit,
         "skip": skip,
+        "allreduce_json": args.allreduce_json,
         "out": out,
     }
 
@@ -244,6 +253,8 @@ def _command_line(args: argparse.Namespace) -> str:
         parts += ["--scale", f"{args.scale:g}"]
     if args.memory_limit is not None:
         parts += ["--memory-limit", f"{args.memory_limit:g}"]
+    if args.allreduce_json:
+        parts += ["--allreduce-json", args.allreduce_json]
     if args.out:
         parts += ["--out", args.out]
     return " ".join(parts)
@@ -390,6 +401,8 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     from .cases import build_cases, describe_sweep
     from .compiled_steps import measure_compiled_steps
     from .goals import goals
+    from .issue20 import find_allreduce, issue20
+    from .load import measure_load
     from .startup import measure_startup
     from .steps import measure_steps
 
@@ -399,9 +412,10 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     n_jobs = len(cases) * len(cfg["contenders"])
     total = n_jobs * (1 + sum(p not in cfg["skip"] for p in ("memory", "threads")))
     phases: dict[str, float] = {}
-    startup = steps = compiled = None
+    startup = steps = compiled = load = None
     extra = (
-        2 * ("startup" not in cfg["skip"])
+        ("load" in cfg["sweeps"])
+        + 2 * ("startup" not in cfg["skip"])
         + ("steps" not in cfg["skip"])
         + ("compiled" not in cfg["skip"])
     )
@@ -409,6 +423,16 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         rows = _time_cases(cfg, cases, progress)
         phases["timing"] = time.perf_counter() - t0
+        if "load" in cfg["sweeps"]:
+            progress.note("the seed configuration with one extra busy process")
+            t0 = time.perf_counter()
+            load = measure_load(
+                device=cfg["device"], quick=cfg["quick"], scale=cfg["scale"],
+                repeats=cfg["repeats"] * SEED_EXTRA, budget_s=cfg["budget_s"] * SEED_EXTRA,
+                min_repeats=cfg.get("min_repeats", 3), memory_limit=cfg["memory_limit_bytes"],
+            )  # fmt: skip
+            progress.tick()
+            phases["load"] = time.perf_counter() - t0
         for mode in ("memory", "threads"):
             if mode not in cfg["skip"]:
                 t0 = time.perf_counter()
@@ -447,8 +471,11 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
         "startup": startup,
         "steps": steps,
         "compiled_steps": compiled,
+        "load": load,
+        "allreduce": find_allreduce(cfg.get("allreduce_json"), cfg["out"]),
     }
     res["goals"] = goals(res)
+    res["goals"]["issue20"] = issue20(res, res["goals"])
     res["phase_seconds"] = phases
     res["duration_s"] = time.perf_counter() - t_start
     return res
@@ -466,7 +493,11 @@ def _from_json(args: argparse.Namespace) -> int:
     skip = _names(args.skip) or []
     if "plots" not in skip and importlib.util.find_spec("matplotlib") is None:
         raise FoldError("the plots need matplotlib: pip install 'bitfold[plot]', or --skip plots")
-    out = check_out_dir(args.out or os.path.dirname(os.path.abspath(path)))
+    from .issue20 import find_allreduce
+
+    folder = os.path.dirname(os.path.abspath(path))
+    out = check_out_dir(args.out or folder)
+    res["allreduce"] = find_allreduce(args.allreduce_json, out, folder) or res.get("allreduce")
     write_outputs(res, out, plots="plots" not in skip)
     return 0
 

@@ -217,11 +217,12 @@ def _bitfold(strategy: str) -> Callable[[Inputs], Runner]:
 
 
 def _bitfold_new_plan(inp: Inputs) -> Runner:
-    """The plan built inside every call: ``bitfold.Fold(idx, K)(values)`` (ids change each step)."""
-    from ...plan import Fold
+    """The one-shot fold, the plan built inside every call: ``bitfold.segment_sum(values, idx,
+    K)``, the public entry point for it (ids that change each step; issue 20's one-shot fold)."""
+    from ...functions import segment_sum
 
     values = _bitfold_values(inp)
-    return Runner(lambda: Fold(inp.idx, inp.k)(values))
+    return Runner(lambda: segment_sum(values, inp.idx, inp.k))
 
 
 # -- the seed's padded layout ----------------------------------------------------------------
@@ -411,7 +412,8 @@ CONTENDERS: dict[str, Contender] = {
                   "bitfold.Fold(idx, K)(values, 'exact')", _bitfold("exact"),
                   cuda_library="torch", label="bitfold exact", kinds=_ALL, dtypes=DTYPES),
         Contender("bitfold-exact-new-plan", "bitfold", _BOTH, "exact",
-                  "bitfold.Fold(idx, K)(values): the plan built in every call", _bitfold_new_plan,
+                  "bitfold.segment_sum(values, idx, K): the plan built in every call",
+                  _bitfold_new_plan,
                   cuda_library="torch", label="bitfold exact, plan in the call", kinds=_ALL,
                   dtypes=DTYPES),
         Contender("bitfold-ordered", "bitfold", _BOTH, "fixed order",

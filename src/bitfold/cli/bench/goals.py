@@ -124,21 +124,27 @@ class Goal:
     def evaluate(self, res: dict[str, Any]) -> dict[str, Any]:
         """This goal's record in ``results.json``'s ``goals``."""
         points = [self.point(res, c) for c in self.select(res)]
-        values = [p["value"] for p in points if p["value"] is not None]
-        worst = max(values) if values else None
-        if any(p.get("met") is False for p in points):
-            met: bool | None = False
-        elif values and len(values) == len(points):
-            met = True
-        else:
-            met = None
         return {
             "key": self.key, "number": self.number, "title": self.title,
             "goal": self.statement, "limit": self.limit, "ours": self.ours, "peer": self.peer,
-            "unit": "x" if self.peer else "B/entry", "points": points, "worst": worst,
-            "met": met,
-            "missed_by": (worst / self.limit - 1) if worst is not None and met is False else None,
+            "unit": "x" if self.peer else "B/entry", "points": points,
+            **judge(points, self.limit),
         }  # fmt: skip
+
+
+def judge(points: list[dict[str, Any]], limit: float) -> dict[str, Any]:
+    """``worst``, ``met`` and ``missed_by`` of a goal's points (each with ``value`` and ``met``):
+    met when every point was measured and meets ``limit``, False when one misses it, else None."""
+    values = [p["value"] for p in points if p["value"] is not None]
+    worst = max(values) if values else None
+    if any(p.get("met") is False for p in points):
+        met: bool | None = False
+    elif values and len(values) == len(points):
+        met = True
+    else:
+        met = None
+    missed_by = (worst / limit - 1) if worst is not None and met is False else None
+    return {"worst": worst, "met": met, "missed_by": missed_by}
 
 
 def _k_cases(res: dict[str, Any]) -> list[dict[str, Any]]:
@@ -261,7 +267,7 @@ def _figure(value: float | None, unit: str) -> str:
     return f"{value:.2f}x" if unit == "x" else f"{value:.1f} B"
 
 
-def issue10_line(g: dict[str, Any]) -> str:
+def goal_line(g: dict[str, Any]) -> str:
     """One Markdown line: the goal, its figure on every case, and whether it is met."""
     parts = []
     for p in g["points"]:
@@ -277,7 +283,7 @@ def issue10_line(g: dict[str, Any]) -> str:
 
 def goal_lines(g: dict[str, Any]) -> list[str]:
     """The goals as text lines: issue 10's, then issue 3's and the start-up times."""
-    lines = [issue10_line(x) for x in g.get("issue10", [])]
+    lines = [goal_line(x) for x in g.get("issue10", [])]
     met = {True: "met", False: "NOT met", None: "not measured"}
     if "seed" in g:
         s = g["seed"]

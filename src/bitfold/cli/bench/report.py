@@ -19,20 +19,24 @@ from .goals import (
     output_bytes,
     row,
 )
+from .issue20 import issue20, issue20_lines, load_lines
 from .steps import summary_lines as steps_summary
 
 __all__ = ["MEMORY_GOAL_BYTES_PER_ELEMENT", "MEMORY_GOAL_BYTES_PER_ENTRY", "goal_lines", "goals",
            "row", "summary_markdown", "text_table"]  # fmt: skip
 
 #: The sweep parameter each sweep varies (None: several parameters, or a single point).
-VARIES = {"seed": None, "memory": None, "rows": None, "n": "n", "k": "k", "skew": "skew",
-          "dtype": "dtype", "d": "d"}  # fmt: skip
+VARIES = {"seed": None, "memory": None, "rows": None, "xla-rows": None, "oneshot": None,
+          "n": "n", "k": "k", "skew": "skew", "dtype": "dtype", "d": "d"}  # fmt: skip
+#: Sweeps whose cases are another sweep's: their table is that sweep's (``rows``).
+SAME_CASES = {"rows": ("rows", "xla-rows")}
 
 
 # -- lookups ---------------------------------------------------------------------------------
 def cases_of(res: dict[str, Any], sweep: str) -> list[dict[str, Any]]:
     """The cases a sweep visited, in the order of its varying parameter."""
-    cases = [c for c in res["cases"] if sweep in c["sweeps"]]
+    names = set(SAME_CASES.get(sweep, (sweep,)))
+    cases = [c for c in res["cases"] if names & set(c["sweeps"])]
     key = VARIES.get(sweep)
     if key in ("n", "k", "d"):
         cases.sort(key=lambda c: c.get(key) or 0)
@@ -126,7 +130,9 @@ def text_table(res: dict[str, Any]) -> str:
     for case in res["cases"]:
         out.extend(case_table(res, case))
         out.append("")
-    out.extend(goal_lines(goals(res)))
+    earlier = goals(res)
+    out.extend(goal_lines(earlier))
+    out.extend(f"issue 20, {line}" for line in issue20_lines(issue20(res, earlier)))
     return "\n".join(out)
 
 
@@ -147,6 +153,7 @@ def _point(case: dict[str, Any], key: str | None) -> str:
 #: (sweep, section title, what each cell shows), in the order of summary.md.
 SWEEP_TABLES = (
     ("rows", "Folds of rows: median time (ms)", "median"),
+    ("oneshot", "One-shot folds, the plan built in the call: median time (ms)", "median"),
     ("d", "Median time (ms) against the row width D (N x D fixed)", "median"),
     ("n", "Median time (ms) against N", "median"),
     ("k", "Median time (ms) against K", "median"),
@@ -160,8 +167,10 @@ SWEEP_TABLES = (
 
 def _column(case: dict[str, Any], sweep: str) -> str:
     """A case's column heading in its sweep's table."""
-    if sweep == "rows":
+    if sweep == "rows" or (sweep == "oneshot" and case.get("d")):
         return f"{case['n']:,} x {case['d']:,} → {case['k']:,} {case['skew']}"
+    if sweep == "oneshot":
+        return f"N = {case['n']:,}, K = {case['k']:,}"
     if sweep == "memory":
         return f"{case['skew']} K = {case['k']:,}"
     return _point(case, VARIES.get(sweep))
@@ -186,7 +195,9 @@ def _sweep_table(
     res: dict[str, Any], sweep: str, cases: list[dict[str, Any]], title: str, metric: str
 ) -> list[str]:
     """One summary.md section: a contender per line, a case per column, and the exact routes."""
-    out = [f"## {title}", "", f"{res['sweeps'].get(sweep, '')}", ""]
+    about = next((res["sweeps"][n] for n in SAME_CASES.get(sweep, (sweep,)) if n in res["sweeps"]),
+                 "")  # fmt: skip
+    out = [f"## {title}", "", about, ""]
     rows = []
     for contender in contenders_in(res):
         cells = [_cell(row(res, c["id"], contender), c, metric) for c in cases]
@@ -239,6 +250,16 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
             *(f"- {line}" for line in goal_lines(g)),
             "",
         ]
+    out += [
+        "## Issue 20 goals",
+        "",
+        "Ratios of medians measured in this run on the same inputs (goal 6: from the "
+        "all-reduce's own results); ✗ marks a case that misses its goal; a goal whose sweep "
+        "did not run says \"not measured\".",
+        "",
+        *(f"- {line}" for line in issue20_lines(issue20(res, g))),
+        "",
+    ]
     seed = seed_case(res)
     if seed is not None:
         out += [f"## The seed configuration ({case_title(seed)})", ""]
@@ -274,6 +295,7 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         cases = cases_of(res, sweep)
         if cases:
             out += _sweep_table(res, sweep, cases, title.format(base=base), metric)
+    out += load_lines(res.get("load"))
     out += [line.replace("### ", "## ", 1) for line in steps_summary(res.get("steps"))]
     out += [line.replace("### ", "## ", 1) for line in compiled_summary(res.get("compiled_steps"))]
     skipped = sorted(
