@@ -55,9 +55,11 @@ class Fold:
         flat = arr.reshape(-1)
         n = flat.size
         positions = np.int32 if n <= _INT32_MAX else np.int64
-        try:  # one count a bucket per position chunk, then the K + 1 offsets
-            counts = np.zeros((planning.chunk_count(n, self._K), self._K), positions)
+        chunks = planning.chunk_count(n, self._K)
+        try:  # the K + 1 offsets, and one count a bucket per position chunk when there are several
             offsets = np.zeros(self._K + 1, positions)
+            shape = (chunks, self._K)
+            counts = offsets[1:].reshape(shape) if chunks == 1 else np.zeros(shape, positions)
         except MemoryError:
             raise FoldError(
                 f"K = {self._K:,} buckets do not fit in memory: the plan keeps "
@@ -67,13 +69,13 @@ class Fold:
         bad = planning.scan_index(flat, compact, counts)
         if bad >= 0:
             raise index_range_error(self._shape, bad, int(flat[bad]), self._K)
-        if counts.shape[0] == 1:
-            np.cumsum(counts[0], out=offsets[1:])
+        if chunks == 1:  # counted in place: the offsets' own memory
+            np.cumsum(offsets[1:], out=offsets[1:])
         else:
             np.cumsum(counts.sum(axis=0, dtype=positions), out=offsets[1:])
         self._index = _frozen(compact)
         self._offsets = _frozen(offsets)
-        self._chunk_counts: np.ndarray | None = counts
+        self._chunk_counts: np.ndarray | None = None if chunks == 1 else counts
         self._counts: np.ndarray | None = None
         self._order: np.ndarray | None = None
         self._fingerprint: str | None = None
@@ -129,10 +131,8 @@ class Fold:
         """
         order = self._order
         if order is None:
-            counts = self._chunk_counts
-            assert counts is not None
             order = np.empty(self.size, self._offsets.dtype)
-            planning.stable_order(self._index, counts, self._offsets, order)
+            planning.stable_order(self._index, self._chunk_counts, self._offsets, order)
             self._order = order = _frozen(order)
             self._chunk_counts = None
         return order

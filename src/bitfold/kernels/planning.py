@@ -123,20 +123,19 @@ def _chunk_cursors(counts, offsets, cursors):  # pragma: no cover - compiled
 
 
 def stable_order(
-    index: np.ndarray, counts: np.ndarray, offsets: np.ndarray, order: np.ndarray
+    index: np.ndarray, counts: np.ndarray | None, offsets: np.ndarray, order: np.ndarray
 ) -> None:
     """Fill ``order`` with the positions sorted by bucket, increasing within a bucket.
 
-    ``counts`` (C, K) are :func:`scan_index`'s chunk counts of ``index``,
-    ``offsets`` (K + 1) their bucket starts: chunk c places its positions of
-    bucket k from ``offsets[k]`` plus the earlier chunks' counts of k.
+    ``counts`` (C, K) are :func:`scan_index`'s chunk counts of ``index`` (None:
+    one chunk), ``offsets`` (K + 1) the bucket starts: chunk c places its
+    positions of bucket k from ``offsets[k]`` plus the earlier chunks' counts of k.
     """
-    C = counts.shape[0]
+    if counts is None:
+        _place_chunk(index, offsets[:-1].copy(), order, 0, index.shape[0])
+        return
     cursors = np.empty(counts.shape, order.dtype)
     _chunk_cursors(counts, offsets, cursors)
-    if C == 1:
-        _place_chunk(index, cursors[0], order, 0, index.shape[0])
-        return
     from .cpu import dynamic_schedule
 
     with dynamic_schedule():
