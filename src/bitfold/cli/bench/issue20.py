@@ -79,8 +79,10 @@ CASE_GOALS: tuple[tuple[Goal, str], ...] = (
 )  # fmt: skip
 
 #: Goal 7: issue 10's goals (by key) whose verdicts must stay met, with their names.
-KEPT_ISSUE10 = (("rows", "issue 10 goal 2, rows against index_add_, plan built once"),
-                ("rows-new-plan", "issue 10 goal 2, rows against index_add_, plan in the call"),
+# Issue 10's goals that were met before issue 20 (benchmarks/results/2026-12-03-cpu-2core):
+# its goal 1 (scalars at large K) is issue 20's goal 3, and its goal 2 with the plan built once
+# was already missed (3.65x at (262,144, 64, 1,000,000)); both stay judged in issue 10's lines.
+KEPT_ISSUE10 = (("rows-new-plan", "issue 10 goal 2, rows against index_add_, plan in the call"),
                 ("half", "issue 10 goal 3, float16 and bfloat16"),
                 ("float64", "issue 10 goal 3, float64"),
                 ("seed", "issue 10 goal 4, the seed configuration"),
