@@ -604,6 +604,13 @@ def device_of(x: Any) -> str:
     return family_of(x).device(x)
 
 
+def place_of(x: Any) -> tuple[str, str, int | None]:
+    """Where ``x`` lives: ``(family name, device, CUDA ordinal or None)``; two arrays of
+    one place can be combined by their library's own operations."""
+    family = family_of(x)
+    return family.name, family.device(x), family.cuda_ordinal(x)
+
+
 def is_cuda_array(x: Any) -> bool:
     """True for values that live on a CUDA device (CuPy, torch CUDA, numba, JAX GPU, ...)."""
     try:
@@ -682,6 +689,7 @@ __all__ = [
     "from_numpy",
     "is_cuda_array",
     "library_of",
+    "place_of",
     "raw_bits",
     "shape_of",
     "to_numpy",

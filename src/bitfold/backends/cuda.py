@@ -744,17 +744,16 @@ def exact_state(
 
 def add_to_state(
     state: np.ndarray, plan: Fold, values: Any, spec: Values, fmt: Any, **options: Any
-) -> None:
-    """Add GPU ``values`` into the host state ``state`` (the device state is copied back once).
+) -> np.ndarray:
+    """Add GPU ``values`` into the host state ``state`` (the device state is copied back once);
+    returns ``state``.
 
-    Rows are copied to the host and added there (an accumulator of rows keeps
-    its state on the host).
+    Rows are copied to the host and added there.
     """
     from . import host
 
     if spec.trailing:
-        host.add_to_state(state, plan, values, spec, fmt)
-        return
+        return host.add_to_state(state, plan, values, spec, fmt)
     dv = device_values(values)
     device_state = exact_state(plan, values, start=spec.start, **options)
     cuda = _cuda()
@@ -764,7 +763,7 @@ def add_to_state(
         view = device_values_of_state(device_state).array
         host_copy = view.copy_to_host(stream=dv.stream)
         dv.stream.synchronize()
-    host.merge_states(state, host_copy, fmt)
+    return host.merge_states(state, host_copy, fmt)
 
 
 @dataclass
@@ -802,8 +801,9 @@ def device_values_of_state(state: Any) -> _StateView:
 
 
 #: The CUDA backend's registry entry (:mod:`bitfold.backends.registry`). Its accumulator
-#: states live on the host (``add_to_state`` copies the device state back once), so the
-#: state operations are the host's; :func:`exact_state` keeps a state on the device.
+#: states live on the host (``add_to_state`` copies the device state back once): its state
+#: operations are the host's, so the two share states; :func:`exact_state` keeps one on the
+#: device, for callers that reduce states there.
 @functools.cache
 def numba_cuda_loads() -> bool:
     """True when numba-cuda imports and finds a device (or its simulator); else CUDA values
