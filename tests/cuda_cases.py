@@ -477,6 +477,27 @@ def test_accumulator_of_device_rows_equals_the_host():
     _assert_bits_equal(result.copy_to_host(), plan(vals), "device rows accumulator")
 
 
+def test_a_cuda_accumulator_merges_with_a_portable_one_either_way():
+    """The CUDA backend's state operations are the host's (its states live on the host); a
+    portable state beside CPU tensors merges into it, and it into that, to the oracle's bits."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    rng = np.random.default_rng(25)
+    idx = rng.integers(0, 6, 400)
+    vals = _wide_values(rng, 400, np.float32, 60)
+    plan = bitfold.Fold(idx, 6)
+    want = exact_fold_oracle(idx, vals, 6)
+    for receiver in ("cuda", "portable"):
+        gpu_acc = plan.accumulator(launch=LAUNCHES[0]).add(cuda.to_device(vals[:250]), start=0)
+        port = plan.accumulator(backend="portable").add(torch.from_numpy(vals[250:]), start=250)
+        assert (gpu_acc.backend, port.backend) == ("cuda", "portable")
+        into, other = (gpu_acc, port) if receiver == "cuda" else (port, gpu_acc)
+        into.merge(other)
+        assert into.backend == receiver
+        got = into.result()
+        got = got.copy_to_host() if receiver == "cuda" else got.numpy()
+        _assert_bits_equal(got, want, f"merged into the {receiver} accumulator")
+
+
 # -- hot buckets split across threads and blocks ----------------------------------------------
 HOT_CASES = {
     # name: (positions, K, D, map)

@@ -23,8 +23,9 @@ gives the same bits in any order, atomics included.
 3. *Scatter-add* every piece into one flat integer table, ``(K·D, digits + 5)``:
    each output element's digits, then the five counters of
    :class:`bitfold.formats.LimbFormat`. With int64 words the digits are 32 bits
-   wide and the table *is* the accumulator state of the host
-   (:attr:`bitfold.ExactAccumulator.state`), so states merge across backends.
+   wide and the table *is* an accumulator state in the host's layout
+   (:attr:`bitfold.ExactAccumulator.state`), kept beside the values by an
+   accumulator of this backend, so states merge across backends.
    Without int64 (JAX in its default 32-bit mode) the words are int32 and the
    digits 16 bits wide (8 bits when a bucket holds more than 2^13 values), the
    same 320 bits in finer digits, converted to the host layout when a state
