@@ -137,3 +137,14 @@ def test_many_portable_merges_stay_carried():
     assert (np.abs(limbs[..., :-1]) < 2**32).all()
     got = _bits(total.result(), "float32")
     assert (got == np.float32(np.inf).view(np.uint32)).all()  # 41 * 64 * max/4: beyond range
+
+
+def test_jax_without_int64_keeps_a_portable_state_on_the_host():
+    """JAX in 32-bit mode has no int64: its 16-bit digits arrive in a host state."""
+    jnp = pytest.importorskip("jax.numpy", reason="JAX is not installed")
+    plan, idx, vals = _problem("float32", seed=40)
+    acc = plan.accumulator(backend="portable")
+    acc.add(jnp.asarray(vals[:70]), start=0).add(jnp.asarray(vals[70:]), start=70)
+    assert acc.backend == "portable" and isinstance(acc._state, np.ndarray)
+    got = np.asarray(acc.result())
+    assert np.array_equal(got.view(np.uint32), _oracle_bits(idx, vals, plan.K, "float32"))
