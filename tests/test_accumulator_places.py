@@ -148,3 +148,13 @@ def test_jax_without_int64_keeps_a_portable_state_on_the_host():
     assert acc.backend == "portable" and isinstance(acc._state, np.ndarray)
     got = np.asarray(acc.result())
     assert np.array_equal(got.view(np.uint32), _oracle_bits(idx, vals, plan.K, "float32"))
+
+
+def test_which_backends_share_states():
+    """CUDA's state operations are the host's (its states live on the host); the portable
+    backend keeps its own beside the values."""
+    from bitfold.backends.registry import get_backend
+
+    host, gpu, port = (get_backend(n) for n in ("host", "cuda", "portable"))
+    assert host.shares_states(gpu) and gpu.shares_states(host)
+    assert not port.shares_states(host) and port.shares_states(port)
