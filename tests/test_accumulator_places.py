@@ -151,10 +151,11 @@ def test_jax_without_int64_keeps_a_portable_state_on_the_host():
 
 
 def test_which_backends_share_states():
-    """CUDA's state operations are the host's (its states live on the host); the portable
-    backend keeps its own beside the values."""
+    """Each backend keeps its own states: CUDA's on the GPU beside its values, the portable
+    backend's beside its tensors; states of two backends merge by an exact copy."""
     from bitfold.backends.registry import get_backend
 
     host, gpu, port = (get_backend(n) for n in ("host", "cuda", "portable"))
-    assert host.shares_states(gpu) and gpu.shares_states(host)
-    assert not port.shares_states(host) and port.shares_states(port)
+    assert not host.shares_states(gpu) and not gpu.shares_states(host)
+    assert not port.shares_states(host) and not port.shares_states(gpu)
+    assert port.shares_states(port) and gpu.shares_states(gpu)

@@ -529,7 +529,12 @@ class _NumbaDevice(ArrayFamily):
         return "cuda"
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        return x.copy_to_host()
+        # on the stream the array is bound to (the one that wrote it), then waited for
+        stream = getattr(x, "stream", 0)
+        host = x.copy_to_host(stream=stream)
+        if stream:
+            stream.synchronize()
+        return host
 
     def from_numpy(self, result: np.ndarray, like: Any, out_dtype: str | None = None) -> Any:
         from numba import cuda

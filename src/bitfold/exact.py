@@ -44,11 +44,13 @@ Where the state lives
 ---------------------
 An accumulator keeps its state with the backend of the first values added
 (or of ``backend=``), through that backend's registered state operations
-(:mod:`bitfold.backends.registry`): a host NumPy array for host values (and
-for GPU values on the CUDA backend, whose state operations are the host's),
-an int64 array beside the values on the portable backend (a torch tensor on
-its device, a CuPy or 64-bit JAX array; a host array for JAX in 32-bit
-mode). Until values arrive it is an empty host state. :attr:`backend` says
+(:mod:`bitfold.backends.registry`): a host NumPy array for host values; on
+the CUDA backend an int64 array of the values' kind on their GPU (a torch
+CUDA tensor, a CuPy or numba device array), added to, merged and rounded
+there by kernels on the values' stream (rows: a host array, summed on the
+host); an int64 array beside the values on the portable backend (a torch
+tensor on its device, a CuPy or 64-bit JAX array; a host array for JAX in
+32-bit mode). Until values arrive it is an empty host state. :attr:`backend` says
 which backend keeps it. Values of another backend are summed in a state of
 their own and added in. Merging two accumulators whose states live in
 different places copies the other's state to the receiver's place (exact: it

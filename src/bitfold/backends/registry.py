@@ -23,7 +23,9 @@ entry states, as data:
   :mod:`bitfold.exact`, whatever library and device hold it, so a state
   copied to another place (``to_numpy``/``from_numpy``, exact for integers)
   is a state there. Backends whose state operations are the same functions
-  share their states (:meth:`Backend.shares_states`: CUDA's are the host's);
+  share their states (:meth:`Backend.shares_states`; the host, CUDA and
+  portable backends each keep their own: on the host, on the GPU, beside
+  the tensors);
 * ``options``: the tuning options each operation accepts (a strategy name or
   ``"add_to_state"`` -> option names). None of them changes a result;
 * ``init``: the strategies that fold into an existing array, and whether that
