@@ -465,6 +465,7 @@ def test_folding_into_an_existing_array_equals_the_cpu(D):
 
 
 def test_accumulator_of_device_rows_equals_the_host():
+    """Rows of CUDA values are summed in a host state (their kernels keep no state)."""
     rng = np.random.default_rng(24)
     idx = rng.integers(0, 5, 60)
     vals = _wide_values(rng, 120, np.float32, 30).reshape(60, 2)
@@ -472,9 +473,103 @@ def test_accumulator_of_device_rows_equals_the_host():
     acc = plan.accumulator(trailing=(2,))
     acc.add(cuda.to_device(vals[:20].copy()), start=0)
     acc.add(cuda.to_device(vals[20:].copy()), start=20)
+    assert acc.backend == "cuda" and isinstance(acc._state, np.ndarray)
     result = acc.result()  # the library of the first values added: a numba device array
     assert is_cuda_array(result)
     _assert_bits_equal(result.copy_to_host(), plan(vals), "device rows accumulator")
+
+
+def _bits_of(result):
+    """A result of any library on the host (numba device arrays copied back)."""
+    if is_cuda_array(result):
+        return result.copy_to_host()
+    return result.numpy() if hasattr(result, "numpy") else np.asarray(result)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_cuda_accumulator_keeps_a_device_state_and_rounds_to_the_oracle(dtype):
+    """Values added in pieces into a state on the device; rounded there, to the oracle's bits,
+    for every output dtype; ``copy`` and ``reset`` keep the state on the device."""
+    rng = np.random.default_rng(26)
+    K, n = 7, 500
+    idx = rng.integers(0, K, n)
+    vals = _wide_values(rng, n, np.dtype(dtype), 300 if dtype == "float64" else 60)
+    vals[:4] = [-0.0, np.inf, 1.0, -1.0]
+    plan = bitfold.Fold(idx, K)
+    acc = plan.accumulator(dtype, launch=LAUNCHES[0])
+    for lo, hi in [(0, 120), (120, 121), (121, n)]:
+        acc.add(cuda.to_device(vals[lo:hi]), start=lo)
+    assert acc.backend == "cuda" and is_cuda_array(acc._state)
+    assert acc.state.shape == (K, kernels.SOURCES[dtype][1].width)
+    limbs = plan.accumulator(dtype, kernel="limbs").add(vals)  # the device kernels' counters
+    np.testing.assert_array_equal(acc.state, limbs.state)
+    outs = ["float64", "float32", "float16"] if dtype == "float64" else ["float32", "float16"]
+    for out in [*outs, "bfloat16"]:
+        got = acc.result(out)
+        assert is_cuda_array(got)
+        want = exact_fold_oracle(idx, vals, K, "float32" if out == "bfloat16" else out)
+        if out == "bfloat16":  # float32 holding bfloat16 values, as the host gives
+            want = np.asarray(plan(vals, out_dtype="bfloat16"))
+        _assert_bits_equal(got.copy_to_host(), want, f"{dtype} -> {out}")
+    twin = acc.copy()
+    acc.reset()
+    assert is_cuda_array(twin._state) and is_cuda_array(acc._state) and not acc.state.any()
+    _assert_bits_equal(twin.result().copy_to_host(), plan(vals), "copy")
+
+
+def test_device_states_merge_on_the_device_and_stay_carried():
+    """Two CUDA accumulators merge by a kernel (add, then carry): the limbs stay below 2^32
+    however many merges, and the sum rounds to the oracle's bits."""
+    rng = np.random.default_rng(27)
+    idx = rng.integers(0, 3, 90)
+    big = np.full(90, np.finfo(np.float32).max / 8, np.float32)
+    plan = bitfold.Fold(idx, 3)
+    part = plan.accumulator().add(cuda.to_device(big))
+    total = plan.accumulator().add(cuda.to_device(big))
+    for _ in range(9):
+        total.merge(part)
+    assert total.backend == "cuda" and is_cuda_array(total._state)
+    limbs = total.state[:, : kernels.SOURCES["float32"][1].limbs]
+    assert (limbs[:, :-1] >= 0).all() and (limbs[:, :-1] < 2**32).all()
+    host = plan.accumulator(kernel="limbs").add(big)  # the device kernels' counters
+    for _ in range(9):
+        host.merge(plan.accumulator(kernel="limbs").add(big))
+    np.testing.assert_array_equal(total.state, host.state)
+    _assert_bits_equal(total.result(out_dtype="float64").copy_to_host(),
+                       host.result(out_dtype="float64"), "ten merged states")  # fmt: skip
+    small = _wide_values(rng, 90, np.float32, 60)
+    a = plan.accumulator().add(cuda.to_device(small[:40]), start=0)
+    a += plan.accumulator().add(cuda.to_device(small[40:]), start=40)
+    _assert_bits_equal(a.result().copy_to_host(), exact_fold_oracle(idx, small, 3), "a + b")
+
+
+@pytest.mark.parametrize("other_kind", ["host", "portable"])
+@pytest.mark.parametrize("receiver", ["cuda", "other"])
+def test_a_cuda_accumulator_merges_with_a_host_or_portable_one_either_way(other_kind, receiver):
+    """A device state and a host state (or a portable state beside CPU tensors) add, in either
+    direction, to the oracle's bits; the merged state lives where the receiver's did."""
+    if other_kind == "portable":
+        torch = pytest.importorskip("torch", reason="torch is not installed")
+    rng = np.random.default_rng(25)
+    idx = rng.integers(0, 6, 400)
+    vals = _wide_values(rng, 400, np.float32, 60)
+    vals[7] = -0.0
+    plan = bitfold.Fold(idx, 6)
+    want = exact_fold_oracle(idx, vals, 6)
+    gpu_acc = plan.accumulator(launch=LAUNCHES[0]).add(cuda.to_device(vals[:250]), start=0)
+    if other_kind == "portable":
+        other = plan.accumulator(backend="portable").add(torch.from_numpy(vals[250:]), start=250)
+    else:
+        other = plan.accumulator().add(vals[250:], start=250)
+    assert (gpu_acc.backend, other.backend) == ("cuda", other_kind)
+    into, given = (gpu_acc, other) if receiver == "cuda" else (other, gpu_acc)
+    before = given.state.copy()
+    into.merge(given)
+    assert into.backend == ("cuda" if receiver == "cuda" else other_kind)
+    assert is_cuda_array(into._state) == (receiver == "cuda")
+    np.testing.assert_array_equal(given.state, before)  # the other is unchanged
+    _assert_bits_equal(_bits_of(into.result()), want, f"merged into the {into.backend} one")
+
 
 
 # -- hot buckets split across threads and blocks ----------------------------------------------
@@ -605,7 +700,11 @@ def test_the_first_fold_of_a_plan_inside_a_capture_is_refused_by_name(monkeypatc
 
 
 def test_uploads_and_the_state_copy_run_on_the_values_stream(monkeypatch):
-    """The plan's upload, a part's counts and the state's copy back follow the values' stream."""
+    """The plan's upload, a part's counts and the state follow the values' stream.
+
+    The state lives on the device: adding copies nothing back; reading ``acc.state``
+    copies it on the stream that wrote it (the state array is bound to it).
+    """
     rng = np.random.default_rng(34)
     idx = rng.integers(0, 5, 300)
     vals = _wide_values(rng, 300)
@@ -622,22 +721,25 @@ def test_uploads_and_the_state_copy_run_on_the_values_stream(monkeypatch):
     acc = plan.accumulator()
     acc.add(real_to_device(vals[:100]).bind(s), start=0)  # uploads the plan, then a part's counts
     assert len(streams) == 5 and all(x is s for x in streams), streams
+    assert acc.backend == "cuda" and is_cuda_array(acc._state)
+    assert acc._state.stream is s, "the device state is made on the values' stream"
     copies = []
-    real_state = gpu.device_values_of_state
+    array_type = type(acc._state)
+    real_copy = array_type.copy_to_host
 
-    class Watched:
-        def __init__(self, array):
-            self.array = array
+    def copy_to_host(self, ary=None, stream=0):
+        copies.append(stream or self.stream)
+        return real_copy(self, ary, stream=stream)
 
-        def copy_to_host(self, stream=0):
-            copies.append(stream)
-            return self.array.copy_to_host(stream=stream)
-
-    monkeypatch.setattr(gpu, "device_values_of_state",
-                        lambda st: gpu._StateView(0, Watched(real_state(st).array)))  # fmt: skip
+    monkeypatch.setattr(array_type, "copy_to_host", copy_to_host)
     acc.add(real_to_device(vals[100:]).bind(s), start=100)
-    assert copies == [s], "the device state is copied back on the stream that wrote it"
-    _assert_bits_equal(acc.result(), plan(vals), "accumulated on a stream")
+    assert copies == [], "adding keeps the state on the device: nothing is copied back"
+    state = acc.state
+    assert copies == [s], "reading the state copies it on the stream that wrote it"
+    monkeypatch.setattr(array_type, "copy_to_host", real_copy)
+    rebuilt = bitfold.ExactAccumulator.from_state(plan, state)
+    _assert_bits_equal(rebuilt.result(), plan(vals), "the state read on the host")
+    _assert_bits_equal(acc.result().copy_to_host(), plan(vals), "accumulated on a stream")
 
 
 def test_per_thread_default_streams_of_several_threads_share_one_ordered_scratch():

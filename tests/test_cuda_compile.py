@@ -73,6 +73,7 @@ EXPECTED = [
     (r"gather_rows", ["st.global"], ["atom.", "add.f", "fma."]),
     (r"cast_f32_to_f16", ["cvt.rn.f16.f32"], ["atom."]),
     (r"zero_fill", ["st.global"], ["atom."]),
+    (r"add_fill", ["add.s64", "st.global"], ["atom.", ".f32", ".f64"]),
 ]  # fmt: skip
 
 

@@ -529,7 +529,12 @@ class _NumbaDevice(ArrayFamily):
         return "cuda"
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        return x.copy_to_host()
+        # on the stream the array is bound to (the one that wrote it), then waited for
+        stream = getattr(x, "stream", 0)
+        host = x.copy_to_host(stream=stream)
+        if stream:
+            stream.synchronize()
+        return host
 
     def from_numpy(self, result: np.ndarray, like: Any, out_dtype: str | None = None) -> Any:
         from numba import cuda
@@ -602,6 +607,13 @@ def library_of(x: Any) -> str:
 def device_of(x: Any) -> str:
     """``"cpu"``, ``"cuda"`` or another device name for an array of any family."""
     return family_of(x).device(x)
+
+
+def place_of(x: Any) -> tuple[str, str, int | None]:
+    """Where ``x`` lives: ``(family name, device, CUDA ordinal or None)``; two arrays of
+    one place can be combined by their library's own operations."""
+    family = family_of(x)
+    return family.name, family.device(x), family.cuda_ordinal(x)
 
 
 def is_cuda_array(x: Any) -> bool:
@@ -682,6 +694,7 @@ __all__ = [
     "from_numpy",
     "is_cuda_array",
     "library_of",
+    "place_of",
     "raw_bits",
     "shape_of",
     "to_numpy",

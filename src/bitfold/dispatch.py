@@ -122,9 +122,21 @@ def fold(
     return chosen.fold(strat.name)(plan, values, spec, out_name, **options)
 
 
-def add_to_state(
+@dataclass(frozen=True)
+class Addition:
+    """Values on their way into an accumulator: validated, with the backend that adds them.
+
+    ``options`` are the accumulator's options this backend takes for ``add_to_state``.
+    """
+
+    values: Any
+    spec: Values
+    backend: Backend
+    options: dict[str, Any]
+
+
+def addition(
     plan: Fold,
-    state: np.ndarray,
     fmt: LimbFormat,
     values: Any,
     *,
@@ -132,8 +144,8 @@ def add_to_state(
     trailing: tuple[int, ...] = (),
     backend: str | None = None,
     **options: Any,
-) -> Values:
-    """Add ``values`` exactly into the host ``state`` of ``plan`` in limb format ``fmt``.
+) -> Addition:
+    """Validate ``values`` for an accumulator of ``plan`` in limb format ``fmt``; their backend.
 
     ``options`` are those of the accumulator, which may hold values of
     several backends: each option must be one some backend takes for
@@ -149,8 +161,7 @@ def add_to_state(
     chosen = backend_for(values, backend=backend)
     check_accumulator_options(options)
     mine = {k: v for k, v in options.items() if k in chosen.options.get("add_to_state", ())}
-    chosen.add_to_state(state, plan, values, spec, fmt, **mine)
-    return spec
+    return Addition(values, spec, chosen, mine)
 
 
 def check_accumulator_options(options: dict[str, Any]) -> None:
@@ -206,8 +217,9 @@ def route(
 
 
 __all__ = [
+    "Addition",
     "Route",
-    "add_to_state",
+    "addition",
     "backend_for",
     "check_accumulator_options",
     "expand",

@@ -39,6 +39,23 @@ values. Two states of the same plan and format merge by elementwise integer
 addition (so an all-reduce with SUM over processes merges them); the sum
 need not be normalised, it only has to stay clear of int64 overflow, which
 holds for fewer than 2^29 merged states.
+
+Where the state lives
+---------------------
+An accumulator keeps its state with the backend of the first values added
+(or of ``backend=``), through that backend's registered state operations
+(:mod:`bitfold.backends.registry`): a host NumPy array for host values; on
+the CUDA backend an int64 array of the values' kind on their GPU (a torch
+CUDA tensor, a CuPy or numba device array), added to, merged and rounded
+there by kernels on the values' stream (rows: a host array, summed on the
+host); an int64 array beside the values on the portable backend (a torch
+tensor on its device, a CuPy or 64-bit JAX array; a host array for JAX in
+32-bit mode). Until values arrive it is an empty host state. :attr:`backend` says
+which backend keeps it. Values of another backend are summed in a state of
+their own and added in. Merging two accumulators whose states live in
+different places copies the other's state to the receiver's place (exact: it
+is integers) and adds it there: the merged state lives where the receiver's
+did, except that an empty receiver takes the other's place.
 """
 
 from __future__ import annotations
@@ -48,8 +65,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import dispatch
-from .arrays import family_of, from_numpy, to_numpy
-from .backends.host import merge_states, new_state, round_state
+from .arrays import family_of, from_numpy, place_of, to_numpy
+from .backends.registry import Backend, get_backend
 from .errors import FoldError, FoldTypeError, ShapeError
 from .formats import dtype_name, limb_format_for, resolve_out_dtype
 from .validate import check_trailing
@@ -74,11 +91,11 @@ class ExactAccumulator:
     of everything added (module docstring), bit for bit the same as one
     ``plan(values)`` call over the same values.
 
-    The state lives on the host. Values of any library and device may be
-    added (GPU values are accumulated on their device and the state copied
-    back). :meth:`result` returns an array of the library and device of the
-    first values added (NumPy when nothing was added, or of the state given
-    to :meth:`from_state`).
+    The state lives with the backend of the first values added (module
+    docstring, :attr:`backend`); values of any library and device may be
+    added, and accumulators of any backends merged. :meth:`result` returns an
+    array of the library and device of the first values added (NumPy when
+    nothing was added, or of the state given to :meth:`from_state`).
 
     >>> import numpy as np, bitfold
     >>> plan = bitfold.Fold(np.array([0, 1, 0, 1]), K=2)
@@ -97,14 +114,23 @@ class ExactAccumulator:
         self.trailing = check_trailing(trailing)
         dispatch.check_accumulator_options(options)
         self.options = options  # backend tuning (host: kernel=, carry_every=; cuda: launch=)
-        self._state = new_state(plan.K, self.format, self.trailing)
+        self._keeper: Backend = get_backend("host")  # whose state operations hold the state
+        self._placed = False  # placed by the first values added (or merged in)
+        self._state = self._keeper.new_state(plan.K, self.format, self.trailing)
         self._like: Any = None  # the first values added: the result's library and device
 
     # -- state -----------------------------------------------------------------
     @property
+    def backend(self) -> str:
+        """The name of the backend whose state operations keep the state (``"host"`` until
+        values arrive; then the backend of the first values, or of ``backend=``)."""
+        return self._keeper.name
+
+    @property
     def state(self) -> np.ndarray:
-        """The integer state, shape ``(K,) + trailing + (L + 5,)`` int64 (a read-only view)."""
-        view = self._state.view()
+        """The integer state, shape ``(K,) + trailing + (L + 5,)`` int64, read-only on the host:
+        a view of a host state, a copy of a state on a device."""
+        view = to_numpy(self._state).view()
         view.flags.writeable = False
         return view
 
@@ -113,7 +139,7 @@ class ExactAccumulator:
         """Rebuild an accumulator of ``plan`` from a state array (e.g. after an all-reduce).
 
         The trailing (row) shape is read from the state's shape,
-        ``(K,) + trailing + (L + 5,)``.
+        ``(K,) + trailing + (L + 5,)``. The state is kept on the host (a copy).
         """
         arr = to_numpy(state) if hasattr(state, "dtype") else np.asarray(state)
         acc = cls(plan, dtype, trailing=tuple(arr.shape[1:-1]) if arr.ndim > 2 else ())
@@ -125,23 +151,25 @@ class ExactAccumulator:
                 f"an accumulator state of this plan ({acc.format.name} format) has shape "
                 f"(K,) + trailing + (L + 5,) = {want}; got {tuple(arr.shape)}"
             )
-        acc._state = np.array(arr, dtype=np.int64, order="C")
+        acc._state, acc._placed = np.array(arr, dtype=np.int64, order="C"), True
         if family_of(state).name != "numpy":
             acc._like = state
         return acc
 
     def copy(self) -> ExactAccumulator:
-        """An independent accumulator with the same state."""
+        """An independent accumulator with the same state, in the same place."""
         twin = ExactAccumulator(
             self.plan, self.format.value_dtypes[-1], self.trailing, **self.options
         )
-        twin._state = self._state.copy()
-        twin._like = self._like
+        twin._keeper, twin._placed, twin._like = self._keeper, self._placed, self._like
+        twin._state = from_numpy(np.array(to_numpy(self._state)), like=self._state)
         return twin
 
     def reset(self) -> ExactAccumulator:
-        """Forget everything added (keep the plan and format)."""
-        self._state[:] = 0
+        """Forget everything added (keep the plan, format and the state's place)."""
+        self._state = self._keeper.new_state(
+            self.plan.K, self.format, self.trailing, like=self._state
+        )
         return self
 
     # -- adding and merging ------------------------------------------------------
@@ -152,14 +180,41 @@ class ExactAccumulator:
         accumulator's trailing shape); with ``start`` they are
         ``(n,) + trailing`` for ``n`` consecutive positions.
         """
-        dispatch.add_to_state(self.plan, self._state, self.format, values, start=start,
-                              trailing=self.trailing, **self.options)  # fmt: skip
+        plan, fmt, trailing = self.plan, self.format, self.trailing
+        add = dispatch.addition(plan, fmt, values, start=start, trailing=trailing, **self.options)
+        by = add.backend
+        if not self._placed:
+            self._place(by, add.values)
+        if by.shares_states(self._keeper):
+            self._state = by.add_to_state(self._state, plan, add.values, add.spec, fmt,
+                                          **add.options)  # fmt: skip
+        else:  # summed in a state of the values' own backend, then brought here
+            part = by.new_state(plan.K, fmt, trailing, like=add.values)
+            self._add_state(by.add_to_state(part, plan, add.values, add.spec, fmt, **add.options))
         if self._like is None:
             self._like = values
         return self
 
+    def _place(self, backend: Backend, like: Any) -> None:
+        """Keep the (still empty) state with ``backend``, beside ``like``."""
+        if not backend.shares_states(self._keeper):
+            self._state = backend.new_state(self.plan.K, self.format, self.trailing, like=like)
+        self._keeper, self._placed = backend, True
+
+    def _add_state(self, other: Any) -> None:
+        """Add a state from anywhere into this one, in this one's place (copied there exactly)."""
+        if place_of(other) != place_of(self._state):
+            other = from_numpy(to_numpy(other), like=self._state)
+        self._state = self._keeper.merge_states(self._state, other, self.format)
+
     def merge(self, other: ExactAccumulator) -> ExactAccumulator:
-        """Add ``other``'s sums into this accumulator (``other`` is unchanged)."""
+        """Add ``other``'s sums into this accumulator (``other`` is unchanged).
+
+        The merged state stays where this one's lives (an empty accumulator
+        takes ``other``'s place): a state of another backend or device is
+        copied here first, exactly. The result is the one of adding every
+        value to one accumulator.
+        """
         if not isinstance(other, ExactAccumulator):
             raise FoldTypeError(f"can only merge another ExactAccumulator; got {type(other)}")
         if other.format is not self.format:
@@ -179,7 +234,9 @@ class ExactAccumulator:
                 f"(K={self.plan.K}, shape {self.plan.shape} vs K={other.plan.K}, "
                 f"shape {other.plan.shape}, or different index maps)"
             )
-        merge_states(self._state, other._state, self.format)
+        if not self._placed and other._placed:
+            self._place(other._keeper, other._state)
+        self._add_state(other._state)
         if self._like is None:
             self._like = other._like
         return self
@@ -196,10 +253,10 @@ class ExactAccumulator:
         float32 arrays holding bfloat16 values elsewhere.
         """
         out_name = resolve_out_dtype(self.format.value_dtypes[-1], out_dtype)
-        out = round_state(self._state, self.format, out_name)
-        if self._like is None:
+        out = self._keeper.round_state(self._state, self.format, out_name)
+        if self._like is None or place_of(out) == place_of(self._like):
             return out
-        return from_numpy(out, like=self._like, dtype_name=out_name)
+        return from_numpy(to_numpy(out), like=self._like, dtype_name=out_name)
 
     def __repr__(self) -> str:
         rows = f", trailing={self.trailing}" if self.trailing else ""

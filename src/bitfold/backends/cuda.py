@@ -52,11 +52,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..arrays import library_of
+from ..arrays import is_cuda_array, library_of, to_numpy
 from ..errors import DeviceError, FoldError, FoldTypeError, ShapeError
-from ..formats import dtype_name, limb_format_for
+from ..formats import LimbFormat, dtype_name, limb_format_for
 from ..validate import Values
-from .host_state import merge_states, new_state, round_state
+from . import host_state
 from .registry import Backend, InitRule
 
 if TYPE_CHECKING:
@@ -158,19 +158,45 @@ def device_values(values: Any) -> DeviceValues:
     if getattr(values, "__cuda_ndarray__", False):  # numba device arrays (and the simulator's)
         return _numba_values(values, values, kind="numba")
     if hasattr(values, "__cuda_array_interface__"):
-        iface = values.__cuda_array_interface__
-        ptr = int(iface["data"][0])
-        dev = _pointer_device(ptr) if ptr else None
+        _, dev, stream = _home(values)
         cuda = _cuda()
-        if dev is None:
-            dev = cuda.get_current_device().id
         with cuda.gpus[dev]:
             arr = cuda.as_cuda_array(values, sync=False)
         dv = _numba_values(values, arr, kind="numba")
-        dv.device = dev
-        dv.stream = _numba_stream(iface.get("stream"))
+        dv.device, dv.stream = dev, stream
         return dv
     raise _host_error(values)
+
+
+def _home(x: Any) -> tuple[str, int, Any]:
+    """``(kind, device, stream)`` of a GPU array of any dtype: the kind of array made beside
+    it (``"torch"``, ``"cupy"`` or ``"numba"``), its CUDA device, and the numba stream its
+    library is using there (torch's or CuPy's current stream, a numba array's own, the
+    interface's ``stream`` entry; the default stream when it has none)."""
+    lib = library_of(x)
+    if lib == "torch":
+        import torch
+
+        if x.device.type != "cuda":
+            raise _host_error(x)
+        handle = int(torch.cuda.current_stream(x.device).cuda_stream)
+        return "torch", int(x.device.index), _numba_stream(handle)
+    if lib == "cupy":
+        import cupy
+
+        dev = int(x.device.id)
+        with cupy.cuda.Device(dev):
+            return "cupy", dev, _numba_stream(int(cupy.cuda.get_current_stream().ptr))
+    if getattr(x, "__cuda_ndarray__", False):  # numba device arrays (and the simulator's)
+        return "numba", _numba_array_device(x), getattr(x, "stream", 0) or _numba_stream(None)
+    if hasattr(x, "__cuda_array_interface__"):
+        iface = x.__cuda_array_interface__
+        ptr = int(iface["data"][0])
+        dev = _pointer_device(ptr) if ptr else None
+        if dev is None:
+            dev = _cuda().get_current_device().id
+        return "numba", int(dev), _numba_stream(iface.get("stream"))
+    raise _host_error(x)
 
 
 def _numba_values(original: Any, arr: Any, kind: str) -> DeviceValues:
@@ -204,8 +230,7 @@ def _torch_values(values: Any) -> DeviceValues:
         arr = cuda.as_cuda_array(t, sync=False)
     if name == "bfloat16":
         arr = arr.view(np.uint16)
-    handle = int(torch.cuda.current_stream(t.device).cuda_stream)
-    return DeviceValues("torch", dev, _numba_stream(handle), arr, name, keep=t)
+    return DeviceValues("torch", dev, _home(t)[2], arr, name, keep=t)
 
 
 def _cupy_values(values: Any) -> DeviceValues:
@@ -216,15 +241,15 @@ def _cupy_values(values: Any) -> DeviceValues:
     cuda = _cuda()
     with cupy.cuda.Device(dev):
         a = cupy.ascontiguousarray(values).reshape(-1)
-        handle = int(cupy.cuda.get_current_stream().ptr)
     with cuda.gpus[dev]:
         arr = cuda.as_cuda_array(a, sync=False)
-    return DeviceValues("cupy", dev, _numba_stream(handle), arr, name, keep=a)
+    return DeviceValues("cupy", dev, _home(a)[2], arr, name, keep=a)
 
 
 # -- results, allocated in the values' library -----------------------------------------------
-def _empty(dv: DeviceValues, shape: tuple[int, ...], dtype: Any) -> tuple[Any, Any]:
-    """``(array of dv's kind, numba view of it)``: uninitialised, on dv's device."""
+def _empty(dv: DeviceValues | _StateView, shape: tuple[int, ...], dtype: Any) -> tuple[Any, Any]:
+    """``(array of dv's kind, numba view of it)``: uninitialised, on dv's device (a numba
+    array is bound to dv's stream)."""
     cuda = _cuda()
     if dv.kind == "torch":
         import torch
@@ -742,68 +767,119 @@ def exact_state(
     return result
 
 
-def add_to_state(
-    state: np.ndarray, plan: Fold, values: Any, spec: Values, fmt: Any, **options: Any
-) -> None:
-    """Add GPU ``values`` into the host state ``state`` (the device state is copied back once).
+def new_state(K: int, fmt: LimbFormat, trailing: tuple[int, ...] = (), like: Any = None) -> Any:
+    """A zero state ``(K, L + 5)`` int64 beside ``like`` (GPU values, or a state): an array
+    of ``like``'s kind on its device, zeroed by a kernel on its stream.
 
-    Rows are copied to the host and added there (an accumulator of rows keeps
-    its state on the host).
+    Rows (``trailing`` not empty) and a host or absent ``like`` get a host NumPy
+    state: the device kernels add scalars into a state (:func:`exact_state`),
+    while rows are folded bucket by bucket with no state, so an accumulator of
+    rows sums on the host (:func:`add_to_state`).
     """
-    from . import host
+    if trailing or like is None or isinstance(like, np.ndarray):
+        return host_state.new_state(K, fmt, trailing)
+    kind, device, stream = _home(like)
+    where = _StateView(device, None, kind, stream)
+    with _cuda().gpus[device]:
+        state, view = _empty(where, (K, fmt.width), np.int64)
+        _kernels().launch_zero(view.reshape(K * fmt.width), stream)
+    return state
 
+
+def add_to_state(state: Any, plan: Fold, values: Any, spec: Values, fmt: LimbFormat,
+                 **options: Any) -> Any:  # fmt: skip
+    """Add GPU ``values`` (plan positions ``spec.start ..``) into ``state`` exactly; ``state``.
+
+    A device state (:func:`new_state`) is added to in place on the values'
+    stream (:func:`exact_state`: no copy to or from the host). A host state
+    gets the values' device state copied back once, on the values' stream;
+    rows are copied to the host and added there.
+    """
+    if not isinstance(state, np.ndarray):
+        return exact_state(plan, values, state, start=spec.start, **options)
     if spec.trailing:
-        host.add_to_state(state, plan, values, spec, fmt)
-        return
+        return host_state.add_to_state(state, plan, values, spec, fmt)
     dv = device_values(values)
     device_state = exact_state(plan, values, start=spec.start, **options)
-    cuda = _cuda()
-    with cuda.gpus[dv.device]:
+    with _cuda().gpus[dv.device]:
         # the state was written on the values' stream (torch's or CuPy's current stream, which
         # need not wait for the legacy default stream): copy it on that stream, then wait for it
         view = device_values_of_state(device_state).array
         host_copy = view.copy_to_host(stream=dv.stream)
         dv.stream.synchronize()
-    host.merge_states(state, host_copy, fmt)
+    return host_state.merge_states(state, host_copy, fmt)
+
+
+def merge_states(into: Any, other: Any, fmt: LimbFormat) -> Any:
+    """``into + other``, carried: two states of one plan and format; ``into``, updated.
+
+    Integer addition, exact in any order. Two device states add on
+    ``into``'s device and stream (:func:`bitfold.kernels.cuda.launch_merge`:
+    added, then carried as the host's merge normalises); a host ``other``, or
+    one on another device, is copied there first (exact: integers). A host
+    ``into`` (an accumulator of rows) merges on the host.
+    """
+    if isinstance(into, np.ndarray):
+        return host_state.merge_states(into, to_numpy(other), fmt)
+    st = device_values_of_state(into)
+    cuda = _cuda()
+    with cuda.gpus[st.device]:
+        if not is_cuda_array(other) or device_values_of_state(other).device != st.device:
+            _refuse_in_capture(st.stream, "merging a state from the host or another device")
+            host = np.ascontiguousarray(to_numpy(other), dtype=np.int64)
+            theirs = cuda.to_device(host, stream=st.stream)
+        else:
+            theirs = device_values_of_state(other).array
+        rows = int(np.prod(st.array.shape[:-1]))
+        _kernels().launch_merge(st.array.reshape(rows, fmt.width),
+                                theirs.reshape(rows, fmt.width), fmt, st.stream)  # fmt: skip
+    return into
+
+
+def round_state(state: Any, fmt: LimbFormat, out_name: str) -> Any:
+    """Round every element of ``state`` once to ``out_name``: the bits of :mod:`bitfold.exact`.
+
+    A device state is rounded on its device and stream by the CPU's rounding
+    compiled for it (:func:`bitfold.kernels.cuda.launch_round`); the result is
+    an array of the state's kind on its device, shape ``(K,)`` (bfloat16: a
+    torch bfloat16 tensor, else float32 holding bfloat16 values). A host
+    state rounds as the host's.
+    """
+    if isinstance(state, np.ndarray):
+        return host_state.round_state(state, fmt, out_name)
+    st = device_values_of_state(state)
+    kernels = _kernels()
+    shape = tuple(int(s) for s in st.array.shape[:-1])
+    rows = int(np.prod(shape))
+    widen = out_name == "bfloat16" and st.kind != "torch"
+    with _cuda().gpus[st.device]:
+        out, out_bits = _empty(st, (rows,), kernels.out_bits_dtype(out_name, widen))
+        kernels.launch_round(st.array.reshape(rows, fmt.width), None, False, fmt, out_name,
+                             out_bits, st.stream, widen_bfloat16=widen)  # fmt: skip
+    return _view(out, st.kind, "float32" if widen else out_name).reshape(shape)
 
 
 @dataclass
 class _StateView:
+    """A state's numba view (``array``), its device, the kind of array it is and its stream."""
+
     device: int
     array: Any
+    kind: str = "numba"
+    stream: Any = 0
 
 
 def device_values_of_state(state: Any) -> _StateView:
-    """A numba view of a device state array and its device (any kind of GPU array)."""
-    cuda = _cuda()
-    lib = library_of(state)
-    if lib == "torch":
-        if state.device.type != "cuda":
-            raise _host_error(state)
-        if not state.is_contiguous():
-            raise FoldError("a GPU state array must be C-contiguous")
-        dev = int(state.device.index)
-        with cuda.gpus[dev]:
-            return _StateView(dev, cuda.as_cuda_array(state, sync=False))
-    if lib == "cupy":
-        dev = int(state.device.id)
-        with cuda.gpus[dev]:
-            return _StateView(dev, cuda.as_cuda_array(state, sync=False))
-    if getattr(state, "__cuda_ndarray__", False):
-        return _StateView(_numba_array_device(state), state)
-    if hasattr(state, "__cuda_array_interface__"):
-        ptr = int(state.__cuda_array_interface__["data"][0])
-        dev = _pointer_device(ptr)
-        if dev is None:
-            dev = cuda.get_current_device().id
-        with cuda.gpus[dev]:
-            return _StateView(dev, cuda.as_cuda_array(state, sync=False))
-    raise _host_error(state)
+    """A numba view of a device state array, its device, kind and stream (any GPU array)."""
+    kind, device, stream = _home(state)
+    if kind == "torch" and not state.is_contiguous():
+        raise FoldError("a GPU state array must be C-contiguous")
+    if kind == "numba" and getattr(state, "__cuda_ndarray__", False):
+        return _StateView(device, state, kind, stream)
+    with _cuda().gpus[device]:
+        return _StateView(device, _cuda().as_cuda_array(state, sync=False), kind, stream)
 
 
-#: The CUDA backend's registry entry (:mod:`bitfold.backends.registry`). Its accumulator
-#: states live on the host (``add_to_state`` copies the device state back once), so the
-#: state operations are the host's; :func:`exact_state` keeps a state on the device.
 @functools.cache
 def numba_cuda_loads() -> bool:
     """True when numba-cuda imports and finds a device (or its simulator); else CUDA values
@@ -816,14 +892,14 @@ def numba_cuda_loads() -> bool:
         return False
 
 
+#: The CUDA backend's registry entry (:mod:`bitfold.backends.registry`). An accumulator's
+#: state lives on the GPU beside its values (:func:`new_state`; rows: on the host), so it
+#: shares no states with the host: states of the two merge by an exact copy.
 BACKEND = Backend.from_functions(
     globals(),
     name=NAME,
     families=("torch", "cupy", "numba", "cuda-interface"),
     devices=("cuda",),
-    new_state=new_state,
-    merge_states=merge_states,
-    round_state=round_state,
     options={"exact": ("exact_path", "launch", "segment"), "ordered": ("launch",),
              "atomic": ("launch",), "add_to_state": ("launch",)},
     init=InitRule(strategies=("exact",), mixed_dtypes=False),
@@ -840,9 +916,13 @@ __all__ = [
     "add_to_state",
     "device_plan",
     "device_values",
+    "device_values_of_state",
     "exact_state",
     "expand",
     "fold_atomic",
     "fold_exact",
     "fold_ordered",
+    "merge_states",
+    "new_state",
+    "round_state",
 ]

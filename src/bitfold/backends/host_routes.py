@@ -37,7 +37,7 @@ from ..formats import FLOATS, LimbFormat, limb_format_for
 from ..kernels import buckets, cpu, stream
 from ..validate import Values
 from .host_arrays import empty_out, frozen, host_rows, host_values, target
-from .host_state import add_to_state, new_state, round_state
+from .host_state import add_to_state, new_state, round_state, slots_for
 
 if TYPE_CHECKING:
     from ..plan import Fold
@@ -79,15 +79,14 @@ STREAM_SLOT_BYTES_PER_VALUE = 8
 
 
 def stream_slots(n: int, K: int) -> int:
-    """Private float64 (or int64) sums of a streaming route: one a thread, within a budget.
+    """Private float64 (or int64) sums of a streaming route: :func:`host_state.slots_for`'s
+    formula, one 8-byte sum a bucket, at most one a thread.
 
     The routes that use them are exact, so their result does not depend on
     how many there are (an exact sum is unique), only their speed does.
     """
-    if n < cpu.PARALLEL_MIN_VALUES:
-        return 1
-    by_memory = (STREAM_SLOT_BYTES_PER_VALUE * n) // (8 * K)
-    return int(max(1, min(STREAM_SLOTS, cpu.thread_count(), by_memory)))
+    most = min(STREAM_SLOTS, cpu.thread_count())
+    return slots_for(n, K, 8, most=most, bytes_per_value=STREAM_SLOT_BYTES_PER_VALUE)
 
 
 def bucket_bounds(plan: Fold, n_values: int) -> np.ndarray:

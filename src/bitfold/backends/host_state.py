@@ -7,7 +7,11 @@ once by :func:`exact_kernel`: ``"binned"`` (float16, bfloat16 and float32
 scalars into at most :data:`BINNED_MAX_K` buckets: 32 float64 bins a bucket,
 flushed into the limbs) or ``"limbs"`` (every dtype, any K); both give the
 same state. :func:`merge_states` adds one state into another;
-:func:`round_state` rounds every element once.
+:func:`round_state` rounds every element once. These are the host backend's
+state operations in the registry (:mod:`bitfold.backends.registry`): each
+returns the state it updated, in place. :func:`slots_for` is the one formula
+for how many private copies of a sum a host kernel splits its values over
+(the accumulator's kernels and the streaming routes).
 """
 
 from __future__ import annotations
@@ -37,8 +41,13 @@ SLOT_BYTES_PER_VALUE = 2
 KERNELS = ("auto", "binned", "limbs")
 
 
-def new_state(K: int, fmt: LimbFormat, trailing: tuple[int, ...] = ()) -> np.ndarray:
-    """A zero state: for each of the K buckets' elements, ``fmt``'s limbs and counters."""
+def new_state(
+    K: int, fmt: LimbFormat, trailing: tuple[int, ...] = (), like: Any = None
+) -> np.ndarray:
+    """A zero state: for each of the K buckets' elements, ``fmt``'s limbs and counters.
+
+    Always a host NumPy array (``like``, the values it is made for, is not read).
+    """
     return np.zeros((K, *trailing, fmt.width), np.int64)
 
 
@@ -64,14 +73,14 @@ def add_to_state(
     *,
     kernel: str = "auto",
     carry_every: int | None = None,
-) -> None:
+) -> np.ndarray:
     """Add host ``values`` (plan positions ``spec.start ..``) into ``state``, exactly.
 
     ``state`` is ``(K,) + trailing + (L + 5,)``. For scalars, ``kernel`` is
     ``"auto"``, ``"binned"`` (float16, bfloat16 and float32 values) or
     ``"limbs"``; ``carry_every`` lowers how many values the limbs take between
     carries. Neither changes the state's value. The term counts are added
-    too, so the state is complete when this returns.
+    too, so the state is complete when this returns. Returns ``state``.
     """
     if spec.trailing:
         rows = host_rows(values, spec)
@@ -79,7 +88,7 @@ def add_to_state(
         every = min(carry_every or fmt.carry_every, fmt.carry_every)
         bits = rows.view(np.int64 if rows.dtype == np.float64 else np.uint32)
         cpu.accumulate_rows(index, bits, state.reshape(-1, fmt.width), every)
-        return
+        return state
     kernel = exact_kernel(kernel, spec.dtype, plan.K)
     if spec.dtype == "bfloat16" and kernel == "binned":
         flat, dtype = bfloat16_bits(values), "bfloat16"
@@ -98,6 +107,7 @@ def add_to_state(
         else:
             _limbs(state, index, flat, dtype, fmt, carry_every, counts)
     state[:, fmt.limbs + N_TERMS] += counts
+    return state
 
 
 def _binned(state, index, flat, dtype, fmt, carry_every) -> None:
@@ -131,18 +141,31 @@ def _limbs(state, index, flat, dtype, fmt, carry_every, counts) -> None:
     state[:, L + N_NOT_NEGZERO] += counts
 
 
-def slots_for(n: int, K: int, per_bucket_bytes: int) -> int:
-    """How many private copies of a state to split ``n`` values over: from n and K only.
+def slots_for(
+    n: int,
+    K: int,
+    per_bucket_bytes: int,
+    *,
+    most: int | None = None,
+    bytes_per_value: int | None = None,
+) -> int:
+    """How many private copies of a sum to split ``n`` values over: from the shapes only.
 
     Enough copies to keep several threads busy when the copies are cheap
-    relative to the work; never so many that their memory (and the work of
-    clearing and merging them) exceeds :data:`SLOT_BYTES_PER_VALUE` bytes per
-    value; one for small inputs, which then accumulate straight into the
-    state with no parallel launch and no merge.
+    relative to the work (one a :data:`cpu.PARALLEL_MIN_VALUES` / 4 values);
+    never more than ``most`` (default :data:`MAX_SLOTS`), nor so many that
+    their memory (``per_bucket_bytes`` a bucket, and the work of clearing and
+    merging them) exceeds ``bytes_per_value`` (default
+    :data:`SLOT_BYTES_PER_VALUE`) bytes per value; one for small inputs, which
+    then accumulate straight into the state with no parallel launch and no
+    merge. Every caller is exact, so the count changes the speed, never a bit
+    of the result.
     """
-    by_memory = (SLOT_BYTES_PER_VALUE * n) // max(1, K * per_bucket_bytes)
+    most = MAX_SLOTS if most is None else most
+    per_value = SLOT_BYTES_PER_VALUE if bytes_per_value is None else bytes_per_value
+    by_memory = (per_value * n) // max(1, K * per_bucket_bytes)
     by_work = n // (cpu.PARALLEL_MIN_VALUES // 4)
-    return int(max(1, min(MAX_SLOTS, by_memory, by_work)))
+    return int(max(1, min(most, by_memory, by_work)))
 
 
 def _slot_arrays(state: np.ndarray, S: int, L: int) -> tuple[np.ndarray, np.ndarray]:
@@ -157,10 +180,14 @@ def _slot_arrays(state: np.ndarray, S: int, L: int) -> tuple[np.ndarray, np.ndar
     return np.zeros((S, K, L), np.int64), np.zeros((S, K, 4), np.int64)
 
 
-def merge_states(into: np.ndarray, other: np.ndarray, fmt: LimbFormat) -> None:
-    """``into += other`` (two states of one plan and format), then carry-normalise ``into``."""
+def merge_states(into: np.ndarray, other: np.ndarray, fmt: LimbFormat) -> np.ndarray:
+    """``into += other`` (two host states of one plan and format), carry-normalised; ``into``.
+
+    Integer addition: exact, in any order, and the normalised state has the same value.
+    """
     into += other
     cpu.normalise_rows(into.reshape(-1, fmt.width)[:, : fmt.limbs])
+    return into
 
 
 def round_state(state: np.ndarray, fmt: LimbFormat, out_name: str) -> np.ndarray:

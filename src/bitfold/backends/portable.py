@@ -23,8 +23,9 @@ gives the same bits in any order, atomics included.
 3. *Scatter-add* every piece into one flat integer table, ``(K·D, digits + 5)``:
    each output element's digits, then the five counters of
    :class:`bitfold.formats.LimbFormat`. With int64 words the digits are 32 bits
-   wide and the table *is* the accumulator state of the host
-   (:attr:`bitfold.ExactAccumulator.state`), so states merge across backends.
+   wide and the table *is* an accumulator state in the host's layout
+   (:attr:`bitfold.ExactAccumulator.state`), kept beside the values by an
+   accumulator of this backend, so states merge across backends.
    Without int64 (JAX in its default 32-bit mode) the words are int32 and the
    digits 16 bits wide (8 bits when a bucket holds more than 2^13 values), the
    same 320 bits in finer digits, converted to the host layout when a state
@@ -62,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..arrays import ArrayFamily, family_of, to_numpy
+from ..arrays import ArrayFamily, family_of, from_numpy, place_of, to_numpy
 from ..errors import DeviceError, FoldError, FoldTypeError
 from ..formats import (
     F64,
@@ -506,11 +507,17 @@ def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
 
 # -- exact states ------------------------------------------------------------------------------
 def new_state(K: int, fmt: LimbFormat, trailing: tuple[int, ...] = (), like: Any = None) -> Any:
-    """A zero state ``(K,) + trailing + (L + 5,)`` int64 beside ``like`` (NumPy without one)."""
+    """A zero state ``(K,) + trailing + (L + 5,)`` int64 beside ``like``, on its device.
+
+    A host NumPy state without ``like``, or when ``like``'s library has no
+    int64 (JAX in its default 32-bit mode: its 16-bit digits are converted to
+    the host layout as they arrive, :func:`add_to_state`).
+    """
     if like is None:
-        return np.zeros((K, *trailing, fmt.width), np.int64)
+        return host_state.new_state(K, fmt, trailing)
     ops = _check_family(like)
-    _need_int64(ops, like)
+    if not ops.has_int64(like):
+        return host_state.new_state(K, fmt, trailing)
     return ops.zeros(like, (K, *trailing, fmt.width), "int64")
 
 
@@ -566,30 +573,52 @@ def to_host_state(table: np.ndarray, words: Words, fmt: LimbFormat) -> np.ndarra
 
 
 def add_to_state(
-    state: np.ndarray, plan: Fold, values: Any, spec: Values, fmt: LimbFormat, **options: Any
-) -> None:
-    """Add ``values`` (plan positions ``spec.start ..``) into the host ``state``, exactly.
+    state: Any, plan: Fold, values: Any, spec: Values, fmt: LimbFormat, **options: Any
+) -> Any:
+    """Add ``values`` (plan positions ``spec.start ..``) into ``state``, exactly; the new state.
 
-    The sums are made on the values' device and the table copied to the host
-    once (the accumulator's state lives on the host).
+    The sums are made on the values' device. A state of the same place
+    (library and device) adds their table there; a state elsewhere (the host,
+    another device) gets the table copied to it once, in the host layout
+    (:func:`to_host_state`: exact, the digits are integers).
     """
     check_options(options)
     ops = _check_family(values)
     table, words = _table(plan, values, spec, fmt)
-    R = plan.K * spec.row_size
-    if words.digit_bits != 32:
-        table = _carried_table(ops, table, words, R)  # digits below 2^w before regrouping
-    host_table = to_host_state(to_numpy(table), words, fmt)
-    host_state.merge_states(state, host_table.reshape(state.shape), fmt)
+    shape = tuple(int(s) for s in state.shape)
+    if words.digit_bits == 32 and place_of(state) == place_of(values):
+        return merge_states(state, table.reshape(shape), fmt)
+    if words.digit_bits != 32:  # digits below 2^w before regrouping
+        table = _carried_table(ops, table, words, plan.K * spec.row_size)
+    host_table = to_host_state(to_numpy(table), words, fmt).reshape(shape)
+    return merge_states(state, from_numpy(host_table, like=state), fmt)
 
 
 def merge_states(into: Any, other: Any, fmt: LimbFormat) -> Any:
-    """``into + other``: two states of one plan and format (any devices' values, one library)."""
-    return into + other
+    """``into + other``, carried: two states of one plan, format and place (library, device).
+
+    Integer addition, exact in any order. The sum is carried (every limb but
+    the top one below 2^32) so that any number of adds and merges stays clear
+    of int64 overflow, as the host's merge normalises. Host states merge as
+    the host's.
+    """
+    if isinstance(into, np.ndarray):
+        return host_state.merge_states(into, other, fmt)
+    total = into + other
+    shape = tuple(int(s) for s in total.shape)
+    rows = math.prod(shape[:-1])
+    carried = _carried_table(_check_family(total), total.reshape(-1), words_for(fmt, True, 1), rows)
+    return carried.reshape(shape)
 
 
 def round_state(state: Any, fmt: LimbFormat, out_name: str) -> Any:
-    """Round every element of a state ``(K,) + trailing + (L + 5,)`` once to ``out_name``."""
+    """Round every element of a state ``(K,) + trailing + (L + 5,)`` once to ``out_name``.
+
+    The result is an array of the state's library and device (a host state
+    rounds as the host's, the same bits).
+    """
+    if isinstance(state, np.ndarray):
+        return host_state.round_state(state, fmt, out_name)
     ops = _check_family(state)
     words = words_for(fmt, True, 1)
     shape = tuple(int(s) for s in state.shape[:-1])
@@ -617,16 +646,13 @@ def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tupl
     )
 
 
-#: The registry's entry: any device the families' libraries run on; the accumulator's state
-#: lives on the host, so its state operations are the host's.
+#: The registry's entry: any device the families' libraries run on; an accumulator's state
+#: lives beside its values (on the host for a library without int64).
 BACKEND = Backend.from_functions(
     globals(),
     name=NAME,
     families=FAMILIES,
     devices=("*",),
-    new_state=host_state.new_state,
-    merge_states=host_state.merge_states,
-    round_state=host_state.round_state,
     options=dict.fromkeys((*FOLDS, "add_to_state"), ()),  # no tuning option anywhere
     init=InitRule(strategies=FOLDS, mixed_dtypes=True),  # every fold, into any float dtype
     explain=explain_route,

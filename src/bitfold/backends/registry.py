@@ -11,10 +11,21 @@ entry states, as data:
   registered backend, a clear :class:`bitfold.DeviceError`);
 * ``folds``: one implementation a strategy (:data:`FOLDS`), each
   ``impl(plan, values, spec, out_name, *, init=None, **options)``;
-* ``add_to_state(state, plan, values, spec, fmt, **options)`` and
-  ``expand(plan, v, trailing)``;
-* the accumulator's state operations ``new_state(K, fmt, trailing)``,
-  ``merge_states(into, other, fmt)``, ``round_state(state, fmt, out_name)``;
+* ``expand(plan, v, trailing)``;
+* the accumulator's state operations (:class:`bitfold.ExactAccumulator`):
+  ``new_state(K, fmt, trailing, like)``, a zero state for values like
+  ``like``; ``add_to_state(state, plan, values, spec, fmt, **options)``,
+  which adds values it serves exactly into one of its states;
+  ``merge_states(into, other, fmt)``, two of its states of one place;
+  ``round_state(state, fmt, out_name)``. Each returns the state (updated in
+  place where the library allows, a new array where it does not). A state is
+  always the int64 array ``(K,) + trailing + (L + 5,)`` of
+  :mod:`bitfold.exact`, whatever library and device hold it, so a state
+  copied to another place (``to_numpy``/``from_numpy``, exact for integers)
+  is a state there. Backends whose state operations are the same functions
+  share their states (:meth:`Backend.shares_states`; the host, CUDA and
+  portable backends each keep their own: on the host, on the GPU, beside
+  the tensors);
 * ``options``: the tuning options each operation accepts (a strategy name or
   ``"add_to_state"`` -> option names). None of them changes a result;
 * ``init``: the strategies that fold into an existing array, and whether that
@@ -101,6 +112,12 @@ class Backend:
         if family not in self.families or not ("*" in self.devices or device in self.devices):
             return False
         return self.available is None or bool(self.available())
+
+    def shares_states(self, other: Backend) -> bool:
+        """True when ``other``'s accumulator states are this backend's: the same state
+        operations (values of either backend add straight into a state of the other)."""
+        ops = ("new_state", "merge_states", "round_state")
+        return self is other or all(getattr(self, op) is getattr(other, op) for op in ops)
 
     def fold(self, strategy: str) -> Impl:
         """The implementation of ``strategy`` (every registered backend has one per strategy)."""

@@ -712,6 +712,16 @@ def zero_fill(flat):  # pragma: no cover - compiled
         i += stride
 
 
+@cuda.jit
+def add_fill(flat, other):  # pragma: no cover - compiled
+    """``flat[i] += other[i]`` for every element of two flat int64 arrays (grid-stride)."""
+    i = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
+    stride = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+    while i < flat.shape[0]:
+        flat[i] += other[i]
+        i += stride
+
+
 # -- launching ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LaunchShape:
@@ -887,10 +897,31 @@ def launch_exact(
 
 
 def launch_settle(state: Any, counts: Any, add_counts: bool, fmt: LimbFormat, stream: Any) -> None:
-    """Normalise ``state`` in place (and add the term counts with ``add_counts``)."""
+    """Normalise ``state`` in place (and add the term counts with ``add_counts``; ``counts``
+    may be None without them)."""
     settle_kernel(fmt.limbs)[(*_per_bucket(int(state.shape[0])), stream)](
-        state, counts, 1 if add_counts else 0
+        state, _unread(state) if counts is None else counts, 1 if add_counts else 0
     )
+
+
+def _unread(state: Any) -> Any:
+    """A 1-D int64 array to pass as the ``counts`` a kernel does not read (``add_counts`` 0):
+    the state's own flat view, so the launch takes the compiled signature."""
+    return state.reshape(int(state.shape[0]) * int(state.shape[1]))
+
+
+def launch_merge(into: Any, other: Any, fmt: LimbFormat, stream: Any) -> None:
+    """``into += other`` for two states ``(R, L + 5)`` int64 on one device, then carried.
+
+    Integer addition, exact in any order; the carry (:func:`launch_settle`)
+    brings limbs ``0 .. L-2`` back into ``[0, 2^32)`` without changing the
+    integer, the host's :func:`bitfold.backends.host_state.merge_states` normal
+    form, so merges may repeat without nearing int64 overflow.
+    """
+    n = int(into.shape[0]) * int(into.shape[1])
+    if n:
+        add_fill[(*_per_bucket(n, 256), stream)](into.reshape(n), other.reshape(n))
+        launch_settle(into, None, False, fmt, stream)
 
 
 def launch_round(
@@ -905,9 +936,13 @@ def launch_round(
     widen_bfloat16: bool = False,
     clear: bool = False,
 ) -> None:
-    """Round ``state`` into ``out_bits`` (the result's signed-int view); ``clear`` zeroes it."""
+    """Round ``state`` into ``out_bits`` (the result's signed-int view); ``clear`` zeroes it.
+
+    ``counts`` may be None without ``add_counts`` (the state holds its term counts).
+    """
     K = int(state.shape[0])
     kernel = round_kernel(fmt.limbs, fmt.unit_exp, out_name, widen_bfloat16)
+    counts = _unread(state) if counts is None else counts
     kernel[(*_per_bucket(K), stream)](
         state, counts, 1 if add_counts else 0, 1 if clear else 0, out_bits
     )
@@ -1163,4 +1198,5 @@ def compile_targets() -> list[tuple[str, Any, tuple[Any, ...]]]:
         )
     )
     targets.append(("zero_fill", zero_fill.py_func, (arr(i64, 1, "C"),)))
+    targets.append(("add_fill", add_fill.py_func, (arr(i64, 1, "C"), arr(i64, 1, "C"))))
     return targets
