@@ -18,9 +18,10 @@ CLAIMS = {
     "half-stream": [Shape(10, 50, "float16", 1), Shape(1 << 18, 1 << 22, "float16", 1)],
     "limbs": [Shape(1 << 10, 50, "float32", 1), Shape(1 << 15, 50, "float64", 1),
               Shape(3, 1 << 23, "float16", 1)],
-    "float-stream": [Shape(3000, 50, "float32", 1), Shape(1 << 18, 50, "bfloat16", 1)],
-    "sorted-stream": [Shape((1 << 18) + 1, 50, "float32", 1), Shape(1 << 16, 50, "float64", 1),
-                      Shape(1 << 19, 50, "float16", 1)],
+    "float-stream": [Shape(3000, 50, "float32", 1), Shape(1 << 20, 50, "bfloat16", 1),
+                     Shape(1 << 19, 50, "float16", 1)],
+    "sorted-stream": [Shape((1 << 20) + 1, 50, "float32", 1), Shape(1 << 16, 50, "float64", 1),
+                      Shape((1 << 20) + 1, 50, "float16", 1)],
 }  # fmt: skip
 
 

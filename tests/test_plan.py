@@ -104,7 +104,7 @@ def test_the_parallel_plan_passes_give_the_stable_order_and_counts(K):
     rng = np.random.default_rng(K)
     idx = (rng.zipf(1.3, 300_001) % K).astype(np.int64)
     plan = bitfold.Fold(idx, K)
-    assert plan_module.planning.chunk_count(idx.size, K) > 1 or K > 300_001 // 8
+    assert plan_module.planning.chunk_count(idx.size, K) > 1 or K > 300_001
     np.testing.assert_array_equal(plan.counts, np.bincount(idx, minlength=K))
     np.testing.assert_array_equal(plan.order, np.argsort(idx, kind="stable"))
     np.testing.assert_array_equal(plan.index, idx)
@@ -127,4 +127,4 @@ def test_a_one_shot_plan_does_not_sort_until_a_route_needs_it():
     assert plan.nbytes <= held + plan.counts.nbytes  # the counts may be made, not the order
     before = plan.nbytes
     assert plan.order.nbytes == 4 * idx.size
-    assert plan.nbytes >= before + plan.order.nbytes - 4 * 64 * 433  # the chunk counts go
+    assert plan.nbytes == before + plan.order.nbytes

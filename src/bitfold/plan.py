@@ -75,7 +75,6 @@ class Fold:
             np.cumsum(counts.sum(axis=0, dtype=positions), out=offsets[1:])
         self._index = _frozen(compact)
         self._offsets = _frozen(offsets)
-        self._chunk_counts: np.ndarray | None = None if chunks == 1 else counts
         self._counts: np.ndarray | None = None
         self._order: np.ndarray | None = None
         self._fingerprint: str | None = None
@@ -132,19 +131,17 @@ class Fold:
         order = self._order
         if order is None:
             order = np.empty(self.size, self._offsets.dtype)
-            planning.stable_order(self._index, self._chunk_counts, self._offsets, order)
+            planning.stable_order(self._index, self._offsets, order)
             self._order = order = _frozen(order)
-            self._chunk_counts = None
         return order
 
     @property
     def nbytes(self) -> int:
         """Bytes the plan holds on the host now: index copy, offsets, and what it built on use.
 
-        The order (built when a route first needs it), the per-chunk counts it
-        is built from (until then) and ``counts`` once made.
+        The order (built when a route first needs it) and ``counts`` once made.
         """
-        held = (self._index, self._offsets, self._order, self._chunk_counts, self._counts)
+        held = (self._index, self._offsets, self._order, self._counts)
         return int(sum(a.nbytes for a in held if a is not None))
 
     @property

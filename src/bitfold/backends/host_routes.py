@@ -135,10 +135,12 @@ def _run_buckets(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_nam
 # -- 2. half-stream -----------------------------------------------------------------------------
 #: The integer float16 route holds at most this many values (its int64 sums cannot overflow).
 HALF_STREAM_MAX_VALUES = 1 << 23
+#: ... into at most this many buckets (one int64 sum a bucket a slot).
+HALF_STREAM_MAX_K = 1 << 18
 
 
 def _is_half_stream(s: Shape) -> bool:
-    return s.dtype == "float16" and s.n < HALF_STREAM_MAX_VALUES and s.K <= FLOAT_STREAM_MAX_K
+    return s.dtype == "float16" and s.n < HALF_STREAM_MAX_VALUES and s.K <= HALF_STREAM_MAX_K
 
 
 def _run_half_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
@@ -172,8 +174,10 @@ def _run_limbs(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name:
 
 
 # -- 4. float-stream ----------------------------------------------------------------------------
-#: Scalar folds into at most this many buckets stream in position order, one float64 a bucket.
-FLOAT_STREAM_MAX_K = 1 << 18
+#: Scalar folds into at most this many buckets stream in position order, one float64 a bucket
+#: a slot (at 10^6 buckets this beats reading the values through the plan's order, and needs
+#: no order: a one-shot fold does not sort).
+FLOAT_STREAM_MAX_K = 1 << 20
 
 
 def _is_float_stream(s: Shape) -> bool:
@@ -261,7 +265,7 @@ TABLE: tuple[Route, ...] = (
           _run_buckets, scalars_only=False),
     Route("half-stream", _is_half_stream,
           "float16 scalars ({n:,} < {HALF_STREAM_MAX_VALUES:,} values) into {K:,} buckets "
-          "(<= {FLOAT_STREAM_MAX_K:,}): an exact int64 scatter-add in units of 2^-24",
+          "(<= {HALF_STREAM_MAX_K:,}): an exact int64 scatter-add in units of 2^-24",
           _run_half_stream, dtypes=("float16",)),
     Route("limbs", _is_limbs,
           "{dtype} scalars into {K:,} buckets (<= {LIMBS_MAX_K:,}, or float64 and "
@@ -307,8 +311,8 @@ def explain(route: Route, plan: Fold, spec: Values) -> str:
 
 def _constants() -> dict[str, int]:
     g = globals()
-    return {k: g[k] for k in ("HALF_STREAM_MAX_VALUES", "LIMBS_MAX_K", "LIMBS_FLOAT64_MAX_K",
-                              "FLOAT_STREAM_MAX_K")}  # fmt: skip
+    return {k: g[k] for k in ("HALF_STREAM_MAX_VALUES", "HALF_STREAM_MAX_K", "LIMBS_MAX_K",
+                              "LIMBS_FLOAT64_MAX_K", "FLOAT_STREAM_MAX_K")}  # fmt: skip
 
 
 def run(route: Route, plan: Fold, values: Any, spec: Values, out_name: str,

@@ -304,11 +304,29 @@ def checked_add(a, b):  # pragma: no cover - compiled
     under flush-to-zero it would have been flushed (and the test fails), so it
     is refused in every mode, and an exact float64 sum is never subnormal.
     Operands are never subnormal (:func:`as_double`, and this rule). No
-    branch: it vectorises.
+    branch: it vectorises. (Written as "inexact or subnormal", which compiles to
+    about two thirds of the time of the equivalent "exact and normal or zero".)
     """
     s = a + b
-    ok = (s - a == b) & (s - b == a) & ((abs(s) >= DBL_MIN) | (s == 0.0))
-    return s if ok else np.nan
+    exact = (s - a == b) & (s - b == a)
+    subnormal = (abs(s) < DBL_MIN) & (s != 0.0)
+    return np.nan if (not exact) | subnormal else s
+
+
+@register_jitable
+def checked_add_narrow(a, b):  # pragma: no cover - compiled
+    """:func:`checked_add` for sums of float32 (or narrower) values: half its time.
+
+    Every float32, float16 or bfloat16 value, read by :func:`as_double`, is an
+    integer multiple of 2^-149, and so is every exact sum of them: a non-zero
+    exact sum is at least 2^-149 in magnitude, far above :data:`DBL_MIN`, and an
+    inexact one rounds to a neighbour of such a sum. No operand and no result
+    is ever a float64 subnormal, in any floating-point mode, so the subnormal
+    clause of :func:`checked_add` can never fire and is left out. Callers pass
+    only such sums (both operands sums of values of those formats, or ``-0.0``).
+    """
+    s = a + b
+    return s if (s - a == b) & (s - b == a) else np.nan
 
 
 @register_jitable
@@ -488,6 +506,7 @@ __all__ = [
     "bits_value",
     "castable",
     "checked_add",
+    "checked_add_narrow",
     "decode",
     "encode",
     "float_parts",

@@ -1,19 +1,18 @@
 """Numba kernels that build a plan: one checked pass over the index, then the stable order.
 
-A plan is built in two steps, each run in parallel over a fixed number of
-*position chunks* (equal ranges of positions):
+A plan is built in two steps, each run in parallel over *position chunks*
+(equal ranges of positions), each chunk with its own count of every bucket:
 
 1. :func:`scan_index` reads the user's index once: it checks every entry
    against ``[0, K)``, writes the plan's compact copy (the narrowest integer
-   type that holds K) and counts each chunk's entries per bucket;
-2. :func:`stable_order` (only when a route needs it) places every position
-   in the stable sorted order — bucket by bucket, increasing position within
-   a bucket — each chunk starting at its own cursor per bucket, derived from
-   the counts of step 1.
+   type that holds K) and counts the buckets;
+2. :func:`stable_order` (only when a route needs it) counts again per chunk
+   and places every position in the stable sorted order — bucket by bucket,
+   increasing position within a bucket — each chunk from its own cursor per
+   bucket.
 
 The stable sorted order of an index is unique, and so are its counts: the
-number of chunks (chosen from N and K only) changes the speed, never the
-result.
+number of chunks changes the speed, never the result.
 """
 
 from __future__ import annotations
@@ -23,17 +22,28 @@ from numba import njit, prange
 
 #: Most position chunks of a plan's passes.
 MAX_CHUNKS = 64
-#: Chunks keep one count per bucket each: at most this many counts per position.
-COUNTS_PER_POSITION = 1 / 8
+#: Up to this many counts per position, every one of MAX_CHUNKS chunks keeps its own.
+SMALL_COUNTS_PER_POSITION = 1 / 8
 #: Below this many positions the passes run in one chunk, on the calling thread.
 PARALLEL_MIN_POSITIONS = 1 << 17
 
 
 def chunk_count(n: int, K: int) -> int:
-    """Position chunks of the plan's passes: from N and K only (their C x K counts stay small)."""
+    """Position chunks of the plan's passes: many while their counts are small, else one a thread.
+
+    The plan's counts and order are unique, so the chunk count may follow the
+    thread count (unlike the folds', whose float sums must not): with few
+    buckets, :data:`MAX_CHUNKS` chunks whose counts stay in the caches, handed
+    to whichever thread is free; with many, one chunk a thread (each chunk's
+    counts are K more integers), and never more counts than positions.
+    """
     if n < PARALLEL_MIN_POSITIONS:
         return 1
-    return int(max(1, min(MAX_CHUNKS, int(n * COUNTS_PER_POSITION) // max(K, 1))))
+    if MAX_CHUNKS * K <= n * SMALL_COUNTS_PER_POSITION:
+        return MAX_CHUNKS
+    from .cpu import thread_count
+
+    return int(max(1, min(thread_count(), n // max(K, 1))))
 
 
 def index_dtype(K: int) -> np.dtype:
@@ -122,22 +132,41 @@ def _chunk_cursors(counts, offsets, cursors):  # pragma: no cover - compiled
             at += counts[c, k]
 
 
-def stable_order(
-    index: np.ndarray, counts: np.ndarray | None, offsets: np.ndarray, order: np.ndarray
-) -> None:
+@njit(cache=True, nogil=True)
+def _count_chunk(index, counts, lo, hi):  # pragma: no cover - compiled
+    ix = index[lo:hi]
+    for t in range(hi - lo):
+        counts[ix[t]] += 1
+
+
+@njit(cache=True, parallel=True)
+def _count_chunks(index, counts):  # pragma: no cover - compiled
+    n = index.shape[0]
+    C = counts.shape[0]
+    for c in prange(C):
+        _count_chunk(index, counts[c], n * c // C, n * (c + 1) // C)
+
+
+def stable_order(index: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> None:
     """Fill ``order`` with the positions sorted by bucket, increasing within a bucket.
 
-    ``counts`` (C, K) are :func:`scan_index`'s chunk counts of ``index`` (None:
-    one chunk), ``offsets`` (K + 1) the bucket starts: chunk c places its
-    positions of bucket k from ``offsets[k]`` plus the earlier chunks' counts of k.
+    ``index`` is a plan's compact index and ``offsets`` (K + 1) its bucket
+    starts. With several chunks, each counts its own positions per bucket;
+    chunk c then places its positions of bucket k from ``offsets[k]`` plus the
+    earlier chunks' counts of k.
     """
-    if counts is None:
+    K = offsets.shape[0] - 1
+    C = chunk_count(index.shape[0], K)
+    if C == 1:
         _place_chunk(index, offsets[:-1].copy(), order, 0, index.shape[0])
         return
-    cursors = np.empty(counts.shape, order.dtype)
-    _chunk_cursors(counts, offsets, cursors)
     from .cpu import dynamic_schedule
 
+    counts = np.zeros((C, K), order.dtype)
+    with dynamic_schedule():
+        _count_chunks(index, counts)
+    cursors = np.empty_like(counts)
+    _chunk_cursors(counts, offsets, cursors)
     with dynamic_schedule():
         _place_chunks(index, cursors, order)
 

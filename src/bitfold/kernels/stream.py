@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .ieee import as_double, castable, checked_add, round_row, round_scaled
+from .ieee import as_double, castable, checked_add, checked_add_narrow, round_row, round_scaled
 from .prefetch import prefetch_row
 
 #: Positions (in the plan's order) prefetched ahead by :func:`sorted_sums`.
@@ -45,7 +45,7 @@ def _float_slot(index, values, lo, hi, sums):  # pragma: no cover - compiled
     ix, vs, bs = index[lo:hi], values[lo:hi], values[lo:hi].view(np.uint32)
     for t in range(hi - lo):
         k = ix[t]
-        sums[k] = checked_add(sums[k], as_double(vs[t], bs[t], 8, 23))
+        sums[k] = checked_add_narrow(sums[k], as_double(vs[t], bs[t], 8, 23))
 
 
 @njit(cache=True, parallel=True)
@@ -61,7 +61,7 @@ def _merge_float(sums, out, k0, k1):  # pragma: no cover - compiled
     for k in range(k0, k1):
         acc = sums[0, k]
         for s in range(1, sums.shape[0]):
-            acc = checked_add(acc, sums[s, k])
+            acc = checked_add_narrow(acc, sums[s, k])
         out[k] = acc
 
 
@@ -98,12 +98,14 @@ def _sorted_range(values, bits, dec, order, sorted_buckets, t0, t1, out, tiny):
     # pragma: no cover - compiled
     acc = -0.0
     prev = -1
+    wide = dec[1] > 23  # float64 values: the subnormal clause of checked_add is needed
     for t in range(t0, t1):
         if t + AHEAD < t1:
             prefetch_row(values, order[t + AHEAD])
         k = sorted_buckets[t]
         x = as_double(values[order[t], 0], bits[order[t], 0], dec[0], dec[1])
-        acc = checked_add(-0.0 if k != prev else acc, x)
+        start = -0.0 if k != prev else acc
+        acc = checked_add(start, x) if wide else checked_add_narrow(start, x)
         out[k] = acc if castable(acc, tiny) else np.nan
         prev = k
 
