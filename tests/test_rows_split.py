@@ -119,3 +119,14 @@ def test_tasks_are_fixed_and_cover_every_position():
             covered[lo:hi] += 1
     assert (covered == 1).all()
     assert tasks.shape[0] >= host_routes.ROW_TASKS // 2
+
+
+def test_split_scalar_buckets_with_init(small_split):
+    """Scalars folded into init take the same tasks: a split bucket of scalars, init included."""
+    rng = np.random.default_rng(24)
+    idx = _index(rng)
+    vals = _adversarial(idx, rng, 2, np.float32)[:, 0].copy()
+    init = np.array([1e30, -0.0, 3.0, -2.0, 1e-40, -np.inf, 0.0], np.float32)
+    got = dispatch.fold(bitfold.Fold(idx, K), vals, init=init)
+    want = [bucket_oracle([float(init[k]), *map(float, vals[idx == k])]) for k in range(K)]
+    assert_bits(got, np.array(want, np.float32), "scalars with init")
