@@ -8,7 +8,9 @@ constants sit just above it. In order:
 
 1. ``buckets``: folds of rows (and folds into ``init``): each bucket's rows
    gathered through the plan's stable order and summed in a small scratch
-   (:mod:`bitfold.kernels.buckets`); no per-bucket state is kept;
+   (:mod:`bitfold.kernels.buckets`); no per-bucket state is kept; run as
+   :data:`ROW_TASKS` fixed tasks, a hot bucket cut into parts whose exact
+   sums are merged as integers (:func:`bucket_tasks`);
 2. ``half-stream``: float16 scalars, an exact int64 scatter-add in units of
    2^-24 (:mod:`bitfold.kernels.stream`);
 3. ``limbs``: scalars into few buckets, added into the accumulator's state
