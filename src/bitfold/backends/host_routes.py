@@ -8,7 +8,9 @@ constants sit just above it. In order:
 
 1. ``buckets``: folds of rows (and folds into ``init``): each bucket's rows
    gathered through the plan's stable order and summed in a small scratch
-   (:mod:`bitfold.kernels.buckets`); no per-bucket state is kept;
+   (:mod:`bitfold.kernels.buckets`); no per-bucket state is kept; run as
+   :data:`ROW_TASKS` fixed tasks, a hot bucket cut into parts whose exact
+   sums are merged as integers (:func:`bucket_tasks`);
 2. ``half-stream``: float16 scalars, an exact int64 scatter-add in units of
    2^-24 (:mod:`bitfold.kernels.stream`);
 3. ``limbs``: scalars into few buckets, added into the accumulator's state
@@ -103,8 +105,61 @@ def bucket_bounds(plan: Fold, n_values: int) -> np.ndarray:
 
 
 # -- 1. buckets ---------------------------------------------------------------------------------
+#: Tasks of about equal numbers of positions a fold of rows is cut into (fixed: never the
+#: thread count), more than there are threads, so that threads take them as they free up.
+ROW_TASKS = 256
+
+
 def _is_rows(s: Shape) -> bool:
     return s.row_size != 1
+
+
+def split_limit(n_positions: int) -> int:
+    """Positions past which a bucket is cut into parts of at most this many (N only, fixed)."""
+    return max(buckets.ROW_CHUNK, -(-n_positions // ROW_TASKS))
+
+
+def bucket_tasks(plan: Fold, n_values: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tasks and split buckets of :func:`bitfold.kernels.buckets.fold_buckets`, cached.
+
+    Bucket ranges of about ``N / ROW_TASKS`` positions; a bucket of more than
+    :func:`split_limit` positions is a range of its own, cut into parts of
+    that many positions (the last one shorter). Everything depends on the
+    plan alone, never on the thread count; the result does not depend on it
+    either (each part's sum is exact).
+    """
+    parallel = n_values >= cpu.PARALLEL_MIN_VALUES
+
+    def build() -> tuple[np.ndarray, np.ndarray]:
+        if not parallel or plan.K == 0:
+            return frozen(np.array([[0, plan.K, 0, 0, -1]], np.int64)), frozen(
+                np.empty((0, 3), np.int64))  # fmt: skip
+        offsets = np.asarray(plan.offsets, np.int64)
+        limit = split_limit(plan.size)
+        hot = np.flatnonzero(np.diff(offsets) > limit)
+        targets = np.linspace(0, plan.size, ROW_TASKS + 1)
+        cuts = np.searchsorted(offsets, targets, side="left")
+        cuts = np.unique(np.clip(np.concatenate([cuts, hot, hot + 1, [0, plan.K]]), 0, plan.K))
+        k0, k1 = cuts[:-1], cuts[1:]
+        tasks: list[np.ndarray] = [np.stack([k0, k1, k0 * 0, k0 * 0, k0 * 0 - 1], axis=1)]
+        split = np.empty((hot.size, 3), np.int64)
+        parts = 0
+        for h, k in enumerate(hot):
+            lo = np.arange(offsets[k], offsets[k + 1], limit, dtype=np.int64)
+            hi = np.minimum(lo + limit, offsets[k + 1])
+            n = lo.size
+            tasks.append(np.stack([lo * 0 + k, lo * 0 + k + 1, lo, hi,
+                                   np.arange(parts, parts + n)], axis=1))  # fmt: skip
+            split[h] = (k, parts, parts + n)
+            parts += n
+        table = np.concatenate(tasks).astype(np.int64)
+        whole = table[:, 4] < 0
+        keep = ~whole | ~np.isin(table[:, 0], hot)  # a split bucket's range is its parts
+        table = table[keep]
+        table = table[np.lexsort((table[:, 2], table[:, 0]))]  # bucket order, parts in order
+        return frozen(table), frozen(split)
+
+    return plan.prepared(("bucket-tasks", parallel), build)
 
 
 def fold_buckets(
@@ -119,8 +174,9 @@ def fold_buckets(
     if out.size == 0:
         return out
     fast = out_name == rows.dtype.name  # an exact float64 sum is simply cast
+    tasks, split = bucket_tasks(plan, rows.size)
     buckets.fold_buckets(
-        rows, plan.order, plan.offsets, bucket_bounds(plan, rows.size),
+        rows, plan.order, plan.offsets, tasks, split,
         out if fast else np.empty((1, 1), rows.dtype), out_bits, target(out_name, fmt), fast,
         fmt.limbs, init,
     )  # fmt: skip
@@ -337,6 +393,7 @@ __all__ = [
     "Route",
     "Shape",
     "bucket_bounds",
+    "bucket_tasks",
     "choose",
     "explain",
     "fold_buckets",
