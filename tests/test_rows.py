@@ -333,6 +333,8 @@ def test_routes_are_chosen_by_shape_and_thresholds(monkeypatch):
     assert host.choose_route(plan, spec(plan, f32)) == "float-stream"
     monkeypatch.setattr(host_routes, "FLOAT_STREAM_MAX_K", 8)
     assert host.choose_route(plan, spec(plan, f32)) == "sorted-stream"
+    assert host.choose_route(plan, spec(plan, f16)) == "half-stream"  # its own bound
+    monkeypatch.setattr(host_routes, "HALF_STREAM_MAX_K", 8)
     assert host.choose_route(plan, spec(plan, f16)) == "sorted-stream"
     monkeypatch.setattr(host_routes, "LIMBS_FLOAT64_MAX_K", 8)
     assert host.choose_route(plan, spec(plan, f64)) == "sorted-stream"
