@@ -87,25 +87,14 @@ def wire_layout(
     ``z`` (1: every process has an element of the block that may sum to ``-0.0``) marks the
     blocks whose zero signs travel; a full block's rows carry their own.
     """
-    lo = -bounds[:, 0].astype(np.int64)
-    hi = bounds[:, 1].astype(np.int64)
     growth = max(0, math.ceil(math.log2(ranks))) if ranks > 1 else 0
-    empty = hi == kernels.NO_HI
-    bits = hi - lo + growth + 1  # magnitude, growth over the ranks, sign
-    classes = np.full(lo.shape, kernels.FULL, np.int64)
-    if ranks <= WIDE_MAX_RANKS:
-        classes[bits <= kernels.WIDE_LOW_BITS + 62] = kernels.WIDER
-        classes[bits <= kernels.LANE_BITS + 62] = kernels.WIDE
-    classes[bits <= 63] = kernels.NARROW
-    classes[empty] = kernels.NARROW
-    classes[hi >= kernels.SPECIAL_HI] = kernels.FULL
-    lo = np.where(empty, 0, lo)
-    counts = np.minimum(block, size - block * np.arange(lo.size))
-    per_class = [counts, counts + (counts + 1) // 2, 2 * counts, counts * (limbs + 5)]
-    words = np.choose(classes, per_class)
-    offsets = np.zeros(lo.size + 1, np.int64)
-    np.cumsum(words, out=offsets[1:])
-    signs = (bounds[:, 2] < 0) & (classes != kernels.FULL)
+    blocks = bounds.shape[0]
+    classes = np.empty(blocks, np.int64)
+    lo = np.empty(blocks, np.int64)
+    offsets = np.empty(blocks + 1, np.int64)
+    signs = np.empty(blocks, np.bool_)
+    kernels.wire_classes(np.ascontiguousarray(bounds, np.int32), size, block, growth, limbs,
+                         ranks <= WIDE_MAX_RANKS, classes, lo, offsets, signs)  # fmt: skip
     return WireLayout(size, block, classes, lo, offsets, signs)
 
 

@@ -362,6 +362,49 @@ def block_bounds(fast, slow_of, slow, block, unit, out, only_dirty=False):
                 _block_bound(b, fast, fast_bits, slow_of, slow, block, unit, out, mag)
 
 
+@njit(cache=True, nogil=True)
+def wire_classes(bounds, size, block, growth, limbs, lanes_fit, classes, lo, offsets, signs):
+    # pragma: no cover - compiled
+    """Every block's class, unit, first word and whether its zero signs travel (one pass).
+
+    ``bounds[b] = (-lo, hi, -z)`` reduced with MAX over the ranks; ``growth``
+    bits hold the sum over them; ``lanes_fit``: few enough ranks for the wide
+    and wider lanes. See :func:`bitfold.dense.wire_layout`.
+    """
+    offsets[0] = 0
+    for b in range(bounds.shape[0]):
+        low = -np.int64(bounds[b, 0])
+        hi = np.int64(bounds[b, 1])
+        count = min(block, size - block * b)
+        if hi == NO_HI:  # no bits: narrow, unit 1
+            c = NARROW
+            low = 0
+        elif hi >= SPECIAL_HI:
+            c = FULL
+        else:
+            bits = hi - low + growth + 1  # magnitude, growth over the ranks, sign
+            if bits <= 63:
+                c = NARROW
+            elif lanes_fit and bits <= LANE_BITS + 62:
+                c = WIDE
+            elif lanes_fit and bits <= WIDE_LOW_BITS + 62:
+                c = WIDER
+            else:
+                c = FULL
+        classes[b] = c
+        lo[b] = low
+        if c == NARROW:
+            words = count
+        elif c == WIDE:
+            words = count + (count + 1) // 2
+        elif c == WIDER:
+            words = 2 * count
+        else:
+            words = count * (limbs + 5)
+        offsets[b + 1] = offsets[b] + words
+        signs[b] = bounds[b, 2] < 0 and c != FULL
+
+
 # -- words ----------------------------------------------------------------------------------------
 @njit(cache=True, nogil=True)
 def _split(v, p, w0, w1):  # pragma: no cover - compiled
@@ -706,4 +749,5 @@ __all__ = [
     "encode",
     "merge_sums",
     "negzero_flags",
+    "wire_classes",
 ]
