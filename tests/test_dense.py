@@ -211,6 +211,31 @@ def test_parts_and_kept_bounds_equal_one_add_and_bounds_read_from_the_state():
         DenseSum((n,)).add_parts([arrays[0][:10]])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_array_read_from_its_bits_travels_as_a_sum_that_took_it(dtype):
+    """array_bounds and array_words (an exact all-reduce of one array) give the bounds and words
+    of a DenseSum that took that array: zeros of both signs and subnormals included."""
+    rng = np.random.default_rng(9)
+    n = 64 * 300 + 5
+    a = (rng.standard_normal(n) * 2.0 ** rng.integers(-8, 8, n)).astype("float32").astype(dtype)
+    a[:64] = -0.0  # a block of negative zeros: its signs travel
+    a[70:80] = 0.0
+    tiny = np.finfo(dtype).smallest_subnormal
+    a[192:256] = tiny * np.arange(1, 65)  # a block of subnormals
+    s = DenseSum((n,), dtype).add(a)
+    assert np.array_equal(bitfold.dense.array_bounds(a), s.bounds())
+    for ranks in (1, 3):
+        layout = wire_layout(s.bounds(), n, ranks, s.format.limbs)
+        assert (layout.classes == kernels.NARROW).all()
+        assert np.array_equal(bitfold.dense.array_words(a, layout), s.encode(layout))
+    wide = a.copy()
+    wide[100] = 2.0**40
+    layout = wire_layout(DenseSum((n,), dtype).add(wide).bounds(), n, 1, s.format.limbs)
+    assert bitfold.dense.array_words(wide, layout) is None  # a wide block: take a DenseSum
+    wide[3] = np.nan
+    assert bitfold.dense.array_bounds(wide) is None
+
+
 def test_the_limb_rows_grow_when_many_elements_need_them():
     n = 5000
     s = DenseSum((n,))

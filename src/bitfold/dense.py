@@ -98,6 +98,32 @@ def wire_layout(
     return WireLayout(size, block, classes, lo, offsets, signs)
 
 
+def array_bounds(flat: np.ndarray, block: int = BLOCK) -> np.ndarray | None:
+    """:meth:`DenseSum.bounds` of a sum that took only ``flat`` (float32 or float64, 1-D,
+    contiguous), read straight from its bits; None when it holds a NaN or an infinity."""
+    out = np.empty(((flat.size + block - 1) // block, 3), np.int32)
+    f = FLOATS[flat.dtype.name]
+    start_thread_pool()
+    bits = flat.view(np.int64 if flat.dtype == np.float64 else np.uint32)
+    if not kernels.array_bounds(bits, f.exponent_bits, f.fraction_bits, block, out):
+        return None
+    return out
+
+
+def array_words(flat: np.ndarray, layout: WireLayout) -> np.ndarray | None:
+    """:meth:`DenseSum.encode` of a sum that took only ``flat`` (as :func:`array_bounds`
+    accepted it), when every block of ``layout`` is narrow; else None."""
+    if (layout.classes != kernels.NARROW).any():
+        return None
+    words = np.empty(layout.words, np.int64)
+    f = FLOATS[flat.dtype.name]
+    start_thread_pool()
+    bits = flat.view(np.int64 if flat.dtype == np.float64 else np.uint32)
+    kernels.array_words(bits, f.exponent_bits, f.fraction_bits, layout.block, layout.lo,
+                        layout.offsets, words)  # fmt: skip
+    return words
+
+
 class DenseSum:
     """Exact element-wise sums of arrays of one shape: ``add``, ``merge``, ``result``.
 
@@ -390,4 +416,4 @@ class DenseSum:
         return f"DenseSum(shape={self.shape}, format={self.format.name}, adds={self.adds})"
 
 
-__all__ = ["BLOCK", "DenseSum", "WireLayout", "wire_layout"]
+__all__ = ["BLOCK", "DenseSum", "WireLayout", "array_bounds", "array_words", "wire_layout"]

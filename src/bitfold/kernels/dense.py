@@ -405,6 +405,64 @@ def wire_classes(bounds, size, block, growth, limbs, lanes_fit, classes, lo, off
         signs[b] = bounds[b, 2] < 0 and c != FULL
 
 
+# -- one array, straight from its bits (an exact all-reduce of one array) ------------------------
+@njit(cache=True, nogil=True, inline="always")
+def _raw_parts(raw, exp_bits, frac_bits):  # pragma: no cover - compiled
+    """A float's bits (int64) as ``(special, M, e)``, value ``±M·2^e`` unless ``special``
+    (NaN or infinity). Integer operations only: subnormals are read exactly in any mode."""
+    ef = (raw >> frac_bits) & ((np.int64(1) << exp_bits) - 1)
+    m = (raw & ((np.int64(1) << frac_bits) - 1)) | (np.int64(ef != 0) << frac_bits)
+    bias = (np.int64(1) << (exp_bits - 1)) - 1
+    return ef == (np.int64(1) << exp_bits) - 1, m, max(ef, np.int64(1)) - bias - frac_bits
+
+
+@njit(cache=True, parallel=True)
+def array_bounds(bits, exp_bits, frac_bits, block, out):  # pragma: no cover - compiled
+    """:func:`block_bounds` of a sum that took one array (its bits, float32 or float64);
+    returns False, with ``out`` unfinished, when the array holds a NaN or an infinity."""
+    n = bits.shape[0]
+    B = out.shape[0]
+    magnitude_bits = (np.int64(1) << (exp_bits + frac_bits)) - 1  # (wraps to all for float64)
+    special_in = np.zeros(CHUNKS, np.bool_)
+    for c in prange(CHUNKS):
+        for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
+            lo = np.int64(NO_LO)
+            hi = np.int64(NO_HI)
+            negzero = False
+            special_here = False
+            for i in range(b * block, min(n, (b + 1) * block)):
+                raw = np.int64(bits[i])
+                special, m, e = _raw_parts(raw, exp_bits, frac_bits)
+                special_here |= special
+                negative = (raw >> (exp_bits + frac_bits)) & 1 == 1
+                negzero |= ((raw & magnitude_bits) == 0) & negative
+                lo = min(lo, NO_LO if m == 0 else e + _trailing_zeros(m))
+                hi = max(hi, NO_HI if m == 0 else e + _bit_length(m))
+            out[b, 0] = -lo
+            out[b, 1] = hi
+            out[b, 2] = -1 if negzero else 0
+            special_in[c] |= special_here
+    return not special_in.any()
+
+
+@njit(cache=True, parallel=True)
+def array_words(bits, exp_bits, frac_bits, block, lo, offsets, words):
+    # pragma: no cover - compiled
+    """:func:`encode` of a sum that took one array (its bits, no NaN or infinity), every block
+    narrow: one shift an element."""
+    n = bits.shape[0]
+    B = lo.shape[0]
+    for c in prange(CHUNKS):
+        for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
+            pos = offsets[b] - b * block
+            for i in range(b * block, min(n, (b + 1) * block)):
+                raw = np.int64(bits[i])
+                _, m, e = _raw_parts(raw, exp_bits, frac_bits)
+                shift = e - lo[b]  # within (-64, 63) for the non-zero values of a narrow block
+                x = m << min(shift, 63) if shift >= 0 else m >> min(-shift, 63)
+                words[pos + i] = -x if (raw >> (exp_bits + frac_bits)) & 1 else x
+
+
 # -- words ----------------------------------------------------------------------------------------
 @njit(cache=True, nogil=True)
 def _split(v, p, w0, w1):  # pragma: no cover - compiled
@@ -744,6 +802,8 @@ __all__ = [
     "WIDE_LOW_BITS",
     "add_blocks",
     "add_span",
+    "array_bounds",
+    "array_words",
     "block_bounds",
     "decode",
     "encode",
