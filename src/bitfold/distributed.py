@@ -235,22 +235,20 @@ class GradientSum:
     def add(self) -> GradientSum:
         """Take every parameter's ``.grad`` into the exact sums; set ``.grad`` to None."""
         for family, members in self._families.items():
-            pieces = []
+            parts: list[Any] = []
             any_grad = False
             for i in members:
                 p = self.params[i]
-                g = p.grad
-                if g is None:  # -0.0 adds nothing and leaves the sign of zero alone
-                    pieces.append(torch.full((p.numel(),), -0.0, dtype=torch.float64 if
-                                             family == "float64" else torch.float32))  # fmt: skip
+                if p.grad is None:  # -0.0 adds nothing and leaves the sign of zero alone
+                    parts.append(p.numel())
                     continue
                 any_grad = True
                 self._had_grad[i] = 1
-                g = g.detach().reshape(-1)
-                pieces.append(g.to("cpu", torch.float64 if family == "float64" else torch.float32))
-                p.grad = None
+                parts.append(p.grad.detach().reshape(-1))  # added where it lies: no copy
             if any_grad:
-                self._sums[family].add(torch.cat(pieces).numpy())
+                self._sums[family].add_parts(parts)
+            for i in members:
+                self.params[i].grad = None
         return self
 
     def reduce(self, group: Any = None, mean_over: int | None = None) -> GradientSum:
