@@ -92,7 +92,8 @@ def test_sums_and_means_equal_the_oracle(dtype, out, spread, mean_over):
     assert bits(got)[10] == 1 << (8 * np.dtype(out).itemsize - 1)  # -0.0: every term was
 
 
-@pytest.mark.parametrize(("out", "mean_over"), [("float32", 3), ("float32", 5), ("float64", 3)])
+@pytest.mark.parametrize(("out", "mean_over"), [("float32", 3), ("float32", 5), ("float32", 4),
+                                                ("float64", 3)])  # fmt: skip
 def test_means_on_a_midpoint_or_beside_one_round_once(out, mean_over):
     """A mean whose float64 quotient is a float32 midpoint (exactly, or by rounding) ties to
     even as the exact quotient says, never as the float64 quotient would."""

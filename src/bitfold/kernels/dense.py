@@ -628,18 +628,21 @@ def divide_row(row, L, n, dst, mag):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _cast_block(words, base, i0, i1, start, scale, tiny, mean_over, precision, out_f, qs):
+def _cast_block(words, base, i0, i1, start, scale, tiny, mean_over, precision, negzero, out_f,
+                qs):  # fmt: skip
     # pragma: no cover - compiled
     """Elements ``i0 .. i1-1`` of a narrow block (word ``base + i``, unit ``scale``) rounded by
     the float unit, when that is exact for all of them; returns whether it was (else nothing
     is written, and the caller rounds them with integers).
 
-    A word ``w`` with ``0 < |w| < 2^53`` is the exact float64 ``x = w·scale``. Without a mean,
+    A word ``w`` with ``|w| < 2^53`` is the exact float64 ``x = w·scale`` (zero: ``-0.0``
+    where ``negzero`` says every term on every rank was). Without a mean,
     the cast of ``x`` (at least the output's smallest normal ``tiny``) rounds once. With one,
     ``q = fl64(x / mean_over)`` is the correctly rounded quotient; for a float32 output, the
     cast of ``q`` is the correctly rounded quotient unless ``q`` is a float32 midpoint (a
     midpoint between ``q`` and the exact quotient would be a float64 nearer to it than
-    ``q``), and ``q`` at least ``2·tiny`` keeps every step normal in any mode.
+    ``q``) and ``mean_over`` is not a power of two (those divide exactly); ``q`` at least
+    ``2·tiny`` keeps every step normal in any mode.
     """
     least = tiny if mean_over == 1 else 2.0 * tiny
     ok = True
@@ -647,9 +650,9 @@ def _cast_block(words, base, i0, i1, start, scale, tiny, mean_over, precision, o
         w = words[base + i]
         x = np.float64(w) * scale
         q = x if mean_over == 1 else x / mean_over
-        ok &= (abs(w) < (np.int64(1) << 53)) & (w != 0) & (abs(q) >= least)
-        qs[i - i0] = q
-    if mean_over > 1 and precision < 53:
+        ok &= (abs(w) < (np.int64(1) << 53)) & ((w == 0) | (abs(q) >= least))
+        qs[i - i0] = -0.0 if (w == 0) & (negzero[i] != 0) else q  # a zero sum: its sign
+    if mean_over & (mean_over - 1) and precision < 53:  # a power of two divides exactly
         half = np.int64(1) << (52 - precision)  # the float64 bits of a midpoint below the output's
         below = (half << 1) - 1
         q_bits = qs.view(np.int64)
@@ -678,7 +681,7 @@ def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, me
     tiny = min_normal(precision, subnormal_exp)
     if castable and _cast_block(words, offsets[b] - b * block, max(start, b * block),
                                 min(stop, (b + 1) * block), start, scale, tiny, mean_over,
-                                precision, out_f, qs):  # fmt: skip
+                                precision, negzero, out_f, qs):  # fmt: skip
         return
     for i in range(max(start, b * block), min(stop, (b + 1) * block)):
         j = i - b * block
