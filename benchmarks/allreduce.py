@@ -1,4 +1,4 @@
-"""The exact all-reduce against a float32 ``torch.distributed.all_reduce``, and a data-parallel step.
+"""The exact all-reduce against a float32 ``dist.all_reduce``, and a data-parallel step.
 
     python benchmarks/allreduce.py --out benchmarks/results/2026-12-03-allreduce-cpu-2core.json
 

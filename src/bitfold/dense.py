@@ -110,12 +110,18 @@ def array_bounds(flat: np.ndarray, block: int = BLOCK) -> np.ndarray | None:
     return out
 
 
-def array_words(flat: np.ndarray, layout: WireLayout) -> np.ndarray | None:
+def array_words(
+    flat: np.ndarray, layout: WireLayout, spare: np.ndarray | None = None
+) -> np.ndarray | None:
     """:meth:`DenseSum.encode` of a sum that took only ``flat`` (as :func:`array_bounds`
-    accepted it), when every block of ``layout`` is narrow; else None."""
+    accepted it), when every block of ``layout`` is narrow; else None. The words go into
+    the front of ``spare`` (int64) when it is large enough: no new pages to fault in."""
     if (layout.classes != kernels.NARROW).any():
         return None
-    words = np.empty(layout.words, np.int64)
+    if spare is not None and spare.dtype == np.int64 and spare.size >= layout.words:
+        words = spare[: layout.words]
+    else:
+        words = np.empty(layout.words, np.int64)
     f = FLOATS[flat.dtype.name]
     start_thread_pool()
     bits = flat.view(np.int64 if flat.dtype == np.float64 else np.uint32)

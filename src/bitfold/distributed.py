@@ -36,6 +36,7 @@ rank and step), use :class:`GradientSum`.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
@@ -50,6 +51,9 @@ from .errors import DistributedError, FoldTypeError
 from .formats import VALUE_DTYPES, dtype_name, resolve_out_dtype
 
 __all__ = ["GradientSum", "exact_all_reduce", "exact_allreduce_hook"]
+
+#: Each thread's words buffer for exact all-reduces of arrays, kept between calls.
+_SPARE = threading.local()
 
 
 def _device_of(group: Any) -> torch.device:
@@ -167,7 +171,10 @@ def _all_reduce_array(x: Any, group: Any, timeout: float, out_dtype: Any, mean_o
     else:  # one array: bounds and words straight from its bits, no state written
 
         def encode(layout: WireLayout) -> np.ndarray:
-            words = array_words(flat, layout)
+            spare = getattr(_SPARE, "words", None)
+            words = array_words(flat, layout, spare)
+            if words is not None and words.base is not spare:
+                _SPARE.words = words  # this thread's next all-reduce reuses the pages
             return s.add(flat.reshape(s.shape)).encode(layout) if words is None else words
 
         words, layout, negzero = _exchange(
