@@ -9,6 +9,7 @@ do — and the decoded result must equal one sum of everything.
 from __future__ import annotations
 
 import doctest
+import itertools
 import math
 from fractions import Fraction
 
@@ -91,6 +92,32 @@ def test_sums_and_means_equal_the_oracle(dtype, out, spread, mean_over):
     assert bits(got)[10] == 1 << (8 * np.dtype(out).itemsize - 1)  # -0.0: every term was
 
 
+@pytest.mark.parametrize(("out", "mean_over"), [("float32", 3), ("float32", 5), ("float32", 4),
+                                                ("float64", 3)])  # fmt: skip
+def test_means_on_a_midpoint_or_beside_one_round_once(out, mean_over):
+    """A mean whose float64 quotient is a float32 midpoint (exactly, or by rounding) ties to
+    even as the exact quotient says, never as the float64 quotient would."""
+    rng = np.random.default_rng(mean_over)
+    n = 4 * 64
+    eps = 2.0**-24
+    targets = np.array([1 + eps, 1 + 3 * eps, -(1 + eps), 2 + 6 * eps])  # float32 midpoints
+    quotients = np.resize(targets, n) * 2.0 ** rng.integers(-8, 8, n)  # narrow blocks
+    sums = quotients * mean_over  # exact in float64: the mean of each is its midpoint
+    sums[1::7] += np.spacing(sums[1::7])  # exact quotients beside a midpoint, either side
+    sums[2::7] -= np.spacing(sums[2::7])
+    dtype = "float64" if out == "float64" else "float32"
+    terms, rest = [], sums.copy()
+    for _ in range(3):  # float32 terms whose exact sum is ``sums``
+        terms.append(rest.astype(dtype))
+        rest -= terms[-1]
+    assert not rest.any()
+    s = DenseSum((n,), dtype)
+    for a in terms:
+        s.add(a)
+    got = s.result(out, mean_over=mean_over)
+    assert np.array_equal(bits(got), bits(oracle(terms, out, mean_over)))
+
+
 def test_split_and_merge_give_the_same_bits():
     rng = np.random.default_rng(1)
     arrays = [(rng.standard_normal((4, 25)) * 2.0 ** rng.integers(-40, 40, (4, 25)))
@@ -145,6 +172,69 @@ def test_a_reset_sum_is_an_empty_one_whatever_it_held():
     other = DenseSum((n,)).add(tame[0])
     assert np.array_equal(bits(DenseSum((n,)).merge(other).result()), bits(other.result()))
     assert np.array_equal(bits(other.merge(DenseSum((n,))).result()), bits(oracle(tame[:1])))
+
+
+def _recomputed_bounds(s):
+    """The bounds read from the state alone, as they were before the adds kept them."""
+    out = np.empty_like(s.bounds())
+    kernels.block_bounds(s._fast, s._slow_of, s._slow, bitfold.dense.BLOCK, s.format.unit_exp, out)
+    return out
+
+
+def test_parts_and_kept_bounds_equal_one_add_and_bounds_read_from_the_state():
+    """add_parts is add of the concatenation (an int part: -0.0 there); the bounds the adds keep
+    are those read again from the state, after every add, whatever the parts' edges."""
+    rng = np.random.default_rng(5)
+    n = 64 * 2100 + 37  # more blocks than chunks, a short last block
+    cuts = [0, 5, 64, 130, 7000, 7001, 70000, n]
+    arrays = [(rng.standard_normal(n) * 2.0 ** rng.integers(-20, 20, n)).astype(np.float32)
+              for _ in range(3)]  # fmt: skip
+    arrays[1][100:200] *= np.float32(2.0**60)  # inexact float64 sums: limb rows
+    arrays[2][[3, 900, 80000]] = [np.nan, np.inf, -0.0]
+    gone = (1, 5)  # parts without values in the second and third adds
+    whole, parts = DenseSum((n,)), DenseSum((n,))
+    for k, a in enumerate(arrays):
+        pieces = [a[lo:hi] for lo, hi in itertools.pairwise(cuts)]
+        if k:
+            pieces = [int(p.size) if j in gone else p for j, p in enumerate(pieces)]
+        for j in gone if k else ():
+            a = a.copy()
+            a[cuts[j] : cuts[j + 1]] = -0.0
+        whole.add(a)
+        parts.add_parts(pieces)
+        assert np.array_equal(parts.bounds(), _recomputed_bounds(parts))
+        assert np.array_equal(whole.bounds(), _recomputed_bounds(whole))
+    assert parts.slow_elements > 0
+    assert np.array_equal(bits(parts.result()), bits(whole.result()))
+    empty_first = DenseSum((n,)).add_parts([int(n - 10), arrays[0][-10:]])
+    assert np.array_equal(empty_first.bounds(), _recomputed_bounds(empty_first))
+    with pytest.raises(bitfold.errors.ShapeError):
+        DenseSum((n,)).add_parts([arrays[0][:10]])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_array_read_from_its_bits_travels_as_a_sum_that_took_it(dtype):
+    """array_bounds and array_words (an exact all-reduce of one array) give the bounds and words
+    of a DenseSum that took that array: zeros of both signs and subnormals included."""
+    rng = np.random.default_rng(9)
+    n = 64 * 300 + 5
+    a = (rng.standard_normal(n) * 2.0 ** rng.integers(-8, 8, n)).astype("float32").astype(dtype)
+    a[:64] = -0.0  # a block of negative zeros: its signs travel
+    a[70:80] = 0.0
+    tiny = np.finfo(dtype).smallest_subnormal
+    a[192:256] = tiny * np.arange(1, 65)  # a block of subnormals
+    s = DenseSum((n,), dtype).add(a)
+    assert np.array_equal(bitfold.dense.array_bounds(a), s.bounds())
+    for ranks in (1, 3):
+        layout = wire_layout(s.bounds(), n, ranks, s.format.limbs)
+        assert (layout.classes == kernels.NARROW).all()
+        assert np.array_equal(bitfold.dense.array_words(a, layout), s.encode(layout))
+    wide = a.copy()
+    wide[100] = 2.0**40
+    layout = wire_layout(DenseSum((n,), dtype).add(wide).bounds(), n, 1, s.format.limbs)
+    assert bitfold.dense.array_words(wide, layout) is None  # a wide block: take a DenseSum
+    wide[3] = np.nan
+    assert bitfold.dense.array_bounds(wide) is None
 
 
 def test_the_limb_rows_grow_when_many_elements_need_them():

@@ -242,6 +242,40 @@ def test_exact_all_reduce_sums_a_tensor_or_an_array(tmp_path):
     assert got["mean"].shape == (3, 4)
 
 
+def _narrow_terms(rank: int) -> np.ndarray:
+    """Per rank 700 float32 (narrow blocks); rank 0 holds a NaN, both a block of -0.0."""
+    rng = np.random.default_rng(10 + rank)
+    a = (rng.standard_normal(700) * 2.0 ** rng.integers(-6, 6, 700)).astype(np.float32)
+    a[64:128] = -0.0
+    if rank == 0:
+        a[300] = np.nan
+    return a
+
+
+def _narrow_rank(rank: int, world: int, init: str, out: str) -> None:
+    from bitfold.distributed import exact_all_reduce
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    got = exact_all_reduce(torch.from_numpy(_narrow_terms(rank)), mean_over=3)
+    if rank == 0:
+        np.save(out, got.numpy())
+    dist.destroy_process_group()
+    leave(0)
+
+
+@pytest.mark.slow
+def test_one_array_read_from_its_bits_or_through_a_sum_gives_the_exact_bits(tmp_path):
+    """A rank with a NaN takes a DenseSum, the other reads its array's bits: one wire."""
+    from bitfold.dense import DenseSum
+
+    out = str(tmp_path / "result.npy")
+    init = f"file://{tmp_path / 'rendezvous'}"
+    torch.multiprocessing.spawn(_narrow_rank, args=(2, init, out), nprocs=2, join=True)
+    want = DenseSum(700).add(_narrow_terms(0)).add(_narrow_terms(1)).result(mean_over=3)
+    assert np.array_equal(np.load(out).view(np.uint32), want.view(np.uint32))
+    assert np.load(out).view(np.uint32)[64] == 0x80000000  # -0.0 on every rank
+
+
 def test_gradient_sum_refuses_to_start_without_a_process_group():
     assert not dist.is_initialized()
     with pytest.raises(DistributedError, match="init_process_group"):

@@ -27,6 +27,7 @@ zero sum is ``+0.0``. Ordinary gradients have no such block.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,26 +87,47 @@ def wire_layout(
     ``z`` (1: every process has an element of the block that may sum to ``-0.0``) marks the
     blocks whose zero signs travel; a full block's rows carry their own.
     """
-    lo = -bounds[:, 0].astype(np.int64)
-    hi = bounds[:, 1].astype(np.int64)
     growth = max(0, math.ceil(math.log2(ranks))) if ranks > 1 else 0
-    empty = hi == kernels.NO_HI
-    bits = hi - lo + growth + 1  # magnitude, growth over the ranks, sign
-    classes = np.full(lo.shape, kernels.FULL, np.int64)
-    if ranks <= WIDE_MAX_RANKS:
-        classes[bits <= kernels.WIDE_LOW_BITS + 62] = kernels.WIDER
-        classes[bits <= kernels.LANE_BITS + 62] = kernels.WIDE
-    classes[bits <= 63] = kernels.NARROW
-    classes[empty] = kernels.NARROW
-    classes[hi >= kernels.SPECIAL_HI] = kernels.FULL
-    lo = np.where(empty, 0, lo)
-    counts = np.minimum(block, size - block * np.arange(lo.size))
-    per_class = [counts, counts + (counts + 1) // 2, 2 * counts, counts * (limbs + 5)]
-    words = np.choose(classes, per_class)
-    offsets = np.zeros(lo.size + 1, np.int64)
-    np.cumsum(words, out=offsets[1:])
-    signs = (bounds[:, 2] < 0) & (classes != kernels.FULL)
+    blocks = bounds.shape[0]
+    classes = np.empty(blocks, np.int64)
+    lo = np.empty(blocks, np.int64)
+    offsets = np.empty(blocks + 1, np.int64)
+    signs = np.empty(blocks, np.bool_)
+    kernels.wire_classes(np.ascontiguousarray(bounds, np.int32), size, block, growth, limbs,
+                         ranks <= WIDE_MAX_RANKS, classes, lo, offsets, signs)  # fmt: skip
     return WireLayout(size, block, classes, lo, offsets, signs)
+
+
+def array_bounds(flat: np.ndarray, block: int = BLOCK) -> np.ndarray | None:
+    """:meth:`DenseSum.bounds` of a sum that took only ``flat`` (float32 or float64, 1-D,
+    contiguous), read straight from its bits; None when it holds a NaN or an infinity."""
+    out = np.empty(((flat.size + block - 1) // block, 3), np.int32)
+    f = FLOATS[flat.dtype.name]
+    start_thread_pool()
+    bits = flat.view(np.int64 if flat.dtype == np.float64 else np.uint32)
+    if not kernels.array_bounds(bits, f.exponent_bits, f.fraction_bits, block, out):
+        return None
+    return out
+
+
+def array_words(
+    flat: np.ndarray, layout: WireLayout, spare: np.ndarray | None = None
+) -> np.ndarray | None:
+    """:meth:`DenseSum.encode` of a sum that took only ``flat`` (as :func:`array_bounds`
+    accepted it), when every block of ``layout`` is narrow; else None. The words go into
+    the front of ``spare`` (int64) when it is large enough: no new pages to fault in."""
+    if (layout.classes != kernels.NARROW).any():
+        return None
+    if spare is not None and spare.dtype == np.int64 and spare.size >= layout.words:
+        words = spare[: layout.words]
+    else:
+        words = np.empty(layout.words, np.int64)
+    f = FLOATS[flat.dtype.name]
+    start_thread_pool()
+    bits = flat.view(np.int64 if flat.dtype == np.float64 else np.uint32)
+    kernels.array_words(bits, f.exponent_bits, f.fraction_bits, layout.block, layout.lo,
+                        layout.offsets, words)  # fmt: skip
+    return words
 
 
 class DenseSum:
@@ -142,6 +164,12 @@ class DenseSum:
         self._used = np.zeros(1, np.int64)
         self._empty = True
         self._words: np.ndarray | None = None  # encode(reuse=True)'s buffer
+        # (-lo, hi, -z) of every block as the adds keep them (DIRTY_HI: to read again); valid
+        # while ``_bounds_kept`` (from a first add until a merge)
+        self._bounds = np.empty(((self.size + BLOCK - 1) // BLOCK, 3), np.int32)
+        self._bounds_kept = False
+        self._pending = np.empty((kernels.CHUNKS, 2), np.int64)
+        self._tmp = np.empty(BLOCK)
         self.adds = 0
         self._like: Any = None
 
@@ -151,6 +179,7 @@ class DenseSum:
             self._fast.fill(-0.0)
             self._slow_of.fill(-1)
             self._empty = False
+            self._bounds_kept = False
 
     # -- what it holds ----------------------------------------------------------------------------
     @property
@@ -175,6 +204,24 @@ class DenseSum:
         shape = tuple(int(s) for s in getattr(values, "shape", np.shape(values)))
         if shape != self.shape:
             raise ShapeError(f"this sum adds arrays of shape {self.shape}; got shape {shape}")
+        self._add_parts([values])
+        if self._like is None:
+            self._like = values
+        return self
+
+    def add_parts(self, parts: Sequence[Any]) -> DenseSum:
+        """Add one array given as its consecutive flat parts: ``add`` of their concatenation.
+
+        Each part is an array (any shape, read flat; its own value dtype) or an
+        int ``k``: ``k`` elements that take ``-0.0`` (nothing: a parameter
+        without a gradient). The parts' sizes sum to this sum's size. Nothing is
+        concatenated: each part is added where it lies. Results come back as
+        NumPy arrays until an :meth:`add` names a library.
+        """
+        self._add_parts(parts)
+        return self
+
+    def _flat(self, values: Any) -> np.ndarray:
         name = dtype_name(values) if hasattr(values, "dtype") else np.asarray(values).dtype.name
         if name not in self.format.value_dtypes:
             raise FoldTypeError(
@@ -186,30 +233,48 @@ class DenseSum:
             flat = flat.astype(flat.dtype.newbyteorder("="))
         if flat.dtype == np.float16:
             flat = flat.astype(np.float32)  # exact
-        source = flat.dtype.name
-        dec = decoding(source, self.format)
-        bits = flat.view(np.int64 if self._wide else np.uint32)
-        start = 0
-        while True:
-            if self._empty:  # nothing to add to: write the values, no reset pass
-                resume = kernels.first_values(
-                    self._fast[start:], flat[start:], bits[start:], self._slow_of[start:],
-                    self._slow, self._used, self.format.unit_exp, dec, self._wide,
-                )  # fmt: skip
-            else:
-                resume = kernels.add_values(
-                    self._fast[start:], flat[start:], bits[start:], self._slow_of[start:],
-                    self._slow, self._used, self.adds, self.format.unit_exp, dec, self._wide,
-                )  # fmt: skip
-            if resume < 0:
-                break
-            self._grow()
-            start += resume
+        return flat
+
+    def _add_parts(self, parts: Sequence[Any]) -> None:
+        flats = [int(p) if isinstance(p, int | np.integer) else self._flat(p) for p in parts]
+        total = sum(f if isinstance(f, int) else f.size for f in flats)
+        if total != self.size:
+            raise ShapeError(f"this sum adds {self.size} elements; the parts hold {total}")
+        first = self._empty
+        if first:  # the bounds are merged part by part into empty ones
+            self._bounds[:, 0] = -kernels.NO_LO
+            self._bounds[:, 1] = kernels.NO_HI
+            self._bounds[:, 2] = 0
+        if self.size >= (1 << 16):
+            start_thread_pool()
+        offset = 0
+        for flat in flats:
+            if isinstance(flat, int):  # -0.0: nothing to add, unless nothing was there
+                if first and flat:
+                    self._fast[offset : offset + flat] = -0.0
+                    self._slow_of[offset : offset + flat] = -1
+                    self._bounds[offset // BLOCK : (offset + flat - 1) // BLOCK + 1, 2] = -1
+                offset += flat
+                continue
+            self._add_flat(flat, offset, first)
+            offset += flat.size
+        self._bounds_kept |= first
         self._empty = False
         self.adds += 1
-        if self._like is None:
-            self._like = values
-        return self
+
+    def _add_flat(self, flat: np.ndarray, offset: int, first: bool) -> None:
+        """Add ``flat`` into elements ``offset ..``: whole blocks in parallel, limb rows after."""
+        dec = decoding(flat.dtype.name, self.format)
+        bits = flat.view(np.int64 if self._wide else np.uint32)
+        args = (self._fast, self._slow_of, self._slow, self._used, flat, bits, offset)
+        tail = (self.adds, self.format.unit_exp, dec, self._wide, self._bounds, BLOCK, first)
+        kernels.add_blocks(*args, *tail, self._pending)
+        for start, stop in self._pending.tolist():  # chunk by chunk: the rows' order is fixed
+            while start >= 0:
+                args = (self._fast, self._slow_of, self._slow, self._used, flat, bits, offset)
+                start = kernels.add_span(*args, start, stop, *tail, False, self._tmp)
+                if start >= 0:
+                    self._grow()
 
     def merge(self, other: DenseSum) -> DenseSum:
         """Add ``other``'s sums into this one (same shape and format; ``other`` is unchanged)."""
@@ -233,6 +298,7 @@ class DenseSum:
                 break
             self._grow()
             start += resume
+        self._bounds_kept = False
         self.adds += other.adds
         if self._like is None:
             self._like = other._like
@@ -253,15 +319,19 @@ class DenseSum:
         """``(-lo, hi, -z)`` of every block (int32, MAX-reducible over processes).
 
         The block's values are multiples of ``2^lo`` below ``2^hi`` in magnitude; ``z`` is 1
-        when one of its elements took only ``-0.0`` terms (or none), else 0.
+        when one of its elements took only ``-0.0`` terms (or none), else 0. The adds keep
+        them as they go (no pass of its own); only blocks they could not keep (a limb row,
+        the edge of a part) are read again here — the same bounds either way.
         """
         self._materialise()
-        out = np.empty(((self.size + block - 1) // block, 3), np.int32)
-        if self.size >= (1 << 16):
-            start_thread_pool()
-        kernels.block_bounds(self._fast, self._slow_of, self._slow, block,
-                             self.format.unit_exp, out)  # fmt: skip
-        return out
+        if block == BLOCK and self._bounds_kept:  # kept by the adds: read only what they could not
+            out = self._bounds
+        else:
+            out = np.empty(((self.size + block - 1) // block, 3), np.int32)
+        start_thread_pool()
+        kernels.block_bounds(self._fast, self._slow_of, self._slow, block, self.format.unit_exp,
+                             out, out is self._bounds)  # fmt: skip
+        return out.copy() if out is self._bounds else out
 
     def encode(self, layout: WireLayout, *, reuse: bool = False) -> np.ndarray:
         """This process's int64 words in ``layout`` (SUM-reducible over processes).
@@ -352,4 +422,4 @@ class DenseSum:
         return f"DenseSum(shape={self.shape}, format={self.format.name}, adds={self.adds})"
 
 
-__all__ = ["BLOCK", "DenseSum", "WireLayout", "wire_layout"]
+__all__ = ["BLOCK", "DenseSum", "WireLayout", "array_bounds", "array_words", "wire_layout"]

@@ -36,7 +36,8 @@ rank and step), use :class:`GradientSum`.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -44,12 +45,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .arrays import from_numpy
-from .dense import DenseSum, wire_layout
+from .arrays import from_numpy, to_numpy
+from .dense import DenseSum, WireLayout, array_bounds, array_words, wire_layout
 from .errors import DistributedError, FoldTypeError
 from .formats import VALUE_DTYPES, dtype_name, resolve_out_dtype
 
 __all__ = ["GradientSum", "exact_all_reduce", "exact_allreduce_hook"]
+
+#: Each thread's words buffer for exact all-reduces of arrays, kept between calls.
+_SPARE = threading.local()
 
 
 def _device_of(group: Any) -> torch.device:
@@ -109,19 +113,37 @@ def exact_all_reduce(
     """
     if not isinstance(s, DenseSum):
         return _all_reduce_array(s, group, timeout, out_dtype, mean_over)
-    ranks = dist.get_world_size(group)
-    bounds = _reduce(s.bounds(), dist.ReduceOp.MAX, group, timeout, "the bounds all-reduce")
-    layout = wire_layout(bounds, s.size, ranks, s.format.limbs)
-    words = _reduce(s.encode(layout, reuse=True), dist.ReduceOp.SUM, group, timeout,
-                    "the exact all-reduce")  # fmt: skip
-    negzero = np.zeros(s.size, np.int32)  # +0.0 for a zero sum, but where the signs travel
-    signs = layout.sign_elements()
-    if signs.size:
-        negzero[signs] = _reduce(s.negzero()[signs], dist.ReduceOp.MIN, group, timeout,
-                                 "the zero signs")  # fmt: skip
     ranges = ranges or [(0, s.size, out_dtype)]
+    words, layout, negzero = _exchange(s, s.bounds(), lambda layout: s.encode(layout, reuse=True),
+                                       s.negzero, group, timeout)  # fmt: skip
     return [s.decode(words, layout, negzero, dt, mean_over=mean_over, start=a, stop=b)
             for a, b, dt in ranges]  # fmt: skip
+
+
+def _exchange(
+    s: DenseSum,
+    bounds: np.ndarray,
+    encode: Callable[[WireLayout], np.ndarray],
+    negzero: Callable[[], np.ndarray],
+    group: Any,
+    timeout: float,
+) -> tuple[np.ndarray, WireLayout, np.ndarray]:
+    """The collectives: bounds (MAX), words (SUM), zero signs where they travel (MIN).
+
+    ``bounds``, ``encode`` and ``negzero`` give this rank's share (:class:`DenseSum`'s, or
+    those of one array read straight from its bits); returns the reduced words, their layout
+    and the zero-sum signs, ready for :meth:`DenseSum.decode`.
+    """
+    ranks = dist.get_world_size(group)
+    bounds = _reduce(bounds, dist.ReduceOp.MAX, group, timeout, "the bounds all-reduce")
+    layout = wire_layout(bounds, s.size, ranks, s.format.limbs)
+    words = _reduce(encode(layout), dist.ReduceOp.SUM, group, timeout, "the exact all-reduce")
+    signs = layout.sign_elements()
+    flags = np.zeros(s.size, np.int32)  # +0.0 for a zero sum, but where the signs travel
+    if signs.size:  # known from the bounds: no collective when no block needs it
+        flags[signs] = _reduce(negzero()[signs], dist.ReduceOp.MIN, group, timeout,
+                               "the zero signs")  # fmt: skip
+    return words, layout, flags
 
 
 def _all_reduce_array(x: Any, group: Any, timeout: float, out_dtype: Any, mean_over: int) -> Any:
@@ -137,11 +159,30 @@ def _all_reduce_array(x: Any, group: Any, timeout: float, out_dtype: Any, mean_o
             f"exact_all_reduce sums float16, bfloat16, float32 or float64 values; got {name}"
         )
     s = DenseSum(tuple(int(n) for n in x.shape), "float64" if name == "float64" else "float32")
-    s.add(x)
     out_name = resolve_out_dtype(name, name if out_dtype is None else out_dtype)
-    (flat,) = exact_all_reduce(s, group=group, timeout=timeout, out_dtype=out_name,
-                               mean_over=mean_over)  # fmt: skip
-    return from_numpy(flat.reshape(s.shape), like=x, dtype_name=out_name)
+    flat = np.ascontiguousarray(to_numpy(x)).reshape(-1)  # bfloat16 comes widened: exact
+    if flat.dtype == np.float16 or not flat.dtype.isnative:
+        flat = flat.astype(np.float32 if flat.dtype.itemsize <= 4 else np.float64)  # exact
+    bounds = array_bounds(flat)
+    if bounds is None:  # a NaN or an infinity: this rank's share through a DenseSum
+        s.add(x)
+        (result,) = exact_all_reduce(s, group=group, timeout=timeout, out_dtype=out_name,
+                                     mean_over=mean_over)  # fmt: skip
+    else:  # one array: bounds and words straight from its bits, no state written
+
+        def encode(layout: WireLayout) -> np.ndarray:
+            spare = getattr(_SPARE, "words", None)
+            words = array_words(flat, layout, spare)
+            if words is not None and words.base is not spare:
+                _SPARE.words = words  # this thread's next all-reduce reuses the pages
+            return s.add(flat.reshape(s.shape)).encode(layout) if words is None else words
+
+        words, layout, negzero = _exchange(
+            s, bounds, encode, lambda: (flat.view(f"i{flat.itemsize}") == np.iinfo(
+                f"i{flat.itemsize}").min).astype(np.int32), group, timeout,
+        )  # fmt: skip
+        result = s.decode(words, layout, negzero, out_name, mean_over=mean_over)
+    return from_numpy(result.reshape(s.shape), like=x, dtype_name=out_name)
 
 
 def _fingerprint(params: list[torch.Tensor]) -> int:
@@ -201,22 +242,20 @@ class GradientSum:
     def add(self) -> GradientSum:
         """Take every parameter's ``.grad`` into the exact sums; set ``.grad`` to None."""
         for family, members in self._families.items():
-            pieces = []
+            parts: list[Any] = []
             any_grad = False
             for i in members:
                 p = self.params[i]
-                g = p.grad
-                if g is None:  # -0.0 adds nothing and leaves the sign of zero alone
-                    pieces.append(torch.full((p.numel(),), -0.0, dtype=torch.float64 if
-                                             family == "float64" else torch.float32))  # fmt: skip
+                if p.grad is None:  # -0.0 adds nothing and leaves the sign of zero alone
+                    parts.append(p.numel())
                     continue
                 any_grad = True
                 self._had_grad[i] = 1
-                g = g.detach().reshape(-1)
-                pieces.append(g.to("cpu", torch.float64 if family == "float64" else torch.float32))
-                p.grad = None
+                parts.append(p.grad.detach().reshape(-1))  # added where it lies: no copy
             if any_grad:
-                self._sums[family].add(torch.cat(pieces).numpy())
+                self._sums[family].add_parts(parts)
+            for i in members:
+                self.params[i].grad = None
         return self
 
     def reduce(self, group: Any = None, mean_over: int | None = None) -> GradientSum:

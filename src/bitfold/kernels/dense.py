@@ -54,6 +54,9 @@ NO_LO, NO_HI = 1 << 20, -(1 << 20)
 SPECIAL_HI = 1 << 19
 #: The bits of a float64 ``-0.0`` (as int64).
 NEGATIVE_ZERO_BITS = np.int64(-(1 << 63))
+#: ``hi`` of a block whose bounds an add could not keep (a limb row, the edge of a span):
+#: :func:`block_bounds` reads it again. Above every real ``hi``, so merging keeps it.
+DIRTY_HI = 1 << 30
 #: Independent chunks of blocks a parallel kernel cuts the work into.
 CHUNKS = 64
 #: Limbs below the value that a division keeps (2^128: far below any rounding position).
@@ -61,28 +64,6 @@ QUOTIENT_EXTRA_LIMBS = 4
 
 
 # -- adding ---------------------------------------------------------------------------------------
-@njit(cache=True, nogil=True)
-def add_values(fast, values, bits, slow_of, slow, used, adds, unit, dec, wide):  # pragma: no cover
-    """Add ``values`` element-wise, exactly; returns the element to resume from, or -1.
-
-    ``adds`` is how many arrays were added before (the term count of a fast
-    element), ``unit`` the limb unit, ``dec = (exp_bits, frac_bits, shift)``
-    decodes ``bits``. When ``slow`` has no free row the call stops and
-    returns the element to resume from once the caller has grown it.
-    """
-    L = slow.shape[1] - 5
-    for i in range(values.shape[0]):
-        s = checked_add(fast[i], as_double(values[i], bits[i], dec[0], dec[1]))
-        if s == s:
-            fast[i] = s
-            continue
-        r = slow_row(i, fast, slow_of, slow, used, adds, unit)
-        if r < 0:
-            return i
-        add_bits(slow[r], L, bits[i], dec[0], dec[1], dec[2], wide)
-    return -1
-
-
 @njit(cache=True, nogil=True, inline="always")
 def slow_row(i, fast, slow_of, slow, used, adds, unit):  # pragma: no cover - compiled
     """Element i's limb row: its own, or a new one holding its exact float64 sum; -1 if none free.
@@ -104,28 +85,166 @@ def slow_row(i, fast, slow_of, slow, used, adds, unit):  # pragma: no cover - co
     return r
 
 
-@njit(cache=True, nogil=True)
-def first_values(fast, values, bits, slow_of, slow, used, unit, dec, wide):  # pragma: no cover
-    """The first array added to an empty sum: ``fast`` and ``slow_of`` written, never read.
+@njit(cache=True, nogil=True, inline="always")
+def _block_parts(v, lo, top, negzero):  # pragma: no cover - compiled
+    """A block's bounds widened by a float64 (its bits): lowest bit, biased exponent, -0.0."""
+    ef = (v >> 52) & 0x7FF
+    m = (v & 0xFFFFFFFFFFFFF) | (np.int64(1) << 52)
+    lo = min(lo, NO_LO if ef == 0 else ef - 1075 + _trailing_zeros(m))
+    return lo, max(top, ef), negzero | (v == NEGATIVE_ZERO_BITS)
 
-    A finite value is its own exact float64; a NaN or an infinity takes a limb
-    row (as :func:`add_values` would). Returns the element to resume from when
-    ``slow`` has no free row, or -1. One pass instead of a reset and an add.
+
+@njit(cache=True, nogil=True, inline="always")
+def _subnormals(bits, i0, i1, dec):  # pragma: no cover - compiled
+    """Whether ``bits[i0:i1]`` hold a subnormal's (a float unit in denormals-are-zero mode
+    would read it as zero: such a block takes the careful path, :func:`as_double`)."""
+    all_bits = (np.int64(1) << (dec[0] + dec[1])) - 1
+    least = np.int64(all_bits)  # the least magnitude's bits minus one, zeros wrapping above
+    for j in range(i0, i1):
+        least = min(least, ((np.int64(bits[j]) & all_bits) - 1) & all_bits)
+    return least < (np.int64(1) << dec[1]) - 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _first_block(values, bits, fast, fast_bits, slow_of, k0, k1, offset, dec):
+    # pragma: no cover - compiled
+    """Elements ``k0 .. k1-1`` of a first add written (``fast``, ``slow_of``) with their bounds
+    ``(bad, lo, top, negzero)``; ``bad``: a NaN, an infinity or a subnormal, to write again."""
+    for k in range(k0, k1):
+        fast[k] = np.float64(values[k - offset])
+    bad = False
+    lo = np.int64(NO_LO)
+    top = np.int64(0)  # the largest biased exponent: hi = top - 1022 (0: all zeros)
+    negzero = False
+    for k in range(k0, k1):  # no branch: it vectorises
+        v = fast_bits[k]
+        bad |= ((v >> 52) & 0x7FF) == 0x7FF
+        lo, top, negzero = _block_parts(v, lo, top, negzero)
+        slow_of[k] = -1
+    return bad | _subnormals(bits, k0 - offset, k1 - offset, dec), lo, top, negzero
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _next_block(values, bits, fast, tmp, k0, k1, offset, dec):  # pragma: no cover - compiled
+    """Elements ``k0 .. k1-1`` of a later add, written only when every sum stays an exact
+    float64 (``bad`` False), with the bounds of the sums as :func:`_first_block`."""
+    for k in range(k0, k1):
+        tmp[k - k0] = checked_add(fast[k], np.float64(values[k - offset]))
+    tmp_bits = tmp.view(np.int64)
+    bad = False
+    lo = np.int64(NO_LO)
+    top = np.int64(0)
+    negzero = False
+    for k in range(k0, k1):
+        v = tmp_bits[k - k0]
+        bad |= ((v >> 52) & 0x7FF) == 0x7FF
+        lo, top, negzero = _block_parts(v, lo, top, negzero)
+    bad |= _subnormals(bits, k0 - offset, k1 - offset, dec)
+    if not bad:
+        for k in range(k0, k1):
+            fast[k] = tmp[k - k0]
+    return bad, lo, top, negzero
+
+
+@njit(cache=True, nogil=True)
+def add_span(fast, slow_of, slow, used, values, bits, offset, i0, i1, adds, unit, dec, wide,
+             bounds, block, first, strict, tmp):  # fmt: skip  # pragma: no cover - compiled
+    """Add ``values[i0:i1]`` into elements ``offset + i0 ..``, exactly, keeping block bounds.
+
+    ``first``: the sum was empty (``fast`` and ``slow_of`` are written, never
+    read; a finite value is its own exact float64, a NaN or an infinity takes a
+    limb row). Otherwise ``adds`` arrays were added before (the term count of a
+    fast element). ``dec = (exp_bits, frac_bits, shift)`` decodes ``bits``.
+
+    A block (``block`` elements, from element 0) whose elements all stay fast
+    is computed into ``tmp`` first and written whole, its bounds with it
+    (``bounds[b] = (-lo, hi, -z)`` as :func:`block_bounds` gives them: set when
+    the span covers the block, merged when ``first``, else marked
+    :data:`DIRTY_HI`). A block that needs a limb row is marked ``DIRTY_HI``
+    and added element by element — or, when ``strict``, left untouched and its
+    first element returned. Returns -1 when done, or the index (into
+    ``values``) to resume from once the caller has grown ``slow``.
     """
+    n_all = fast.shape[0]
     L = slow.shape[1] - 5
-    for i in range(values.shape[0]):
-        x = as_double(values[i], bits[i], dec[0], dec[1])  # NaN for a float64 subnormal
-        if x - x == 0.0:
-            fast[i] = x
-            slow_of[i] = -1
+    fast_bits = fast.view(np.int64)
+    i = i0
+    while i < i1:
+        g = offset + i
+        b = g // block
+        end = min(i1, (b + 1) * block - offset)
+        if first:
+            bad, lo, top, negzero = _first_block(values, bits, fast, fast_bits, slow_of,
+                                                 offset + i, offset + end, offset, dec)
+        else:
+            bad, lo, top, negzero = _next_block(values, bits, fast, tmp, offset + i, offset + end,
+                                                offset, dec)  # fmt: skip
+        if not bad:
+            hi = top - 1022 if top else np.int64(NO_HI)
+            if g == b * block and end - i == min(block, n_all - g):  # the whole block
+                bounds[b, 0] = -lo
+                bounds[b, 1] = hi
+                bounds[b, 2] = -1 if negzero else 0
+            elif first:  # the rest of the block is empty or was written by this add
+                bounds[b, 0] = max(bounds[b, 0], -lo)
+                bounds[b, 1] = max(bounds[b, 1], hi)
+                if negzero:
+                    bounds[b, 2] = -1
+            else:
+                bounds[b, 1] = DIRTY_HI
+            i = end
             continue
-        fast[i] = -0.0  # no term yet: the new row starts empty
-        slow_of[i] = -1
-        r = slow_row(i, fast, slow_of, slow, used, 0, unit)
-        if r < 0:
+        if strict:
             return i
-        add_bits(slow[r], L, bits[i], dec[0], dec[1], dec[2], wide)
+        bounds[b, 1] = DIRTY_HI  # a limb row: block_bounds reads the block again
+        for j in range(i, end):
+            k = offset + j
+            x = as_double(values[j], bits[j], dec[0], dec[1])
+            if first:
+                if x - x == 0.0:
+                    fast[k] = x
+                    slow_of[k] = -1
+                    continue
+                fast[k] = -0.0  # no term yet: the new row starts empty
+                slow_of[k] = -1
+                r = slow_row(k, fast, slow_of, slow, used, 0, unit)
+            else:
+                s = checked_add(fast[k], x)
+                if s == s:
+                    fast[k] = s
+                    continue
+                r = slow_row(k, fast, slow_of, slow, used, adds, unit)
+            if r < 0:
+                return j
+            add_bits(slow[r], L, bits[j], dec[0], dec[1], dec[2], wide)
+        i = end
     return -1
+
+
+@njit(cache=True, parallel=True)
+def add_blocks(fast, slow_of, slow, used, values, bits, offset, adds, unit, dec, wide, bounds,
+               block, first, pending):  # fmt: skip  # pragma: no cover - compiled
+    """:func:`add_span` of all of ``values`` in :data:`CHUNKS` chunks of whole blocks, in parallel.
+
+    Strict: no limb row is taken here. ``pending[c] = (start, stop)``: the
+    span of chunk c left for :func:`add_span` (start -1: none), to be run one
+    chunk after the other. The chunks never depend on the thread count, and
+    neither do the rows' order or any bit.
+    """
+    n = values.shape[0]
+    if n == 0:
+        for c in range(CHUNKS):
+            pending[c, 0] = -1
+        return
+    b0 = offset // block
+    nb = (offset + n - 1) // block + 1 - b0
+    for c in prange(CHUNKS):
+        tmp = np.empty(block, np.float64)
+        i0 = max(0, (b0 + nb * c // CHUNKS) * block - offset)
+        i1 = min(n, (b0 + nb * (c + 1) // CHUNKS) * block - offset)
+        pending[c, 0] = add_span(fast, slow_of, slow, used, values, bits, offset, i0, i1, adds,
+                                 unit, dec, wide, bounds, block, first, True, tmp)  # fmt: skip
+        pending[c, 1] = i1
 
 
 # -- bounds ---------------------------------------------------------------------------------------
@@ -192,45 +311,156 @@ def slow_bounds(row, unit, mag):  # pragma: no cover - compiled
     return lo, hi
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _block_bound(b, fast, fast_bits, slow_of, slow, block, unit, out, mag):
+    # pragma: no cover - compiled
+    n = fast.shape[0]
+    lo = np.int64(NO_LO)
+    hi = np.int64(NO_HI)
+    slow_here = False
+    negzero = False
+    for i in range(b * block, min(n, (b + 1) * block)):
+        special, m, e = _fast_parts(fast_bits[i])
+        slow_here |= special
+        negzero |= fast_bits[i] == NEGATIVE_ZERO_BITS
+        lo = min(lo, NO_LO if m == 0 else e + _trailing_zeros(m))
+        hi = max(hi, NO_HI if m == 0 else e + _bit_length(m))
+    if slow_here:
+        lo = np.int64(NO_LO)
+        hi = np.int64(NO_HI)
+        for i in range(b * block, min(n, (b + 1) * block)):
+            if fast[i] == fast[i]:
+                a, z = fast_bounds(fast_bits[i])
+            else:
+                a, z = slow_bounds(slow[slow_of[i]], unit, mag)
+            negzero |= all_negative_zero(i, fast_bits, slow_of, slow)
+            lo = min(lo, a)
+            hi = max(hi, z)
+    out[b, 0] = -lo
+    out[b, 1] = hi
+    out[b, 2] = -1 if negzero else 0
+
+
 @njit(cache=True, parallel=True)
-def block_bounds(fast, slow_of, slow, block, unit, out):  # pragma: no cover - compiled
+def block_bounds(fast, slow_of, slow, block, unit, out, only_dirty=False):
+    # pragma: no cover - compiled
     """``out[b] = (-lo, hi, -z)`` over every element of block ``b`` (``block`` elements a block).
 
     ``z`` is 1 when an element of the block may sum to ``-0.0`` (every term this sum took
     was ``-0.0``, or it took none), else 0. A block of fast elements is one branch-free pass;
     a block holding a slow element (its ``fast`` is NaN) is read again element by element.
+    ``only_dirty``: only the blocks whose ``hi`` is :data:`DIRTY_HI` (the others were kept
+    by the adds, :func:`add_span`).
     """
-    n = fast.shape[0]
     L = slow.shape[1] - 5
     fast_bits = fast.view(np.int64)
     B = out.shape[0]
     for c in prange(CHUNKS):
         mag = np.empty(L, np.int64)  # scratch once a chunk of blocks, not once a block
         for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
+            if not only_dirty or out[b, 1] == DIRTY_HI:
+                _block_bound(b, fast, fast_bits, slow_of, slow, block, unit, out, mag)
+
+
+@njit(cache=True, nogil=True)
+def wire_classes(bounds, size, block, growth, limbs, lanes_fit, classes, lo, offsets, signs):
+    # pragma: no cover - compiled
+    """Every block's class, unit, first word and whether its zero signs travel (one pass).
+
+    ``bounds[b] = (-lo, hi, -z)`` reduced with MAX over the ranks; ``growth``
+    bits hold the sum over them; ``lanes_fit``: few enough ranks for the wide
+    and wider lanes. See :func:`bitfold.dense.wire_layout`.
+    """
+    offsets[0] = 0
+    for b in range(bounds.shape[0]):
+        low = -np.int64(bounds[b, 0])
+        hi = np.int64(bounds[b, 1])
+        count = min(block, size - block * b)
+        if hi == NO_HI:  # no bits: narrow, unit 1
+            c = NARROW
+            low = 0
+        elif hi >= SPECIAL_HI:
+            c = FULL
+        else:
+            bits = hi - low + growth + 1  # magnitude, growth over the ranks, sign
+            if bits <= 63:
+                c = NARROW
+            elif lanes_fit and bits <= LANE_BITS + 62:
+                c = WIDE
+            elif lanes_fit and bits <= WIDE_LOW_BITS + 62:
+                c = WIDER
+            else:
+                c = FULL
+        classes[b] = c
+        lo[b] = low
+        if c == NARROW:
+            words = count
+        elif c == WIDE:
+            words = count + (count + 1) // 2
+        elif c == WIDER:
+            words = 2 * count
+        else:
+            words = count * (limbs + 5)
+        offsets[b + 1] = offsets[b] + words
+        signs[b] = bounds[b, 2] < 0 and c != FULL
+
+
+# -- one array, straight from its bits (an exact all-reduce of one array) ------------------------
+@njit(cache=True, nogil=True, inline="always")
+def _raw_parts(raw, exp_bits, frac_bits):  # pragma: no cover - compiled
+    """A float's bits (int64) as ``(special, M, e)``, value ``±M·2^e`` unless ``special``
+    (NaN or infinity). Integer operations only: subnormals are read exactly in any mode."""
+    ef = (raw >> frac_bits) & ((np.int64(1) << exp_bits) - 1)
+    m = (raw & ((np.int64(1) << frac_bits) - 1)) | (np.int64(ef != 0) << frac_bits)
+    bias = (np.int64(1) << (exp_bits - 1)) - 1
+    return ef == (np.int64(1) << exp_bits) - 1, m, max(ef, np.int64(1)) - bias - frac_bits
+
+
+@njit(cache=True, parallel=True)
+def array_bounds(bits, exp_bits, frac_bits, block, out):  # pragma: no cover - compiled
+    """:func:`block_bounds` of a sum that took one array (its bits, float32 or float64);
+    returns False, with ``out`` unfinished, when the array holds a NaN or an infinity."""
+    n = bits.shape[0]
+    B = out.shape[0]
+    magnitude_bits = (np.int64(1) << (exp_bits + frac_bits)) - 1  # (wraps to all for float64)
+    special_in = np.zeros(CHUNKS, np.bool_)
+    for c in prange(CHUNKS):
+        for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
             lo = np.int64(NO_LO)
             hi = np.int64(NO_HI)
-            slow_here = False
             negzero = False
+            special_here = False
             for i in range(b * block, min(n, (b + 1) * block)):
-                special, m, e = _fast_parts(fast_bits[i])
-                slow_here |= special
-                negzero |= fast_bits[i] == NEGATIVE_ZERO_BITS
+                raw = np.int64(bits[i])
+                special, m, e = _raw_parts(raw, exp_bits, frac_bits)
+                special_here |= special
+                negative = (raw >> (exp_bits + frac_bits)) & 1 == 1
+                negzero |= ((raw & magnitude_bits) == 0) & negative
                 lo = min(lo, NO_LO if m == 0 else e + _trailing_zeros(m))
                 hi = max(hi, NO_HI if m == 0 else e + _bit_length(m))
-            if slow_here:
-                lo = np.int64(NO_LO)
-                hi = np.int64(NO_HI)
-                for i in range(b * block, min(n, (b + 1) * block)):
-                    if fast[i] == fast[i]:
-                        a, z = fast_bounds(fast_bits[i])
-                    else:
-                        a, z = slow_bounds(slow[slow_of[i]], unit, mag)
-                    negzero |= all_negative_zero(i, fast_bits, slow_of, slow)
-                    lo = min(lo, a)
-                    hi = max(hi, z)
             out[b, 0] = -lo
             out[b, 1] = hi
             out[b, 2] = -1 if negzero else 0
+            special_in[c] |= special_here
+    return not special_in.any()
+
+
+@njit(cache=True, parallel=True)
+def array_words(bits, exp_bits, frac_bits, block, lo, offsets, words):
+    # pragma: no cover - compiled
+    """:func:`encode` of a sum that took one array (its bits, no NaN or infinity), every block
+    narrow: one shift an element."""
+    n = bits.shape[0]
+    B = lo.shape[0]
+    for c in prange(CHUNKS):
+        for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
+            pos = offsets[b] - b * block
+            for i in range(b * block, min(n, (b + 1) * block)):
+                raw = np.int64(bits[i])
+                _, m, e = _raw_parts(raw, exp_bits, frac_bits)
+                shift = e - lo[b]  # within (-64, 63) for the non-zero values of a narrow block
+                x = m << min(shift, 63) if shift >= 0 else m >> min(-shift, 63)
+                words[pos + i] = -x if (raw >> (exp_bits + frac_bits)) & 1 else x
 
 
 # -- words ----------------------------------------------------------------------------------------
@@ -398,8 +628,45 @@ def divide_row(row, L, n, dst, mag):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _cast_block(words, base, i0, i1, start, scale, tiny, mean_over, precision, negzero, out_f,
+                qs):  # fmt: skip
+    # pragma: no cover - compiled
+    """Elements ``i0 .. i1-1`` of a narrow block (word ``base + i``, unit ``scale``) rounded by
+    the float unit, when that is exact for all of them; returns whether it was (else nothing
+    is written, and the caller rounds them with integers).
+
+    A word ``w`` with ``|w| < 2^53`` is the exact float64 ``x = w·scale`` (zero: ``-0.0``
+    where ``negzero`` says every term on every rank was). Without a mean,
+    the cast of ``x`` (at least the output's smallest normal ``tiny``) rounds once. With one,
+    ``q = fl64(x / mean_over)`` is the correctly rounded quotient; for a float32 output, the
+    cast of ``q`` is the correctly rounded quotient unless ``q`` is a float32 midpoint (a
+    midpoint between ``q`` and the exact quotient would be a float64 nearer to it than
+    ``q``) and ``mean_over`` is not a power of two (those divide exactly); ``q`` at least
+    ``2·tiny`` keeps every step normal in any mode.
+    """
+    least = tiny if mean_over == 1 else 2.0 * tiny
+    ok = True
+    for i in range(i0, i1):
+        w = words[base + i]
+        x = np.float64(w) * scale
+        q = x if mean_over == 1 else x / mean_over
+        ok &= (abs(w) < (np.int64(1) << 53)) & ((w == 0) | (abs(q) >= least))
+        qs[i - i0] = -0.0 if (w == 0) & (negzero[i] != 0) else q  # a zero sum: its sign
+    if mean_over & (mean_over - 1) and precision < 53:  # a power of two divides exactly
+        half = np.int64(1) << (52 - precision)  # the float64 bits of a midpoint below the output's
+        below = (half << 1) - 1
+        q_bits = qs.view(np.int64)
+        for i in range(i1 - i0):
+            ok &= (q_bits[i] & below) != half
+    if ok:
+        for i in range(i0, i1):
+            out_f[i - start] = qs[i - i0]
+    return ok
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, mean_over, start,
-                  stop, out_f, out_bits, fast, target, row, quot, mag):  # fmt: skip
+                  stop, out_f, out_bits, fast, target, row, quot, mag, qs):  # fmt: skip
     # pragma: no cover - compiled
     _, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
     E = QUOTIENT_EXTRA_LIMBS
@@ -408,9 +675,14 @@ def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, me
     width = W if c == FULL else (2 if c == WIDER else 1)
     count = min(n, (b + 1) * block) - b * block
     # a narrow sum below 2^53 times 2^lo is an exact float64: one cast rounds it
-    direct = fast and mean_over == 1 and c == NARROW and -1022 <= lo[b] <= 970
-    scale = math.ldexp(1.0, lo[b]) if direct else 1.0
+    castable = fast and c == NARROW and -1022 <= lo[b] <= 970
+    direct = castable and mean_over == 1
+    scale = math.ldexp(1.0, lo[b]) if castable else 1.0
     tiny = min_normal(precision, subnormal_exp)
+    if castable and _cast_block(words, offsets[b] - b * block, max(start, b * block),
+                                min(stop, (b + 1) * block), start, scale, tiny, mean_over,
+                                precision, negzero, out_f, qs):  # fmt: skip
+        return
     for i in range(max(start, b * block), min(stop, (b + 1) * block)):
         j = i - b * block
         pos = offsets[b] + j * width
@@ -484,9 +756,11 @@ def decode(words, classes, lo, offsets, block, n, unit, L, negzero, mean_over, s
         row = np.zeros(L + 5 + E, np.int64)  # scratch once a chunk of blocks
         quot = np.zeros(L + 5 + E, np.int64)
         mag = np.empty(L + E, np.int64)
+        qs = np.empty(block)
         for b in range(b0 + B * c // CHUNKS, b0 + B * (c + 1) // CHUNKS):
             _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, mean_over,
-                          start, stop, out_f, out_bits, fast, target, row, quot, mag)  # fmt: skip
+                          start, stop, out_f, out_bits, fast, target, row, quot, mag,
+                          qs)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
@@ -518,6 +792,7 @@ def merge_sums(fast, slow_of, slow, used, other_fast, other_slow_of, other_slow,
 
 
 __all__ = [
+    "DIRTY_HI",
     "FULL",
     "LANE_BITS",
     "NARROW",
@@ -528,10 +803,14 @@ __all__ = [
     "WIDE",
     "WIDER",
     "WIDE_LOW_BITS",
-    "add_values",
+    "add_blocks",
+    "add_span",
+    "array_bounds",
+    "array_words",
     "block_bounds",
     "decode",
     "encode",
     "merge_sums",
     "negzero_flags",
+    "wire_classes",
 ]
