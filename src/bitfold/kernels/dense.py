@@ -42,6 +42,18 @@ from .ieee import (
     round_scaled,
 )
 
+
+@njit(cache=True, nogil=True, inline="always")
+def _added_exactly(fast, i, x):  # pragma: no cover - compiled
+    """``fast[i] += x`` when that float64 addition is exact (:func:`checked_add`): True; else
+    False, ``fast[i]`` unchanged (the caller takes the element to its limb row)."""
+    s = checked_add(fast[i], x)
+    if s == s:
+        fast[i] = s
+        return True
+    return False
+
+
 #: Bits of the low word of a wider element (the rest, signed, in the high word).
 WIDE_LOW_BITS = 56
 #: Bits of the low lane of a wide element (two lanes of 32 bits share a word).
@@ -209,9 +221,7 @@ def add_span(fast, slow_of, slow, used, values, bits, offset, i0, i1, adds, unit
                 slow_of[k] = -1
                 r = slow_row(k, fast, slow_of, slow, used, 0, unit)
             else:
-                s = checked_add(fast[k], x)
-                if s == s:
-                    fast[k] = s
+                if _added_exactly(fast, k, x):
                     continue
                 r = slow_row(k, fast, slow_of, slow, used, adds, unit)
             if r < 0:
@@ -775,11 +785,8 @@ def merge_sums(fast, slow_of, slow, used, other_fast, other_slow_of, other_slow,
     W = L + 5
     for i in range(fast.shape[0]):
         x = other_fast[i]
-        if x == x and fast[i] == fast[i]:
-            s = checked_add(fast[i], x)
-            if s == s:
-                fast[i] = s
-                continue
+        if x == x and fast[i] == fast[i] and _added_exactly(fast, i, x):
+            continue
         r = slow_row(i, fast, slow_of, slow, used, adds, unit)
         if r < 0:
             return i
