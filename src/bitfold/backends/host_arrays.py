@@ -22,6 +22,8 @@ def host_values(values: Any) -> np.ndarray:
     arr = to_numpy(values) if hasattr(values, "dtype") else np.asarray(values)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
+    if arr.dtype.name == "bfloat16":  # ml_dtypes' bfloat16 (JAX, NumPy): widening is exact
+        arr = arr.astype(np.float32)
     return np.ascontiguousarray(arr.reshape(-1))
 
 
