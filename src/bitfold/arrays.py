@@ -49,8 +49,10 @@ class ArrayFamily:
         return tuple(int(s) for s in x.shape)
 
     def to_numpy(self, x: Any) -> np.ndarray:
-        """A host NumPy view or copy of ``x`` with the same values (torch widens bfloat16 to float32;
-        ml_dtypes' bfloat16 stays: the host backend widens it when it reads values)."""
+        """A host NumPy view or copy of ``x`` with the same values.
+
+        Torch widens bfloat16 to float32; ml_dtypes' bfloat16 stays (the host
+        backend widens it when it reads values)."""
         return np.asarray(x)
 
     def from_numpy(self, result: np.ndarray, like: Any, out_dtype: str | None = None) -> Any:
