@@ -110,6 +110,16 @@ def test_the_parallel_plan_passes_give_the_stable_order_and_counts(K):
     np.testing.assert_array_equal(plan.index, idx)
 
 
+@pytest.mark.parametrize(("K", "n"), [(1, 0), (1, 5), (7, 3), (433, 300_001), (3_000_000, 300_001)])
+def test_the_sorted_buckets_are_the_sorted_index(K, n):
+    """The bucket of every sorted position, written from the offsets in position chunks."""
+    idx = (np.random.default_rng(n).zipf(1.3, n) % K).astype(np.int64)
+    plan = bitfold.Fold(idx, K)
+    out = np.empty(n, plan.index.dtype)
+    plan_module.planning.sorted_buckets(plan.offsets, out)
+    np.testing.assert_array_equal(out, np.sort(idx))
+
+
 @pytest.mark.parametrize("where", [0, 150_000, 299_999])
 def test_the_parallel_scan_names_the_first_bad_entry(where):
     idx = np.zeros(300_000, np.int64)

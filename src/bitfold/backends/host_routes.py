@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import FoldError
 from ..formats import FLOATS, LimbFormat, limb_format_for
-from ..kernels import buckets, cpu, stream
+from ..kernels import buckets, cpu, planning, stream
 from ..validate import Values
 from .host_arrays import empty_out, frozen, host_rows, host_values, target
 from .host_state import add_to_state, new_state, round_state, slots_for
@@ -96,8 +96,10 @@ def bucket_bounds(plan: Fold, n_values: int) -> np.ndarray:
     chunks = BUCKET_CHUNKS if n_values >= cpu.PARALLEL_MIN_VALUES else 1
 
     def build() -> np.ndarray:
-        targets = np.linspace(0, plan.size, chunks + 1)
-        bounds = np.searchsorted(plan.offsets, targets, side="left").astype(np.int64)
+        # ceil(size * c / chunks), in the offsets' dtype: float targets would copy the offsets
+        targets = -(np.arange(chunks + 1, dtype=np.int64) * -plan.size // chunks)
+        bounds = np.searchsorted(plan.offsets, targets.astype(plan.offsets.dtype), side="left")
+        bounds = bounds.astype(np.int64)
         bounds[0], bounds[-1] = 0, plan.K
         return frozen(np.maximum.accumulate(bounds))
 
@@ -280,10 +282,11 @@ def _run_sorted_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, o
 def _sorted_buckets(plan: Fold) -> np.ndarray:
     """The bucket of every sorted position, ``index[order]``: each k repeated ``counts[k]`` times.
 
-    Written in sequence from the offsets (no gather through the order).
+    Written in sequence from the offsets (no gather through the order, no temporary).
     """
-    ids = np.arange(plan.K, dtype=plan.index.dtype)
-    return frozen(np.repeat(ids, np.diff(plan.offsets)))
+    out = np.empty(plan.size, plan.index.dtype)
+    planning.sorted_buckets(plan.offsets, out)
+    return frozen(out)
 
 
 def _cast_or_redo(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str,
