@@ -121,6 +121,9 @@ def _binned(state, index, flat, dtype, fmt, carry_every) -> None:
     K, n, L = state.shape[0], flat.shape[0], fmt.limbs
     every = min(carry_every or cpu.BIN_FLUSH_EVERY, cpu.BIN_FLUSH_EVERY)
     S = slots_for(n, K, 8 * (cpu.N_BINS + L))
+    # with a slot for every thread the kernel schedules chunks dynamically into one slot a
+    # thread: more slots would only be cleared, flushed and merged (exact: same bits for any S)
+    S = min(S, cpu.thread_count())
     bins = np.full((S, cpu.N_BINS, K), -0.0)
     limbs, specials = _slot_arrays(state, S, L)
     cpu.exact_binned_accumulate(index, flat, bins, limbs, specials, every)
