@@ -245,19 +245,12 @@ def _is_float_stream(s: Shape) -> bool:
 def _run_float_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
                       **_: Any) -> np.ndarray:  # fmt: skip
     rows = host_rows(values, spec)
-    n = rows.shape[0]
-    sums = np.full((stream_slots(n, plan.K), plan.K), -0.0)
-    merged = stream.float_sums(plan.index, rows[:, 0], sums)
-    out, out_bits = empty_out((plan.K, 1), out_name)
-    fast = out_name == rows.dtype.name
-    # the order is read only to redo inexact buckets: a one-shot plan builds it only then
-    order = plan.order if np.isnan(merged).any() else np.empty(0, plan.offsets.dtype)
-    buckets.finish_scalar(
-        merged, rows, order, plan.offsets, bucket_bounds(plan, n),
-        out if fast else np.empty((1, 1), rows.dtype), out_bits, target(out_name, fmt), fast,
-        fmt.limbs,
-    )  # fmt: skip
-    return out
+    slots = stream_slots(rows.shape[0], plan.K)
+
+    def fill(out: np.ndarray) -> None:  # reads the order only to redo an inexact bucket
+        stream.float_sums(plan.index, rows[:, 0], plan.offsets, slots, out)
+
+    return _cast_or_redo(plan, rows, fmt, out_name, fill)
 
 
 # -- 5. sorted-stream ---------------------------------------------------------------------------

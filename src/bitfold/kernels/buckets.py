@@ -31,9 +31,9 @@ parallel: each part's exact sum is left in its own limbs, and the parts'
 limbs are added as integers and rounded once. An exact sum does not depend on
 how it was cut, so the bits do not either.
 
-:func:`finish_scalar` completes the streaming route of
-:mod:`bitfold.kernels.stream`: buckets whose streamed float64 sum is exact are
-rounded from it, the others summed here, bucket by bucket.
+:func:`redo_scalar` completes the streaming routes of
+:mod:`bitfold.kernels.stream`: the buckets whose streamed float64 sum was not
+exact are summed here, bucket by bucket.
 """
 
 from __future__ import annotations
@@ -406,58 +406,7 @@ def fold_buckets(values, order, offsets, tasks, split, out, out_bits, target, fa
                       chunk)  # fmt: skip
 
 
-# -- finishing a streamed scalar fold ------------------------------------------------------------
-@njit(cache=True, nogil=True)
-def _finish_scalar(sums, values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast,
-                   wide, column, mag):  # fmt: skip  # pragma: no cover - compiled
-    tiny = _cast_tiny(target)
-    for k in range(k0, k1):
-        lo = offsets[k]
-        hi = offsets[k + 1]
-        s = sums[k]
-        if lo == hi:
-            out_bits[k, 0] = 0
-        elif s == s:
-            if fast and castable(s, tiny):
-                out_f[k, 0] = s
-            else:
-                out_bits[k, 0] = _round_double(s, target)
-        else:
-            out_bits[k, 0] = _segment(values, bits, order, lo, hi, 0, target, wide, column, mag,
-                                      False, values[0, 0], bits[0, 0])  # fmt: skip
-
-
-@njit(cache=True, parallel=True)
-def _finish_scalar_parallel(sums, values, bits, order, offsets, bounds, out_f, out_bits, target,
-                            fast, wide, L):  # fmt: skip  # pragma: no cover - compiled
-    for c in prange(bounds.shape[0] - 1):
-        _finish_scalar(sums, values, bits, order, offsets, bounds[c], bounds[c + 1], out_f,
-                       out_bits, target, fast, wide, np.empty(L + 5, np.int64),
-                       np.empty(L, np.int64))  # fmt: skip
-
-
-def finish_scalar(sums, values, order, offsets, bounds, out, out_bits, target, fast, L) -> None:
-    """Round streamed float64 bucket sums (NaN: not exact) into ``out`` (K, 1).
-
-    ``sums[k]`` is bucket k's exact sum as a float64 (``-0.0`` when nothing
-    but ``-0.0`` was added), or NaN when its float64 sum was not exact or met
-    a NaN or an infinity: those buckets, and only those, are summed again
-    from ``values`` (N, 1) bucket by bucket. Empty buckets give ``+0.0``.
-    """
-    wide = values.dtype == np.float64
-    bits = values.view(np.int64 if wide else np.uint32)
-    if bounds.shape[0] > 2:
-        from .cpu import start_thread_pool
-
-        start_thread_pool()
-        _finish_scalar_parallel(sums, values, bits, order, offsets, bounds, out, out_bits, target,
-                                fast, wide, L)  # fmt: skip
-    else:
-        column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
-        _finish_scalar(sums, values, bits, order, offsets, bounds[0], bounds[-1], out, out_bits,
-                       target, fast, wide, column, mag)  # fmt: skip
-
-
+# -- redoing the buckets a streaming route could not sum exactly ----------------------------
 @njit(cache=True, nogil=True)
 def _redo_scalar(which, values, bits, order, offsets, out_bits, target, wide, column, mag):
     # pragma: no cover - compiled
@@ -486,4 +435,4 @@ def round_doubles(sums, out_bits, target) -> None:
     _round_doubles(sums, out_bits, target)
 
 
-__all__ = ["CHUNK", "finish_scalar", "fold_buckets", "redo_scalar", "round_doubles"]
+__all__ = ["CHUNK", "fold_buckets", "redo_scalar", "round_doubles"]

@@ -18,8 +18,8 @@ Exactness:
 * :func:`float_sums` (float32 values): every addition is checked
   (:func:`bitfold.kernels.ieee.checked_add`); a bucket whose float64 sum was
   ever inexact, or met a NaN or an infinity, ends as NaN and is summed again
-  bucket by bucket (:func:`bitfold.kernels.buckets.finish_scalar`). The
-  others hold their exact sum.
+  bucket by bucket through the plan's order (the caller's redo). The others
+  hold their exact sum.
 * :func:`half_sums` (float16 values): a float16 is an integer multiple of
   2^-24 below 2^16, so the sum of fewer than 2^23 of them, in units of
   2^-24, is an exact int64: an integer scatter-add, each value's integer
@@ -37,60 +37,92 @@ from .prefetch import prefetch_row
 
 #: Positions (in the plan's order) prefetched ahead by :func:`sorted_sums`.
 AHEAD = 16
+#: :func:`float_sums` prefetches each bucket's sum this many positions ahead when there are
+#: more than FAR_MIN_K buckets (a slot's 8-byte sums then exceed a core's L2 cache).
+FAR_AHEAD = 32
+FAR_MIN_K = 1 << 18
+#: Below this many buckets a one-slot :func:`float_sums` merges on the calling thread.
+PARALLEL_MIN_K = 1 << 16
 
 
 @njit(cache=True, nogil=True)
-def _float_slot(index, values, lo, hi, sums):  # pragma: no cover - compiled
-    # from 0: no negative-index checks in the loop
-    ix, vs, bs = index[lo:hi], values[lo:hi], values[lo:hi].view(np.uint32)
-    for t in range(hi - lo):
+def _add_checked(ix, vs, bs, sums):  # pragma: no cover - compiled
+    for t in range(ix.shape[0]):  # from 0: no negative-index checks in the loop
         k = ix[t]
         sums[k] = checked_add_narrow(sums[k], as_double(vs[t], bs[t], 8, 23))
 
 
-@njit(cache=True, parallel=True)
-def _float_slots(index, values, sums):  # pragma: no cover - compiled
-    n = index.shape[0]
-    S = sums.shape[0]
-    for s in prange(S):
-        _float_slot(index, values, n * s // S, n * (s + 1) // S, sums[s])
+@njit(cache=True, nogil=True)
+def _add_checked_far(ix, vs, bs, sums, n):  # pragma: no cover - compiled
+    lines = sums.reshape(-1, 1)  # a state past the caches: ask for the sums ahead
+    for t in range(n):  # ix holds n + FAR_AHEAD entries
+        prefetch_row(lines, ix[t + FAR_AHEAD])
+        k = ix[t]
+        sums[k] = checked_add_narrow(sums[k], as_double(vs[t], bs[t], 8, 23))
 
 
 @njit(cache=True, nogil=True)
-def _merge_float(sums, out, k0, k1):  # pragma: no cover - compiled
-    for k in range(k0, k1):
-        acc = sums[0, k]
-        for s in range(1, sums.shape[0]):
-            acc = checked_add_narrow(acc, sums[s, k])
-        out[k] = acc
+def _float_slot(index, values, lo, hi, sums, far):  # pragma: no cover - compiled
+    sums[:] = -0.0  # cleared by the thread that fills it: in parallel, and its pages local
+    ix, vs, bs = index[lo:hi], values[lo:hi], values[lo:hi].view(np.uint32)
+    split = max(0, (hi - lo) - FAR_AHEAD) if far else 0
+    if split:
+        _add_checked_far(ix, vs, bs, sums, split)
+    _add_checked(ix[split:], vs[split:], bs[split:], sums)
 
 
 @njit(cache=True, parallel=True)
-def _merge_float_parallel(sums, out):  # pragma: no cover - compiled
+def _float_slots(index, values, sums, far):  # pragma: no cover - compiled
+    n = index.shape[0]
+    S = sums.shape[0]
+    for s in prange(S):
+        _float_slot(index, values, n * s // S, n * (s + 1) // S, sums[s], far)
+
+
+@njit(cache=True, nogil=True)
+def _merge_float(sums, offsets, out, tiny, k0, k1):  # pragma: no cover - compiled
+    S = sums.shape[0]
+    for k in range(k0, k1):
+        if offsets[k + 1] == offsets[k]:
+            out[k] = 0.0
+            continue
+        acc = sums[0, k]
+        for s in range(1, S):
+            acc = checked_add_narrow(acc, sums[s, k])
+        out[k] = acc if castable(acc, tiny) else np.nan
+
+
+@njit(cache=True, parallel=True)
+def _merge_float_parallel(sums, offsets, out, tiny):  # pragma: no cover - compiled
     K = out.shape[0]
     for c in prange(64):
-        _merge_float(sums, out, K * c // 64, K * (c + 1) // 64)
+        _merge_float(sums, offsets, out, tiny, K * c // 64, K * (c + 1) // 64)
 
 
-def float_sums(index, values, sums: np.ndarray) -> np.ndarray:
-    """Each bucket's float64 sum of ``values`` (float32), exact or NaN (module docstring).
+def float_sums(index, values, offsets, slots: int, out: np.ndarray) -> None:
+    """Each bucket's float64 sum of ``values`` (float32), stored into ``out``, or NaN.
 
-    ``sums`` (S, K) float64, filled with -0.0 by the caller, are the slots'
-    states: slot s takes the s-th of S equal ranges of the positions. Returns
-    the (K,) merged sums (``sums[0]`` itself when S is 1); an exact sum is
-    unique and the merge is checked like every other addition, so the result
-    does not depend on S.
+    ``slots`` private float64 states each take an equal range of the
+    positions; they are merged with checked additions. ``out`` (K,) float32
+    or float64 receives ``+0.0`` for an empty bucket (``offsets``), else its
+    exact sum cast to its dtype (one rounding), or NaN where the float64 sum
+    was ever inexact or met a NaN or an infinity, or where the cast could meet
+    flush-to-zero (:func:`bitfold.kernels.ieee.castable`). An exact sum is
+    unique, so nothing depends on ``slots``.
     """
-    if sums.shape[0] == 1:
-        _float_slot(index, values, 0, index.shape[0], sums[0])
-        return sums[0]
+    K = out.shape[0]
+    sums = np.empty((slots, K))
+    far = K > FAR_MIN_K
+    tiny = float(np.finfo(out.dtype).tiny)
+    if slots == 1 and K < PARALLEL_MIN_K:
+        _float_slot(index, values, 0, index.shape[0], sums[0], far)
+        _merge_float(sums, offsets, out, tiny, 0, K)
+        return
     from .cpu import start_thread_pool
 
     start_thread_pool()
-    _float_slots(index, values, sums)
-    out = np.empty(sums.shape[1])
-    _merge_float_parallel(sums, out)
-    return out
+    _float_slots(index, values, sums, far)
+    _merge_float_parallel(sums, offsets, out, tiny)
 
 
 @njit(cache=True, nogil=True)
