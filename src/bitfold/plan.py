@@ -69,10 +69,7 @@ class Fold:
         bad = planning.scan_index(flat, compact, counts)
         if bad >= 0:
             raise index_range_error(self._shape, bad, int(flat[bad]), self._K)
-        if chunks == 1:  # counted in place: the offsets' own memory
-            np.cumsum(offsets[1:], out=offsets[1:])
-        else:
-            np.cumsum(counts.sum(axis=0, dtype=positions), out=offsets[1:])
+        planning.offsets_from_counts(counts, offsets)  # one chunk: counted in the offsets
         self._index = _frozen(compact)
         self._offsets = _frozen(offsets)
         self._counts: np.ndarray | None = None

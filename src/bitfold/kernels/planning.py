@@ -106,6 +106,25 @@ def scan_index(index: np.ndarray, compact: np.ndarray, counts: np.ndarray) -> in
 
 
 @njit(cache=True, nogil=True)
+def _running_totals(counts, offsets):  # pragma: no cover - compiled
+    C, K = counts.shape
+    total = offsets.dtype.type(0)
+    offsets[0] = 0
+    for k in range(K):
+        for c in range(C):
+            total += counts[c, k]
+        offsets[k + 1] = total  # counts may be offsets[1:] itself: counts[., k] is read first
+
+
+def offsets_from_counts(counts: np.ndarray, offsets: np.ndarray) -> None:
+    """``offsets[k + 1]`` = every chunk's count of buckets 0 .. k, in one pass (``offsets[0] = 0``).
+
+    ``counts`` (C, K) may be ``offsets[1:]`` itself (one chunk): added up in place.
+    """
+    _running_totals(counts, offsets)
+
+
+@njit(cache=True, nogil=True)
 def _place_chunk(index, cursor, order, lo, hi):  # pragma: no cover - compiled
     ix = index[lo:hi]
     for t in range(hi - lo):
@@ -205,6 +224,7 @@ __all__ = [
     "MAX_CHUNKS",
     "chunk_count",
     "index_dtype",
+    "offsets_from_counts",
     "scan_index",
     "sorted_buckets",
     "stable_order",
