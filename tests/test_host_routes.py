@@ -112,14 +112,19 @@ def test_the_dynamically_scheduled_binned_kernel_gives_the_oracle_for_any_thread
     assert cpu.DYNAMIC_CHUNKS > before  # more chunks than threads: a slow core is not waited for
 
 
-def test_the_float_stream_past_the_caches_gives_the_oracle_bits():
+@pytest.mark.parametrize("negative_zeros", [True, False])
+def test_the_float_stream_past_the_caches_gives_the_oracle_bits(negative_zeros):
     """Over 2^18 buckets the float stream prefetches its sums; private slots merged, inexact
-    buckets redone through the order, empty and ``-0.0``-only buckets, infinities."""
+    buckets redone through the order, empty buckets, ``-0.0``-only buckets, infinities."""
     rng = np.random.default_rng(18)
     n, K = 400_000, (1 << 18) + 3
     idx = rng.integers(0, K - 2, n)
     vals = (rng.standard_normal(n) * 2.0 ** rng.integers(-40, 40, n)).astype(np.float32)
-    idx[:3], vals[:3] = K - 2, [-0.0, -0.0, -0.0]  # bucket K-2 holds -0.0 only; K-1 is empty
+    idx[:3] = K - 2  # bucket K-1 is empty
+    if negative_zeros:  # bucket K-2 holds -0.0 only; another holds -0.0 and +0.0
+        vals[:3] = -0.0
+        idx[3:5], vals[3:5] = K - 3, [-0.0, 0.0]
+        idx[5:7] = K - 3
     vals[10:12] = [np.inf, np.inf]
     plan = bitfold.Fold(idx, K)
     assert plan.route(vals).route == "float-stream"

@@ -138,3 +138,15 @@ def test_a_one_shot_plan_does_not_sort_until_a_route_needs_it():
     before = plan.nbytes
     assert plan.order.nbytes == 4 * idx.size
     assert plan.nbytes == before + plan.order.nbytes
+
+
+def test_a_plan_of_many_buckets_counts_them_only_when_a_route_needs_them():
+    K = plan_module.planning.EAGER_COUNT_MAX_K + 1
+    idx = np.random.default_rng(7).integers(0, K, 300_000)
+    plan = bitfold.Fold(idx, K)
+    assert plan.nbytes == plan.index.nbytes  # checked and copied, not counted
+    plan(np.ones(idx.size, np.float32))  # the float stream needs no offsets
+    assert plan.nbytes == plan.index.nbytes
+    np.testing.assert_array_equal(np.diff(plan.offsets), np.bincount(idx, minlength=K))
+    assert plan.offsets[0] == 0 and plan.offsets.dtype == np.int32
+    np.testing.assert_array_equal(plan.order, np.argsort(idx, kind="stable"))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -25,8 +26,9 @@ class Fold:
     ``Fold(index, K)`` validates the index map once (integers, any shape, read
     in C order, every entry in ``[0, K)``) and keeps what every later call
     needs: a compact copy of the index (in the narrowest integer type that
-    holds K) and the per-bucket ``offsets``, all in one parallel pass over
-    the index; the stable sorted ``order`` (a counting sort, O(N + K) time
+    holds K) and, for few buckets, the per-bucket ``offsets``, all in one
+    parallel pass over the index (many buckets are counted when a route first
+    needs them); the stable sorted ``order`` (a counting sort, O(N + K) time
     and memory) is built the first time a route needs it.
     The plan is immutable; build it once and call it every step.
 
@@ -55,23 +57,27 @@ class Fold:
         flat = arr.reshape(-1)
         n = flat.size
         positions = np.int32 if n <= _INT32_MAX else np.int64
-        chunks = planning.chunk_count(n, self._K)
-        try:  # the K + 1 offsets, and one count a bucket per position chunk when there are several
-            offsets = np.zeros(self._K + 1, positions)
-            shape = (chunks, self._K)
-            counts = offsets[1:].reshape(shape) if chunks == 1 else np.zeros(shape, positions)
-        except MemoryError:
-            raise FoldError(
-                f"K = {self._K:,} buckets do not fit in memory: the plan keeps "
-                f"{offsets_bytes(self._K, n)} bytes a bucket; use a smaller K"
-            ) from None
+        # few buckets: counted in the checking pass (their counts stay in the caches); many:
+        # counted when a route first needs the offsets (a one-shot float stream never does)
+        eager = self._K <= planning.EAGER_COUNT_MAX_K
+        chunks = planning.chunk_count(n, self._K if eager else 1)
+        offsets = None
+        with _bucket_memory(self._K, n):
+            if eager:  # the K + 1 offsets, and one count a bucket per chunk when there are several
+                offsets = np.zeros(self._K + 1, positions)
+                shape = (chunks, self._K)
+                counts = offsets[1:].reshape(shape) if chunks == 1 else np.zeros(shape, positions)
+            else:
+                counts = np.zeros((chunks, 0), positions)
         compact = np.empty(n, planning.index_dtype(self._K))
-        bad = planning.scan_index(flat, compact, counts)
+        bad = planning.scan_index(flat, compact, counts, self._K)
         if bad >= 0:
             raise index_range_error(self._shape, bad, int(flat[bad]), self._K)
-        planning.offsets_from_counts(counts, offsets)  # one chunk: counted in the offsets
+        if offsets is not None:
+            planning.offsets_from_counts(counts, offsets)  # one chunk: counted in the offsets
+        self._positions = positions
         self._index = _frozen(compact)
-        self._offsets = _frozen(offsets)
+        self._offsets = None if offsets is None else _frozen(offsets)
         self._counts: np.ndarray | None = None
         self._order: np.ndarray | None = None
         self._fingerprint: str | None = None
@@ -106,7 +112,7 @@ class Fold:
     def counts(self) -> np.ndarray:
         """Values per bucket, int64, length K (read-only; made on first use from ``offsets``)."""
         if self._counts is None:
-            self._counts = _frozen(np.diff(self._offsets).astype(np.int64))
+            self._counts = _frozen(np.diff(self.offsets).astype(np.int64))
         return self._counts
 
     @property
@@ -114,8 +120,15 @@ class Fold:
         """``offsets[k] .. offsets[k+1]`` is bucket k's range in ``order`` (K + 1 entries).
 
         int32 when the plan has fewer than 2^31 positions, else int64 (like ``order``).
+        Made when the plan is built for up to :data:`planning.EAGER_COUNT_MAX_K`
+        buckets, else on first use (one parallel counting pass).
         """
-        return self._offsets
+        offsets = self._offsets
+        if offsets is None:
+            with _bucket_memory(self._K, self.size):
+                offsets = planning.bucket_offsets(self._index, self._K, self._positions)
+            self._offsets = offsets = _frozen(offsets)
+        return offsets
 
     @property
     def order(self) -> np.ndarray:
@@ -127,16 +140,18 @@ class Fold:
         """
         order = self._order
         if order is None:
-            order = np.empty(self.size, self._offsets.dtype)
-            planning.stable_order(self._index, self._offsets, order)
+            offsets = self.offsets
+            order = np.empty(self.size, offsets.dtype)
+            planning.stable_order(self._index, offsets, order)
             self._order = order = _frozen(order)
         return order
 
     @property
     def nbytes(self) -> int:
-        """Bytes the plan holds on the host now: index copy, offsets, and what it built on use.
+        """Bytes the plan holds on the host now: index copy, and what it built so far.
 
-        The order (built when a route first needs it) and ``counts`` once made.
+        The offsets (at once for few buckets, else on first use), the order
+        (built when a route first needs it) and ``counts`` once made.
         """
         held = (self._index, self._offsets, self._order, self._counts)
         return int(sum(a.nbytes for a in held if a is not None))
@@ -213,6 +228,18 @@ class Fold:
 
     def __repr__(self) -> str:
         return f"Fold(K={self._K}, shape={self._shape}, size={self.size})"
+
+
+@contextlib.contextmanager
+def _bucket_memory(K: int, n: int) -> Iterator[None]:
+    """Turn a MemoryError while making per-bucket arrays into a clear refusal naming K."""
+    try:
+        yield
+    except MemoryError:
+        raise FoldError(
+            f"K = {K:,} buckets do not fit in memory: the plan keeps "
+            f"{offsets_bytes(K, n)} bytes a bucket; use a smaller K"
+        ) from None
 
 
 def offsets_bytes(K: int, n: int) -> int:

@@ -248,7 +248,7 @@ def _run_float_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, ou
     slots = stream_slots(rows.shape[0], plan.K)
 
     def fill(out: np.ndarray) -> None:  # reads the order only to redo an inexact bucket
-        stream.float_sums(plan.index, rows[:, 0], plan.offsets, slots, out)
+        stream.float_sums(plan.index, rows[:, 0], slots, out)
 
     return _cast_or_redo(plan, rows, fmt, out_name, fill)
 

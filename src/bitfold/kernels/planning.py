@@ -24,6 +24,9 @@ from numba import njit, prange
 MAX_CHUNKS = 64
 #: Up to this many counts per position, every one of MAX_CHUNKS chunks keeps its own.
 SMALL_COUNTS_PER_POSITION = 1 / 8
+#: Up to this many buckets a plan counts them while it checks the index (the counts stay in
+#: the caches); beyond, it counts them when a route first needs the offsets.
+EAGER_COUNT_MAX_K = 1 << 16
 #: Below this many positions the passes run in one chunk, on the calling thread.
 PARALLEL_MIN_POSITIONS = 1 << 17
 
@@ -56,10 +59,9 @@ def index_dtype(K: int) -> np.dtype:
 
 
 @njit(cache=True, nogil=True)
-def _scan_chunk(index, compact, counts, lo, hi):  # pragma: no cover - compiled
+def _scan_chunk(index, compact, counts, K, lo, hi):  # pragma: no cover - compiled
     # Two simple loops (a copy with min and max, which vectorises, then the counts) beat one
     # fused loop; slices let the loops start at 0, so Numba drops its negative-index checks.
-    K = counts.shape[0]
     ix, cp = index[lo:hi], compact[lo:hi]
     least, most = np.int64(0), np.int64(0)
     for t in range(hi - lo):
@@ -72,37 +74,56 @@ def _scan_chunk(index, compact, counts, lo, hi):  # pragma: no cover - compiled
             k = np.int64(ix[t])
             if k < 0 or k >= K:
                 return lo + t
-    for t in range(hi - lo):
-        counts[cp[t]] += 1
+    if counts.shape[0]:  # counts of width 0: check and copy only
+        for t in range(hi - lo):
+            counts[cp[t]] += 1
     return -1
 
 
 @njit(cache=True, parallel=True)
-def _scan_chunks(index, compact, counts, first_bad):  # pragma: no cover - compiled
+def _scan_chunks(index, compact, counts, K, first_bad):  # pragma: no cover - compiled
     n = index.shape[0]
     C = counts.shape[0]
     for c in prange(C):
-        first_bad[c] = _scan_chunk(index, compact, counts[c], n * c // C, n * (c + 1) // C)
+        first_bad[c] = _scan_chunk(index, compact, counts[c], K, n * c // C, n * (c + 1) // C)
 
 
-def scan_index(index: np.ndarray, compact: np.ndarray, counts: np.ndarray) -> int:
+def scan_index(index: np.ndarray, compact: np.ndarray, counts: np.ndarray, K: int) -> int:
     """Check, copy and count ``index`` in one pass; the first bad position, or -1.
 
     ``compact`` (N,) receives the index in its own dtype; ``counts`` (C, K)
     int32 or int64, zeroed by the caller, receives chunk c's count of each
-    bucket (chunk c holds positions ``N*c//C .. N*(c+1)//C``). An entry
-    outside ``[0, K)`` stops the pass: the lowest such position is returned.
+    bucket (chunk c holds positions ``N*c//C .. N*(c+1)//C``); counts of shape
+    (C, 0) count nothing. An entry outside ``[0, K)`` stops the pass: the
+    lowest such position is returned.
     """
     C = counts.shape[0]
     if C == 1:
-        return int(_scan_chunk(index, compact, counts[0], 0, index.shape[0]))
+        return int(_scan_chunk(index, compact, counts[0], K, 0, index.shape[0]))
     from .cpu import dynamic_schedule
 
     first_bad = np.empty(C, np.int64)
     with dynamic_schedule():
-        _scan_chunks(index, compact, counts, first_bad)
+        _scan_chunks(index, compact, counts, K, first_bad)
     bad = first_bad[first_bad >= 0]
     return int(bad.min()) if bad.size else -1
+
+
+def bucket_offsets(index: np.ndarray, K: int, dtype: np.dtype) -> np.ndarray:
+    """The K + 1 offsets of a checked ``index``: one counting pass, then the running totals."""
+    n = index.shape[0]
+    C = chunk_count(n, K)
+    offsets = np.zeros(K + 1, dtype)
+    counts = offsets[1:].reshape(1, K) if C == 1 else np.zeros((C, K), dtype)
+    if C == 1:
+        _count_chunk(index, counts[0], 0, n)
+    else:
+        from .cpu import dynamic_schedule
+
+        with dynamic_schedule():
+            _count_chunks(index, counts)
+    offsets_from_counts(counts, offsets)
+    return offsets
 
 
 @njit(cache=True, nogil=True)
@@ -222,6 +243,7 @@ def sorted_buckets(offsets: np.ndarray, out: np.ndarray) -> None:
 
 __all__ = [
     "MAX_CHUNKS",
+    "bucket_offsets",
     "chunk_count",
     "index_dtype",
     "offsets_from_counts",

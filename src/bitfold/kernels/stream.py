@@ -15,7 +15,7 @@ millions of tiny buckets cost no mispredictions.
 
 Exactness:
 
-* :func:`float_sums` (float32 values): every addition is checked
+* :func:`float_sums` (float32 values, no offsets needed): every addition is checked
   (:func:`bitfold.kernels.ieee.checked_add`); a bucket whose float64 sum was
   ever inexact, or met a NaN or an infinity, ends as NaN and is summed again
   bucket by bucket through the plan's order (the caller's redo). The others
@@ -45,47 +45,54 @@ FAR_MIN_K = 1 << 18
 PARALLEL_MIN_K = 1 << 16
 
 
+#: The bits of a float32 -0.0.
+NEGATIVE_ZERO_BITS = 0x80000000
+
+
 @njit(cache=True, nogil=True)
 def _add_checked(ix, vs, bs, sums):  # pragma: no cover - compiled
+    negative_zeros = 0
     for t in range(ix.shape[0]):  # from 0: no negative-index checks in the loop
         k = ix[t]
         sums[k] = checked_add_narrow(sums[k], as_double(vs[t], bs[t], 8, 23))
+        negative_zeros += bs[t] == NEGATIVE_ZERO_BITS
+    return negative_zeros
 
 
 @njit(cache=True, nogil=True)
 def _add_checked_far(ix, vs, bs, sums, n):  # pragma: no cover - compiled
     lines = sums.reshape(-1, 1)  # a state past the caches: ask for the sums ahead
+    negative_zeros = 0
     for t in range(n):  # ix holds n + FAR_AHEAD entries
         prefetch_row(lines, ix[t + FAR_AHEAD])
         k = ix[t]
         sums[k] = checked_add_narrow(sums[k], as_double(vs[t], bs[t], 8, 23))
+        negative_zeros += bs[t] == NEGATIVE_ZERO_BITS
+    return negative_zeros
 
 
 @njit(cache=True, nogil=True)
 def _float_slot(index, values, lo, hi, sums, far):  # pragma: no cover - compiled
-    sums[:] = -0.0  # cleared by the thread that fills it: in parallel, and its pages local
+    """Add values ``lo .. hi-1`` into ``sums`` (cleared here to +0.0); how many were -0.0."""
+    sums[:] = 0.0  # cleared by the thread that fills it: in parallel, and its pages local
     ix, vs, bs = index[lo:hi], values[lo:hi], values[lo:hi].view(np.uint32)
     split = max(0, (hi - lo) - FAR_AHEAD) if far else 0
-    if split:
-        _add_checked_far(ix, vs, bs, sums, split)
-    _add_checked(ix[split:], vs[split:], bs[split:], sums)
+    negative_zeros = _add_checked_far(ix, vs, bs, sums, split) if split else 0
+    return negative_zeros + _add_checked(ix[split:], vs[split:], bs[split:], sums)
 
 
 @njit(cache=True, parallel=True)
-def _float_slots(index, values, sums, far):  # pragma: no cover - compiled
+def _float_slots(index, values, sums, far, negative_zeros):  # pragma: no cover - compiled
     n = index.shape[0]
     S = sums.shape[0]
     for s in prange(S):
-        _float_slot(index, values, n * s // S, n * (s + 1) // S, sums[s], far)
+        negative_zeros[s] = _float_slot(index, values, n * s // S, n * (s + 1) // S, sums[s], far)
 
 
 @njit(cache=True, nogil=True)
-def _merge_float(sums, offsets, out, tiny, k0, k1):  # pragma: no cover - compiled
+def _merge_float(sums, out, tiny, k0, k1):  # pragma: no cover - compiled
     S = sums.shape[0]
     for k in range(k0, k1):
-        if offsets[k + 1] == offsets[k]:
-            out[k] = 0.0
-            continue
         acc = sums[0, k]
         for s in range(1, S):
             acc = checked_add_narrow(acc, sums[s, k])
@@ -93,36 +100,55 @@ def _merge_float(sums, offsets, out, tiny, k0, k1):  # pragma: no cover - compil
 
 
 @njit(cache=True, parallel=True)
-def _merge_float_parallel(sums, offsets, out, tiny):  # pragma: no cover - compiled
+def _merge_float_parallel(sums, out, tiny):  # pragma: no cover - compiled
     K = out.shape[0]
     for c in prange(64):
-        _merge_float(sums, offsets, out, tiny, K * c // 64, K * (c + 1) // 64)
+        _merge_float(sums, out, tiny, K * c // 64, K * (c + 1) // 64)
 
 
-def float_sums(index, values, offsets, slots: int, out: np.ndarray) -> None:
+@njit(cache=True, nogil=True)
+def _negative_zero_buckets(index, bits, out):  # pragma: no cover - compiled
+    # per bucket summed to zero: bit 1 = it has a -0.0 term, bit 2 = it has another term
+    seen = np.zeros(out.shape[0], np.uint8)
+    for t in range(index.shape[0]):
+        k = index[t]
+        if out[k] == 0.0:
+            seen[k] |= 1 if bits[t] == NEGATIVE_ZERO_BITS else 2
+    for k in range(out.shape[0]):
+        if seen[k] == 1:
+            out[k] = -0.0
+
+
+def float_sums(index, values, slots: int, out: np.ndarray) -> None:
     """Each bucket's float64 sum of ``values`` (float32), stored into ``out``, or NaN.
 
-    ``slots`` private float64 states each take an equal range of the
-    positions; they are merged with checked additions. ``out`` (K,) float32
-    or float64 receives ``+0.0`` for an empty bucket (``offsets``), else its
-    exact sum cast to its dtype (one rounding), or NaN where the float64 sum
-    was ever inexact or met a NaN or an infinity, or where the cast could meet
-    flush-to-zero (:func:`bitfold.kernels.ieee.castable`). An exact sum is
-    unique, so nothing depends on ``slots``.
+    ``slots`` private float64 states, cleared to ``+0.0``, each take an equal
+    range of the positions; they are merged with checked additions. ``out``
+    (K,) float32 or float64 receives each bucket's exact sum cast to its
+    dtype (one rounding), or NaN where the float64 sum was ever inexact or met
+    a NaN or an infinity, or where the cast could meet flush-to-zero
+    (:func:`bitfold.kernels.ieee.castable`). An empty bucket is ``+0.0``; a
+    bucket of ``-0.0`` terms only is ``-0.0`` (when a -0.0 was read, one more
+    pass over the index finds them). Needs no offsets: a one-shot plan does
+    not count its buckets. An exact sum is unique, so nothing depends on
+    ``slots``.
     """
     K = out.shape[0]
     sums = np.empty((slots, K))
     far = K > FAR_MIN_K
     tiny = float(np.finfo(out.dtype).tiny)
+    negative_zeros = np.zeros(slots, np.int64)
     if slots == 1 and K < PARALLEL_MIN_K:
-        _float_slot(index, values, 0, index.shape[0], sums[0], far)
-        _merge_float(sums, offsets, out, tiny, 0, K)
-        return
-    from .cpu import start_thread_pool
+        negative_zeros[0] = _float_slot(index, values, 0, index.shape[0], sums[0], far)
+        _merge_float(sums, out, tiny, 0, K)
+    else:
+        from .cpu import start_thread_pool
 
-    start_thread_pool()
-    _float_slots(index, values, sums, far)
-    _merge_float_parallel(sums, offsets, out, tiny)
+        start_thread_pool()
+        _float_slots(index, values, sums, far, negative_zeros)
+        _merge_float_parallel(sums, out, tiny)
+    if negative_zeros.any():
+        _negative_zero_buckets(index, values.view(np.uint32), out)
 
 
 @njit(cache=True, nogil=True)
