@@ -30,7 +30,7 @@ Exactness:
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import get_thread_id, njit, prange
 
 from .ieee import as_double, castable, checked_add, checked_add_narrow, round_row, round_scaled
 from .prefetch import prefetch_row
@@ -72,9 +72,8 @@ def _add_checked_far(ix, vs, bs, sums, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _float_slot(index, values, lo, hi, sums, far):  # pragma: no cover - compiled
-    """Add values ``lo .. hi-1`` into ``sums`` (cleared here to +0.0); how many were -0.0."""
-    sums[:] = 0.0  # cleared by the thread that fills it: in parallel, and its pages local
+def _float_range(index, values, lo, hi, sums, far):  # pragma: no cover - compiled
+    """Add values ``lo .. hi-1`` into ``sums``; how many of them were -0.0."""
     ix, vs, bs = index[lo:hi], values[lo:hi], values[lo:hi].view(np.uint32)
     split = max(0, (hi - lo) - FAR_AHEAD) if far else 0
     negative_zeros = _add_checked_far(ix, vs, bs, sums, split) if split else 0
@@ -83,10 +82,30 @@ def _float_slot(index, values, lo, hi, sums, far):  # pragma: no cover - compile
 
 @njit(cache=True, parallel=True)
 def _float_slots(index, values, sums, far, negative_zeros):  # pragma: no cover - compiled
+    # slot s takes the s-th of S equal ranges (fewer slots than threads)
     n = index.shape[0]
     S = sums.shape[0]
     for s in prange(S):
-        negative_zeros[s] = _float_slot(index, values, n * s // S, n * (s + 1) // S, sums[s], far)
+        sums[s, :] = 0.0  # cleared by the thread that fills it: in parallel, its pages local
+        negative_zeros[s] = _float_range(index, values, n * s // S, n * (s + 1) // S, sums[s],
+                                         far)  # fmt: skip
+
+
+@njit(cache=True, parallel=True)
+def _clear_slots(sums):  # pragma: no cover - compiled
+    for s in prange(sums.shape[0]):
+        sums[s, :] = 0.0
+
+
+@njit(cache=True, parallel=True)
+def _float_chunks(index, values, sums, far, negative_zeros):  # pragma: no cover - compiled
+    # one slot a thread; equal chunks of positions handed to whichever thread is free
+    n = index.shape[0]
+    C = negative_zeros.shape[0]
+    for c in prange(C):
+        s = get_thread_id()  # this thread's own slot: no two threads share one
+        negative_zeros[c] = _float_range(index, values, n * c // C, n * (c + 1) // C, sums[s],
+                                         far)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
@@ -122,8 +141,10 @@ def _negative_zero_buckets(index, bits, out):  # pragma: no cover - compiled
 def float_sums(index, values, slots: int, out: np.ndarray) -> None:
     """Each bucket's float64 sum of ``values`` (float32), stored into ``out``, or NaN.
 
-    ``slots`` private float64 states, cleared to ``+0.0``, each take an equal
-    range of the positions; they are merged with checked additions. ``out``
+    ``slots`` private float64 states, cleared to ``+0.0``, are merged with
+    checked additions at the end. With one a thread, a fixed number of equal
+    chunks of positions (never the thread count) go to whichever thread is
+    free, into its own state; with fewer, each takes an equal range. ``out``
     (K,) float32 or float64 receives each bucket's exact sum cast to its
     dtype (one rounding), or NaN where the float64 sum was ever inexact or met
     a NaN or an infinity, or where the cast could meet flush-to-zero
@@ -134,18 +155,25 @@ def float_sums(index, values, slots: int, out: np.ndarray) -> None:
     ``slots``.
     """
     K = out.shape[0]
-    sums = np.empty((slots, K))
     far = K > FAR_MIN_K
     tiny = float(np.finfo(out.dtype).tiny)
-    negative_zeros = np.zeros(slots, np.int64)
     if slots == 1 and K < PARALLEL_MIN_K:
-        negative_zeros[0] = _float_slot(index, values, 0, index.shape[0], sums[0], far)
+        sums = np.zeros((1, K))
+        negative_zeros = np.array([_float_range(index, values, 0, index.shape[0], sums[0], far)])
         _merge_float(sums, out, tiny, 0, K)
     else:
-        from .cpu import start_thread_pool
+        from .cpu import DYNAMIC_CHUNKS, dynamic_schedule, thread_count
 
-        start_thread_pool()
-        _float_slots(index, values, sums, far, negative_zeros)
+        threads = thread_count()
+        sums = np.empty((slots, K))
+        if slots == threads and threads > 1:  # a slow core takes fewer chunks
+            negative_zeros = np.zeros(DYNAMIC_CHUNKS, np.int64)
+            _clear_slots(sums)
+            with dynamic_schedule():
+                _float_chunks(index, values, sums, far, negative_zeros)
+        else:
+            negative_zeros = np.zeros(slots, np.int64)
+            _float_slots(index, values, sums, far, negative_zeros)
         _merge_float_parallel(sums, out, tiny)
     if negative_zeros.any():
         _negative_zero_buckets(index, values.view(np.uint32), out)
