@@ -114,8 +114,9 @@ def test_the_dynamically_scheduled_binned_kernel_gives_the_oracle_for_any_thread
 
 @pytest.mark.parametrize("negative_zeros", [True, False])
 def test_the_float_stream_past_the_caches_gives_the_oracle_bits(negative_zeros):
-    """Over 2^18 buckets the float stream prefetches its sums; private slots merged, inexact
-    buckets redone through the order, empty buckets, ``-0.0``-only buckets, infinities."""
+    """Over 2^18 buckets the float stream prefetches its sums; private sums merged (one
+    thread or several), inexact buckets redone through the order, empty buckets,
+    ``-0.0``-only buckets, infinities."""
     rng = np.random.default_rng(18)
     n, K = 400_000, (1 << 18) + 3
     idx = rng.integers(0, K - 2, n)
@@ -126,9 +127,15 @@ def test_the_float_stream_past_the_caches_gives_the_oracle_bits(negative_zeros):
         idx[3:5], vals[3:5] = K - 3, [-0.0, 0.0]
         idx[5:7] = K - 3
     vals[10:12] = [np.inf, np.inf]
+    import numba
+
     plan = bitfold.Fold(idx, K)
     assert plan.route(vals).route == "float-stream"
-    got = plan(vals)
-    np.testing.assert_array_equal(
-        got.view(np.uint32), exact_fold_oracle(idx, vals, K, "float32").view(np.uint32)
-    )
+    want = exact_fold_oracle(idx, vals, K, "float32").view(np.uint32)
+    before = numba.get_num_threads()
+    try:  # one thread: one private sum; more: chunks handed to whichever thread is free
+        for threads in sorted({1, before}):
+            numba.set_num_threads(threads)
+            np.testing.assert_array_equal(plan(vals).view(np.uint32), want)
+    finally:
+        numba.set_num_threads(before)
