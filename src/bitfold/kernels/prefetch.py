@@ -1,11 +1,13 @@
-"""A software prefetch for the CPU kernels: ask for a row of an array before it is read.
+"""Software prefetches for the CPU kernels: ask for memory before it is read or added into.
 
 Bucket-at-a-time folds read the rows of the values in the plan's sorted
 order, a random order in memory; the hardware cannot guess the next row, so
 each read would wait for memory. :func:`prefetch_row` emits LLVM's
 ``llvm.prefetch`` for every cache line of a row a few positions ahead, so
-those reads overlap. It changes timings only: a prefetch never faults and
-never changes a value.
+those reads overlap. Scatters into a state larger than the caches (the float
+stream past 2^18 buckets) ask for the element they will add into a few
+positions ahead with :func:`prefetch_item`. They change timings only: a
+prefetch never faults and never changes a value.
 """
 
 from __future__ import annotations
@@ -54,4 +56,22 @@ def prefetch_row(typingctx, arr, row):  # pragma: no cover - compiled
     return sig, codegen
 
 
-__all__ = ["prefetch_row"]
+@intrinsic
+def prefetch_item(typingctx, arr, i):  # pragma: no cover - compiled
+    """Prefetch (for writing: the caller adds into it) the cache line of ``arr[i]``, 1-D."""
+    sig = types.void(arr, i)
+
+    def codegen(context, builder, signature, args):
+        aryty, _ = signature.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [ptr, i32(1), i32(3), i32(1)])  # write, keep, data cache
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+__all__ = ["prefetch_item", "prefetch_row"]

@@ -33,7 +33,7 @@ import numpy as np
 from numba import get_thread_id, njit, prange
 
 from .ieee import as_double, castable, checked_add, checked_add_narrow, round_row, round_scaled
-from .prefetch import prefetch_row
+from .prefetch import prefetch_item, prefetch_row
 
 #: Positions (in the plan's order) prefetched ahead by :func:`sorted_sums`.
 AHEAD = 16
@@ -61,10 +61,9 @@ def _add_checked(ix, vs, bs, sums):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def _add_checked_far(ix, vs, bs, sums, n):  # pragma: no cover - compiled
-    lines = sums.reshape(-1, 1)  # a state past the caches: ask for the sums ahead
-    negative_zeros = 0
+    negative_zeros = 0  # a state past the caches: ask for the sums ahead
     for t in range(n):  # ix holds n + FAR_AHEAD entries
-        prefetch_row(lines, ix[t + FAR_AHEAD])
+        prefetch_item(sums, ix[t + FAR_AHEAD])
         k = ix[t]
         sums[k] = checked_add_narrow(sums[k], as_double(vs[t], bs[t], 8, 23))
         negative_zeros += bs[t] == NEGATIVE_ZERO_BITS
