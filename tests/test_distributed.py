@@ -290,3 +290,60 @@ def test_exact_all_reduce_refuses_what_it_cannot_sum():
         exact_all_reduce(torch.zeros(3, dtype=torch.int64))
     with pytest.raises(FoldTypeError, match="list"):
         exact_all_reduce([1.0, 2.0])
+
+
+# -- DistributedDataParallel with the exact communication hook -----------------------------------
+
+
+def _hook_batches(world: int):
+    """Per rank a batch whose gradients span many binades: their float sums round."""
+    g = torch.Generator().manual_seed(7)
+    xs = [torch.randn(5, 6, generator=g) * torch.exp2(torch.randint(-20, 20, (5, 6), generator=g))
+          for _ in range(world)]  # fmt: skip
+    ys = [torch.randn(5, 4, generator=g) for _ in range(world)]
+    return xs, ys
+
+
+def _hook_rank(rank: int, world: int, init: str, out: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from bitfold.distributed import exact_allreduce_hook
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(6, 4)
+    ddp = DistributedDataParallel(torch.nn.Linear(6, 4))
+    ddp.module.load_state_dict(plain.state_dict())
+    ddp.register_comm_hook(None, exact_allreduce_hook)  # refused before: a string annotation
+    xs, ys = _hook_batches(world)
+    torch.nn.functional.mse_loss(plain(xs[rank]), ys[rank], reduction="sum").backward()
+    torch.nn.functional.mse_loss(ddp(xs[rank]), ys[rank], reduction="sum").backward()
+    np.savez(f"{out}-{rank}.npz", **{f"local_{n}": p.grad.numpy()
+                                      for n, p in plain.named_parameters()},
+             **{f"ddp_{n}": p.grad.numpy() for n, p in ddp.module.named_parameters()})  # fmt: skip
+    dist.destroy_process_group()
+    leave(0)
+
+
+@pytest.mark.slow
+def test_ddp_with_the_exact_hook_averages_each_gradient_exactly(tmp_path):
+    from fractions import Fraction
+
+    from oracle import round_fraction
+
+    world = 3
+    out = str(tmp_path / "grads")
+    init = f"file://{tmp_path / 'rendezvous'}"
+    torch.multiprocessing.spawn(_hook_rank, args=(world, init, out), nprocs=world, join=True)
+    ranks = [np.load(f"{out}-{r}.npz") for r in range(world)]
+    rounded_twice = 0
+    for name in ("weight", "bias"):
+        local = [r[f"local_{name}"].reshape(-1) for r in ranks]
+        want = np.array([round_fraction(sum(Fraction(float(g[i])) for g in local) / world)
+                         for i in range(local[0].size)], np.float32)  # fmt: skip
+        float_mean = (local[0] + local[1] + local[2]) / np.float32(world)
+        rounded_twice += int(np.sum(float_mean.view(np.uint32) != want.view(np.uint32)))
+        for r in ranks:  # every rank holds the same, correctly rounded mean
+            got = r[f"ddp_{name}"].reshape(-1)
+            assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), name
+    assert rounded_twice > 0  # the data tells an exact mean from a float one
