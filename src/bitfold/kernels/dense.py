@@ -258,6 +258,17 @@ def add_blocks(fast, slow_of, slow, used, values, bits, offset, adds, unit, dec,
 
 
 # -- bounds ---------------------------------------------------------------------------------------
+@njit(cache=True, nogil=True, inline="always")
+def _block_span(n, b, block):  # pragma: no cover - compiled
+    """Block ``b``'s first element as an unsigned index, and its element count.
+
+    Indexing with ``first + np.uint64(j)`` tells Numba the index is never
+    negative: no wrap-around test an element, so the block's loop vectorises
+    (about 1.5x the speed of ``range(b * block, ...)``).
+    """
+    return np.uint64(b * block), min(n - b * block, block)
+
+
 @njit(cache=True, nogil=True)
 def _trailing_zeros(v):  # pragma: no cover - compiled
     """Trailing zero bits of a non-zero int64 (the processor's instruction)."""
@@ -432,26 +443,30 @@ def array_bounds(bits, exp_bits, frac_bits, block, out):  # pragma: no cover - c
     returns False, with ``out`` unfinished, when the array holds a NaN or an infinity."""
     n = bits.shape[0]
     B = out.shape[0]
-    magnitude_bits = (np.int64(1) << (exp_bits + frac_bits)) - 1  # (wraps to all for float64)
+    sign = exp_bits + frac_bits
+    magnitude_bits = (np.int64(1) << sign) - 1  # (wraps to all for float64)
     special_in = np.zeros(CHUNKS, np.bool_)
     for c in prange(CHUNKS):
         for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
+            first, count = _block_span(n, b, block)
             lo = np.int64(NO_LO)
             hi = np.int64(NO_HI)
-            negzero = False
-            special_here = False
-            for i in range(b * block, min(n, (b + 1) * block)):
-                raw = np.int64(bits[i])
+            negzero = np.int64(0)  # integer flags, no branch: the loop vectorises
+            special_here = np.int64(0)
+            for j in range(count):
+                raw = np.int64(bits[first + np.uint64(j)])
                 special, m, e = _raw_parts(raw, exp_bits, frac_bits)
-                special_here |= special
-                negative = (raw >> (exp_bits + frac_bits)) & 1 == 1
-                negzero |= ((raw & magnitude_bits) == 0) & negative
-                lo = min(lo, NO_LO if m == 0 else e + _trailing_zeros(m))
-                hi = max(hi, NO_HI if m == 0 else e + _bit_length(m))
+                special_here |= np.int64(special)
+                negzero |= np.int64((raw & magnitude_bits) == 0) & ((raw >> sign) & 1)
+                # m | 2^62 and m | 1 are never zero (m < 2^53): the counts are defined
+                low = e + np.int64(trailing_zeros(m | (np.int64(1) << 62)))
+                top = e + 64 - np.int64(leading_zeros(m | np.int64(1)))
+                lo = min(lo, np.int64(NO_LO) if m == 0 else low)
+                hi = max(hi, np.int64(NO_HI) if m == 0 else top)
             out[b, 0] = -lo
             out[b, 1] = hi
             out[b, 2] = -1 if negzero else 0
-            special_in[c] |= special_here
+            special_in[c] |= special_here != 0
     return not special_in.any()
 
 
@@ -464,13 +479,15 @@ def array_words(bits, exp_bits, frac_bits, block, lo, offsets, words):
     B = lo.shape[0]
     for c in prange(CHUNKS):
         for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
-            pos = offsets[b] - b * block
-            for i in range(b * block, min(n, (b + 1) * block)):
-                raw = np.int64(bits[i])
+            first, count = _block_span(n, b, block)
+            pos = np.uint64(offsets[b])
+            low = lo[b]
+            for j in range(count):
+                raw = np.int64(bits[first + np.uint64(j)])
                 _, m, e = _raw_parts(raw, exp_bits, frac_bits)
-                shift = e - lo[b]  # within (-64, 63) for the non-zero values of a narrow block
+                shift = e - low  # within (-64, 63) for the non-zero values of a narrow block
                 x = m << min(shift, 63) if shift >= 0 else m >> min(-shift, 63)
-                words[pos + i] = -x if (raw >> (exp_bits + frac_bits)) & 1 else x
+                words[pos + np.uint64(j)] = -x if (raw >> (exp_bits + frac_bits)) & 1 else x
 
 
 # -- words ----------------------------------------------------------------------------------------
@@ -531,13 +548,16 @@ def _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes,
     pos = offsets[b]
     count = min(n, (b + 1) * block) - b * block
     if classes[b] == NARROW:  # the common case: one shift an element, no branch
-        slow_here = False
+        slow_here = np.int64(0)
+        first, _ = _block_span(n, b, block)
+        at, low = np.uint64(pos), lo[b]
         for j in range(count):
-            special, m, e = _fast_parts(fast_bits[b * block + j])
-            slow_here |= special
-            shift = e - lo[b]  # within (-64, 63) for the non-zero values of a narrow block
+            raw = fast_bits[first + np.uint64(j)]
+            special, m, e = _fast_parts(raw)
+            slow_here |= np.int64(special)
+            shift = e - low  # within (-64, 63) for the non-zero values of a narrow block
             x = m << min(shift, 63) if shift >= 0 else m >> min(-shift, 63)
-            words[pos + j] = -x if fast_bits[b * block + j] < 0 else x
+            words[at + np.uint64(j)] = -x if raw < 0 else x
         if slow_here:
             for j in range(count):
                 i = b * block + j
