@@ -112,8 +112,9 @@ def _subnormals(bits, i0, i1, dec):  # pragma: no cover - compiled
     would read it as zero: such a block takes the careful path, :func:`as_double`)."""
     all_bits = (np.int64(1) << (dec[0] + dec[1])) - 1
     least = np.int64(all_bits)  # the least magnitude's bits minus one, zeros wrapping above
-    for j in range(i0, i1):
-        least = min(least, ((np.int64(bits[j]) & all_bits) - 1) & all_bits)
+    at = np.uint64(i0)  # unsigned indices (never negative): the loops here vectorise
+    for j in range(i1 - i0):
+        least = min(least, ((np.int64(bits[at + np.uint64(j)]) & all_bits) - 1) & all_bits)
     return least < (np.int64(1) << dec[1]) - 1
 
 
@@ -122,17 +123,18 @@ def _first_block(values, bits, fast, fast_bits, slow_of, k0, k1, offset, dec):
     # pragma: no cover - compiled
     """Elements ``k0 .. k1-1`` of a first add written (``fast``, ``slow_of``) with their bounds
     ``(bad, lo, top, negzero)``; ``bad``: a NaN, an infinity or a subnormal, to write again."""
-    for k in range(k0, k1):
-        fast[k] = np.float64(values[k - offset])
+    at, src, count = np.uint64(k0), np.uint64(k0 - offset), k1 - k0
+    for j in range(count):
+        fast[at + np.uint64(j)] = np.float64(values[src + np.uint64(j)])
     bad = False
     lo = np.int64(NO_LO)
     top = np.int64(0)  # the largest biased exponent: hi = top - 1022 (0: all zeros)
     negzero = False
-    for k in range(k0, k1):  # no branch: it vectorises
-        v = fast_bits[k]
+    for j in range(count):  # no branch: it vectorises
+        v = fast_bits[at + np.uint64(j)]
         bad |= ((v >> 52) & 0x7FF) == 0x7FF
         lo, top, negzero = _block_parts(v, lo, top, negzero)
-        slow_of[k] = -1
+        slow_of[at + np.uint64(j)] = -1
     return bad | _subnormals(bits, k0 - offset, k1 - offset, dec), lo, top, negzero
 
 
@@ -140,21 +142,23 @@ def _first_block(values, bits, fast, fast_bits, slow_of, k0, k1, offset, dec):
 def _next_block(values, bits, fast, tmp, k0, k1, offset, dec):  # pragma: no cover - compiled
     """Elements ``k0 .. k1-1`` of a later add, written only when every sum stays an exact
     float64 (``bad`` False), with the bounds of the sums as :func:`_first_block`."""
-    for k in range(k0, k1):
-        tmp[k - k0] = checked_add(fast[k], np.float64(values[k - offset]))
+    at, src, count = np.uint64(k0), np.uint64(k0 - offset), k1 - k0
+    for j in range(count):
+        u = np.uint64(j)
+        tmp[u] = checked_add(fast[at + u], np.float64(values[src + u]))
     tmp_bits = tmp.view(np.int64)
     bad = False
     lo = np.int64(NO_LO)
     top = np.int64(0)
     negzero = False
-    for k in range(k0, k1):
-        v = tmp_bits[k - k0]
+    for j in range(count):
+        v = tmp_bits[np.uint64(j)]
         bad |= ((v >> 52) & 0x7FF) == 0x7FF
         lo, top, negzero = _block_parts(v, lo, top, negzero)
     bad |= _subnormals(bits, k0 - offset, k1 - offset, dec)
     if not bad:
-        for k in range(k0, k1):
-            fast[k] = tmp[k - k0]
+        for j in range(count):
+            fast[at + np.uint64(j)] = tmp[np.uint64(j)]
     return bad, lo, top, negzero
 
 
