@@ -21,6 +21,10 @@ forward, backward and the gradients' all-reduce, with
 ``DistributedDataParallel`` (float all-reduce of buckets, overlapped with the
 backward, averaged) against :class:`bitfold.distributed.GradientSum`
 (``add`` after the backward, ``reduce(mean_over=world)``: exact), alternating.
+Two more steps show where the time goes: ``compute`` (forward and backward,
+no communication: the floor of any step) and ``DistributedDataParallel`` with
+:func:`bitfold.distributed.exact_allreduce_hook` (each bucket's exact mean,
+reduced when DDP hands it over).
 
 Each rank runs one thread (torch and Numba): the ranks share the machine's
 cores, as the processes of a data-parallel job do. Bytes are those of the
@@ -120,13 +124,14 @@ def _mlp():
 
 
 def _step_rank(rank: int, world: int, init: str, repeats: int, out: str) -> None:
+    os.environ["NUMBA_NUM_THREADS"] = "1"  # every thread of the rank, DDP's hook thread too
     import numba
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from bitfold.cli.launch import leave
-    from bitfold.distributed import GradientSum
+    from bitfold.distributed import GradientSum, exact_allreduce_hook
 
     torch.set_num_threads(1)
     numba.set_num_threads(1)
@@ -135,19 +140,26 @@ def _step_rank(rank: int, world: int, init: str, repeats: int, out: str) -> None
     x = torch.randn(BATCH, WIDTHS[0], generator=gen)
     y = torch.randn(BATCH, WIDTHS[-1], generator=gen)
     ddp = DistributedDataParallel(_mlp())
+    hooked = DistributedDataParallel(_mlp())
+    hooked.register_comm_hook(None, exact_allreduce_hook)
     plain = _mlp()
     gs = GradientSum(plain.parameters(), timeout=120)
 
-    def ddp_step() -> None:
-        ddp.zero_grad(set_to_none=True)
-        torch.nn.functional.mse_loss(ddp(x), y).backward()
+    def ddp_step(model=ddp) -> None:
+        model.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+
+    def compute_step() -> None:
+        plain.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(plain(x), y).backward()
 
     def exact_step() -> None:
         torch.nn.functional.mse_loss(plain(x), y).backward()
         gs.add().reduce(mean_over=world)
         plain.zero_grad(set_to_none=True)
 
-    medians = _timed({"ddp": ddp_step, "gradientsum": exact_step}, repeats, dist)
+    medians = _timed({"ddp": ddp_step, "gradientsum": exact_step, "compute": compute_step,
+                      "ddp_exact_hook": lambda: ddp_step(hooked)}, repeats, dist)  # fmt: skip
     if rank == 0:
         record = {
             "processes": world,
@@ -156,6 +168,8 @@ def _step_rank(rank: int, world: int, init: str, repeats: int, out: str) -> None
             "batch": BATCH,
             "ddp_ms": 1e3 * medians["ddp"],
             "gradientsum_ms": 1e3 * medians["gradientsum"],
+            "compute_ms": 1e3 * medians["compute"],
+            "ddp_exact_hook_ms": 1e3 * medians["ddp_exact_hook"],
             "repeats": repeats,
         }
         record["ratio"] = record["gradientsum_ms"] / record["ddp_ms"]
@@ -212,13 +226,18 @@ def table(records: list[dict], steps: list[dict] | None = None) -> str:
     if steps:
         lines += [
             "",
-            "| processes | parameters | batch | DDP step | GradientSum step | ratio |",
-            "|---|---|---|---|---|---|",
+            "| processes | parameters | batch | DDP step | GradientSum step | ratio | "
+            "compute only | DDP with exact_allreduce_hook |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in steps:
+            extra = " — | — |"  # results written before these two were measured
+            if "compute_ms" in r:
+                extra = (f" {r['compute_ms']:.1f} ms | {r['ddp_exact_hook_ms']:.1f} ms "
+                         f"({r['ddp_exact_hook_ms'] / r['ddp_ms']:.2f}x) |")  # fmt: skip
             lines.append(
                 f"| {r['processes']} | {r['parameters']:,} | {r['batch']} | {r['ddp_ms']:.1f} ms"
-                f" | {r['gradientsum_ms']:.1f} ms | {_verdict(r['ratio'], STEP_GOAL)} |"
+                f" | {r['gradientsum_ms']:.1f} ms | {_verdict(r['ratio'], STEP_GOAL)} |{extra}"
             )
     return "\n".join(lines)
 
