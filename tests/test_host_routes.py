@@ -139,3 +139,30 @@ def test_the_float_stream_past_the_caches_gives_the_oracle_bits(negative_zeros):
             np.testing.assert_array_equal(plan(vals).view(np.uint32), want)
     finally:
         numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("n", [5_000, 300_000])
+def test_the_sorted_stream_on_a_radix_sorted_plan_gives_the_oracle_bits(n):
+    """More buckets than positions: the plan is sorted by radix, the sorted stream cuts its
+    ranges from the sorted index (64 ranges past 2^18 values, some cuts inside a hot bucket)."""
+    rng = np.random.default_rng(n)
+    K = max(4 * n, 1 << 17)  # past the eager counts: the offsets are never made
+    idx = rng.integers(0, K, n)
+    idx[: n // 4] = 17  # a hot bucket that spans several of the 64 ranges
+    plan = bitfold.Fold(idx, K)
+    plain = rng.standard_normal(n).astype(np.float32)  # every bucket's float64 sum exact
+    got = dispatch.fold(plan, plain, route="sorted-stream")
+    assert plan.nbytes == plan.index.nbytes + plan.order.nbytes + plan.sorted_index.nbytes
+    want = exact_fold_oracle(idx, plain.astype(np.float64), K, "float32")
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    vals = (rng.standard_normal(n) * 2.0 ** rng.integers(-60, 60, n)).astype(np.float32)
+    vals[1:5] = [np.inf, -0.0, 1.0, -1.0]
+    vals[idx == idx[6]] = -0.0  # a bucket of -0.0 terms only
+    got = dispatch.fold(plan, vals, route="sorted-stream")  # redone buckets count the offsets
+    want = exact_fold_oracle(idx, vals.astype(np.float64), K, "float32")
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    starts = host_routes.sorted_starts(plan, host_routes.BUCKET_CHUNKS)
+    ids = plan.sorted_index
+    assert starts[0] == 0 and starts[-1] == n and np.all(np.diff(starts) >= 0)
+    inner = starts[(starts > 0) & (starts < n)]
+    assert np.all(ids[inner] != ids[inner - 1])  # every cut is at a bucket boundary

@@ -150,3 +150,31 @@ def test_a_plan_of_many_buckets_counts_them_only_when_a_route_needs_them():
     np.testing.assert_array_equal(np.diff(plan.offsets), np.bincount(idx, minlength=K))
     assert plan.offsets[0] == 0 and plan.offsets.dtype == np.int32
     np.testing.assert_array_equal(plan.order, np.argsort(idx, kind="stable"))
+
+
+@pytest.mark.parametrize(("n", "K"), [(0, 70_000), (5, 70_000), (1_000, 5_000_000),
+                                      (300_001, 3_000_000), (200_000, 2**31 - 1)])  # fmt: skip
+def test_a_plan_of_more_buckets_than_positions_sorts_by_radix(n, K):
+    """The radix sort (two or three passes, one chunk a thread past 2^17 positions) gives the
+    stable order and the sorted index, and never counts the K buckets."""
+    rng = np.random.default_rng(n)
+    idx = rng.integers(0, K, n)
+    idx[: n // 3] = idx[0] if n else 0  # a hot bucket: equal ids keep their positions' order
+    plan = bitfold.Fold(idx, K)
+    assert plan_module.planning.prefer_radix(n, K)
+    want = np.argsort(idx, kind="stable")
+    np.testing.assert_array_equal(plan.order, want)
+    np.testing.assert_array_equal(plan.sorted_index, idx[want])
+    assert plan.sorted_index.dtype == plan.index.dtype
+    assert plan.nbytes == plan.index.nbytes + plan.order.nbytes + plan.sorted_index.nbytes
+    if K <= 5_000_000:  # the offsets, when asked for, still count every bucket
+        np.testing.assert_array_equal(np.diff(plan.offsets), np.bincount(idx, minlength=K))
+
+
+@pytest.mark.parametrize(("n", "K"), [(1_000, 433), (300_001, 50_000)])
+def test_a_plan_of_fewer_buckets_sorts_by_counting_and_gives_the_same_sorted_index(n, K):
+    idx = np.random.default_rng(K).integers(0, K, n)
+    plan = bitfold.Fold(idx, K)
+    assert not plan_module.planning.prefer_radix(n, K)
+    np.testing.assert_array_equal(plan.sorted_index, np.sort(idx))
+    np.testing.assert_array_equal(plan.order, np.argsort(idx, kind="stable"))

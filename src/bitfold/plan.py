@@ -80,6 +80,7 @@ class Fold:
         self._offsets = None if offsets is None else _frozen(offsets)
         self._counts: np.ndarray | None = None
         self._order: np.ndarray | None = None
+        self._sorted_index: np.ndarray | None = None
         self._fingerprint: str | None = None
         self._prepared: dict[Any, Any] = {}
         self.build_seconds = time.perf_counter() - t0
@@ -134,26 +135,50 @@ class Fold:
     def order(self) -> np.ndarray:
         """Positions sorted by bucket, stable (increasing position within a bucket).
 
-        Built on first use (a parallel counting sort, O(N + K)): the routes that
-        fold in position order never need it, so a one-shot fold does not pay it.
-        Same dtype as ``offsets``.
+        Built on first use: the routes that fold in position order never need
+        it, so a one-shot fold does not pay it. A parallel counting sort
+        (O(N + K)) from the offsets; with more buckets than positions (past
+        :data:`planning.EAGER_COUNT_MAX_K`), a radix sort (a few passes over
+        the positions, no K-long array) that also gives :attr:`sorted_index`.
+        The stable order is unique: both give the same array. Same dtype as
+        ``offsets``.
         """
         order = self._order
         if order is None:
-            offsets = self.offsets
-            order = np.empty(self.size, offsets.dtype)
-            planning.stable_order(self._index, offsets, order)
+            order = np.empty(self.size, self._positions)
+            if self._offsets is None and planning.prefer_radix(self.size, self._K):
+                sorted_index = np.empty(self.size, self._index.dtype)
+                planning.radix_order(self._index, self._K, order, sorted_index)
+                self._sorted_index = _frozen(sorted_index)
+            else:
+                planning.stable_order(self._index, self.offsets, order)
             self._order = order = _frozen(order)
         return order
+
+    @property
+    def sorted_index(self) -> np.ndarray:
+        """The bucket of every position of :attr:`order` (``index[order]``), read-only.
+
+        Non-decreasing, in the index's dtype; made on first use (with the
+        order by a radix sort, else written in sequence from the offsets).
+        """
+        if self._sorted_index is None:
+            order = self.order  # a radix sort leaves the sorted index too
+            if self._sorted_index is None:
+                sorted_index = np.empty(order.size, self._index.dtype)
+                planning.sorted_buckets(self.offsets, sorted_index)
+                self._sorted_index = _frozen(sorted_index)
+        return self._sorted_index
 
     @property
     def nbytes(self) -> int:
         """Bytes the plan holds on the host now: index copy, and what it built so far.
 
         The offsets (at once for few buckets, else on first use), the order
-        (built when a route first needs it) and ``counts`` once made.
+        and the sorted index (built when a route first needs them) and
+        ``counts`` once made.
         """
-        held = (self._index, self._offsets, self._order, self._counts)
+        held = (self._index, self._offsets, self._order, self._sorted_index, self._counts)
         return int(sum(a.nbytes for a in held if a is not None))
 
     @property

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import FoldError
 from ..formats import FLOATS, LimbFormat, limb_format_for
-from ..kernels import buckets, cpu, planning, stream
+from ..kernels import buckets, cpu, stream
 from ..validate import Values
 from .host_arrays import empty_out, frozen, host_rows, host_values, target
 from .host_state import add_to_state, new_state, round_state, slots_for
@@ -261,25 +261,32 @@ def _always(s: Shape) -> bool:
 def _run_sorted_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
                        **_: Any) -> np.ndarray:  # fmt: skip
     rows = host_rows(values, spec)
-    sorted_buckets = plan.prepared("sorted-buckets", lambda: _sorted_buckets(plan))
-    bounds = bucket_bounds(plan, rows.shape[0])
-    starts = plan.prepared(("sorted-starts", bounds.size), lambda: plan.offsets[bounds])
+    chunks = BUCKET_CHUNKS if rows.shape[0] >= cpu.PARALLEL_MIN_VALUES else 1
+    starts = plan.prepared(("sorted-starts", chunks), lambda: sorted_starts(plan, chunks))
 
     def fill(out: np.ndarray) -> None:
         out.fill(0.0)  # empty buckets (and every page touched once, here, in order)
-        stream.sorted_sums(rows, plan.order, sorted_buckets, starts, out)
+        stream.sorted_sums(rows, plan.order, plan.sorted_index, starts, out)
 
     return _cast_or_redo(plan, rows, fmt, out_name, fill)
 
 
-def _sorted_buckets(plan: Fold) -> np.ndarray:
-    """The bucket of every sorted position, ``index[order]``: each k repeated ``counts[k]`` times.
+def sorted_starts(plan: Fold, chunks: int) -> np.ndarray:
+    """``chunks + 1`` cuts of the sorted positions at bucket boundaries, about equal ranges.
 
-    Written in sequence from the offsets (no gather through the order, no temporary).
+    Cut c is the first bucket start at or after position ``ceil(N c / chunks)``
+    (the offsets :func:`bucket_bounds` would cut at), found in the plan's
+    sorted index: no offsets needed, so a plan sorted by radix never counts
+    its K buckets.
     """
-    out = np.empty(plan.size, plan.index.dtype)
-    planning.sorted_buckets(plan.offsets, out)
-    return frozen(out)
+    ids = plan.sorted_index
+    n = ids.shape[0]
+    cuts = -(np.arange(chunks + 1, dtype=np.int64) * -n // chunks)
+    inner = cuts[(cuts > 0) & (cuts < n)]
+    inside = ids[inner] == ids[inner - 1]  # a cut inside a bucket moves to its end
+    inner[inside] = np.searchsorted(ids, ids[inner[inside]], side="right")
+    cuts[(cuts > 0) & (cuts < n)] = inner
+    return frozen(np.maximum.accumulate(cuts))
 
 
 def _cast_or_redo(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str,

@@ -241,12 +241,124 @@ def sorted_buckets(offsets: np.ndarray, out: np.ndarray) -> None:
     _fill_buckets(offsets, out, MAX_CHUNKS if n >= PARALLEL_MIN_POSITIONS else 1)
 
 
+
+# -- a radix sort, for plans of many more buckets than positions ---------------------------------
+#: Bits of bucket id sorted by one radix pass: 2,048 counts a chunk, and as many places each
+#: chunk writes to at once (12 bits measured slower: too many places for the caches).
+RADIX_BITS = 11
+
+
+def radix_passes(K: int) -> int:
+    """Passes of :data:`RADIX_BITS` bits that sort ids below ``K``."""
+    bits = max(1, int(K - 1).bit_length())
+    return -(-bits // RADIX_BITS)
+
+
+def prefer_radix(n: int, K: int) -> bool:
+    """Whether :func:`radix_order` is cheaper than the counting sort for ``n`` positions.
+
+    A counting sort reads and writes K-long counts, offsets and cursors at random: past
+    :data:`EAGER_COUNT_MAX_K` buckets and more buckets than positions, a few passes over
+    the positions with 4,096 counts each cost less.
+    """
+    return K > EAGER_COUNT_MAX_K and K > n
+
+
+@njit(cache=True, nogil=True)
+def _digit_counts(keys, shift, counts, lo, hi):  # pragma: no cover - compiled
+    mask = (1 << RADIX_BITS) - 1
+    ks = keys[lo:hi]
+    for t in range(hi - lo):
+        counts[(np.int64(ks[t]) >> shift) & mask] += 1
+
+
+@njit(cache=True, parallel=True)
+def _digit_counts_chunks(keys, shift, counts):  # pragma: no cover - compiled
+    n = keys.shape[0]
+    C = counts.shape[0]
+    for c in prange(C):
+        counts[c, :] = 0
+        _digit_counts(keys, shift, counts[c], n * c // C, n * (c + 1) // C)
+
+
+@njit(cache=True, nogil=True)
+def _digit_cursors(counts, cursors):  # pragma: no cover - compiled
+    C, D = counts.shape
+    at = 0
+    for d in range(D):
+        for c in range(C):
+            cursors[c, d] = at
+            at += counts[c, d]
+
+
+@njit(cache=True, nogil=True)
+def _digit_place(keys, positions, shift, cursor, out_keys, out_positions, lo, hi, first):
+    # pragma: no cover - compiled
+    mask = (1 << RADIX_BITS) - 1
+    for t in range(lo, hi):
+        k = keys[t]
+        d = (np.int64(k) >> shift) & mask
+        at = cursor[d]
+        out_keys[at] = k
+        out_positions[at] = t if first else positions[t]
+        cursor[d] = at + 1
+
+
+@njit(cache=True, parallel=True)
+def _digit_place_chunks(keys, positions, shift, cursors, out_keys, out_positions, first):
+    # pragma: no cover - compiled
+    n = keys.shape[0]
+    C = cursors.shape[0]
+    for c in prange(C):
+        _digit_place(keys, positions, shift, cursors[c], out_keys, out_positions,
+                     n * c // C, n * (c + 1) // C, first)  # fmt: skip
+
+
+def radix_order(index: np.ndarray, K: int, order: np.ndarray, sorted_index: np.ndarray) -> None:
+    """:func:`stable_order` by a least-significant-digit radix sort, without offsets.
+
+    Fills ``order`` with the positions sorted by bucket, increasing within a
+    bucket, and ``sorted_index`` (the index's dtype) with the bucket of every
+    sorted position (``index[order]``). Each pass is a stable counting sort on
+    :data:`RADIX_BITS` bits of the id, in parallel over position chunks that
+    place from their own cursors: the result is the unique stable order,
+    whatever the chunk count. O(passes x N), no K-long array: at N = 3.1M, K = 10^7 about
+    50 ms where the counting sort takes 120-140 ms (three passes; `/tmp` timing).
+    """
+    n = index.shape[0]
+    passes = radix_passes(K)
+    C = 1
+    if n >= PARALLEL_MIN_POSITIONS:  # one chunk a thread: more chunks write to more places
+        from .cpu import thread_count
+
+        C = thread_count()
+    counts = np.empty((C, 1 << RADIX_BITS), np.int64)
+    cursors = np.empty_like(counts)
+    # the passes alternate between two buffers and end in the caller's arrays
+    spare_keys, spare_positions = np.empty_like(sorted_index), np.empty_like(order)
+    if passes % 2:
+        bufs = [(sorted_index, order), (spare_keys, spare_positions)]
+    else:
+        bufs = [(spare_keys, spare_positions), (sorted_index, order)]
+    keys, positions = index, order  # positions unread in the first pass: they are 0 .. n-1
+    for p in range(passes):
+        shift = p * RADIX_BITS
+        out_keys, out_positions = bufs[p % 2]
+        _digit_counts_chunks(keys, shift, counts)
+        _digit_cursors(counts, cursors)
+        _digit_place_chunks(keys, positions, shift, cursors, out_keys, out_positions, p == 0)
+        keys, positions = out_keys, out_positions
+
+
 __all__ = [
     "MAX_CHUNKS",
     "bucket_offsets",
     "chunk_count",
     "index_dtype",
     "offsets_from_counts",
+    "prefer_radix",
+    "radix_order",
+    "radix_passes",
     "scan_index",
     "sorted_buckets",
     "stable_order",
