@@ -17,6 +17,12 @@ dist = pytest.importorskip("torch.distributed", reason="torch.distributed is not
 GradientSum = pytest.importorskip("bitfold.distributed", reason="needs torch").GradientSum
 
 
+def _spawn_ranks(fn, world: int, tmp_path, out: str) -> None:
+    """Run ``fn(rank, world, init, out)`` in ``world`` gloo processes meeting in ``tmp_path``."""
+    init = f"file://{tmp_path / 'rendezvous'}"
+    torch.multiprocessing.spawn(fn, args=(world, init, out), nprocs=world, join=True)
+
+
 def _data():
     rng = np.random.default_rng(21)
     idx = rng.integers(0, 50, size=(40, 30))
@@ -46,8 +52,7 @@ def test_all_reduced_states_give_the_single_process_bits(tmp_path, world):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with the gloo backend is not available")
     out = str(tmp_path / "result.npy")
-    init = f"file://{tmp_path / 'rendezvous'}"
-    torch.multiprocessing.spawn(_rank, args=(world, init, out), nprocs=world, join=True)
+    _spawn_ranks(_rank, world, tmp_path, out)
     idx, vals = _data()
     want = bitfold.Fold(idx, 50)(vals)
     np.testing.assert_array_equal(np.load(out).view(np.uint32), want.view(np.uint32))
@@ -224,8 +229,7 @@ def test_exact_all_reduce_sums_a_tensor_or_an_array(tmp_path):
 
     world = 3
     out = str(tmp_path / "result.npz")
-    init = f"file://{tmp_path / 'rendezvous'}"
-    torch.multiprocessing.spawn(_array_rank, args=(world, init, out), nprocs=world, join=True)
+    _spawn_ranks(_array_rank, world, tmp_path, out)
     got = np.load(out)
     terms = _array_terms(world)
     idx = np.tile(np.arange(12), world)
@@ -269,8 +273,7 @@ def test_one_array_read_from_its_bits_or_through_a_sum_gives_the_exact_bits(tmp_
     from bitfold.dense import DenseSum
 
     out = str(tmp_path / "result.npy")
-    init = f"file://{tmp_path / 'rendezvous'}"
-    torch.multiprocessing.spawn(_narrow_rank, args=(2, init, out), nprocs=2, join=True)
+    _spawn_ranks(_narrow_rank, 2, tmp_path, out)
     want = DenseSum(700).add(_narrow_terms(0)).add(_narrow_terms(1)).result(mean_over=3)
     assert np.array_equal(np.load(out).view(np.uint32), want.view(np.uint32))
     assert np.load(out).view(np.uint32)[64] == 0x80000000  # -0.0 on every rank
@@ -333,8 +336,7 @@ def test_ddp_with_the_exact_hook_averages_each_gradient_exactly(tmp_path):
 
     world = 3
     out = str(tmp_path / "grads")
-    init = f"file://{tmp_path / 'rendezvous'}"
-    torch.multiprocessing.spawn(_hook_rank, args=(world, init, out), nprocs=world, join=True)
+    _spawn_ranks(_hook_rank, world, tmp_path, out)
     ranks = [np.load(f"{out}-{r}.npz") for r in range(world)]
     rounded_twice = 0
     for name in ("weight", "bias"):
