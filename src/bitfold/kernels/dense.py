@@ -462,9 +462,9 @@ def array_bounds(bits, exp_bits, frac_bits, block, out):  # pragma: no cover - c
                 special, m, e = _raw_parts(raw, exp_bits, frac_bits)
                 special_here |= np.int64(special)
                 negzero |= np.int64((raw & magnitude_bits) == 0) & ((raw >> sign) & 1)
-                # m | 2^62 and m | 1 are never zero (m < 2^53): the counts are defined
-                low = e + np.int64(trailing_zeros(m | (np.int64(1) << 62)))
-                top = e + 64 - np.int64(leading_zeros(m | np.int64(1)))
+                # m | 2^62 and m | 1 are never zero (m < 2^53): no branch before the counts
+                low = e + _trailing_zeros(m | (np.int64(1) << 62))
+                top = e + _bit_length(m | np.int64(1))
                 lo = min(lo, np.int64(NO_LO) if m == 0 else low)
                 hi = max(hi, np.int64(NO_HI) if m == 0 else top)
             out[b, 0] = -lo
@@ -550,10 +550,9 @@ def _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes,
     W = slow.shape[1]
     L = W - 5
     pos = offsets[b]
-    count = min(n, (b + 1) * block) - b * block
+    first, count = _block_span(n, b, block)
     if classes[b] == NARROW:  # the common case: one shift an element, no branch
         slow_here = np.int64(0)
-        first, _ = _block_span(n, b, block)
         at, low = np.uint64(pos), lo[b]
         for j in range(count):
             raw = fast_bits[first + np.uint64(j)]

@@ -241,7 +241,6 @@ def sorted_buckets(offsets: np.ndarray, out: np.ndarray) -> None:
     _fill_buckets(offsets, out, MAX_CHUNKS if n >= PARALLEL_MIN_POSITIONS else 1)
 
 
-
 # -- a radix sort, for plans of many more buckets than positions ---------------------------------
 #: Bits of bucket id sorted by one radix pass: 2,048 counts a chunk, and as many places each
 #: chunk writes to at once (12 bits measured slower: too many places for the caches).
@@ -259,7 +258,7 @@ def prefer_radix(n: int, K: int) -> bool:
 
     A counting sort reads and writes K-long counts, offsets and cursors at random: past
     :data:`EAGER_COUNT_MAX_K` buckets and more buckets than positions, a few passes over
-    the positions with 4,096 counts each cost less.
+    the positions with 2^RADIX_BITS counts each cost less.
     """
     return K > EAGER_COUNT_MAX_K and K > n
 
