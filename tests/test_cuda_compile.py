@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -222,6 +223,44 @@ def test_kernel_machine_code_has_no_cas_loop_and_flushes_no_value(target, tmp_pa
         assert all(d in text for d in DIVISION), f"{name}: F2I.FTZ outside a division"
     if any(o.startswith("ATOMG.E.ADD.F32.FTZ") for o in ops):
         assert name.startswith("atomic["), f"{name}: a float32 atomic outside 'atomic'"
+
+
+#: A NumPy without ``row_stack`` (removed in NumPy 2.5), simulated on this one, then a kernel compiled.
+_WITHOUT_ROW_STACK = """
+import sys
+from unittest import mock
+import numpy as np
+del np.row_stack
+np.__all__ = [name for name in np.__all__ if name != "row_stack"]
+from numba import cuda
+from numba.cuda import dispatcher
+from bitfold.kernels import cuda as kernels
+
+class CC90:
+    compute_capability = (9, 0)
+
+name, fn, sig = kernels.compile_targets()[0]
+with mock.patch.object(dispatcher, "get_current_device", lambda: CC90()):
+    ptx = cuda.compile_ptx(fn, sig, cc=(9, 0))[0]
+assert ".target sm_90" in ptx, ptx[:500]
+assert not hasattr(np, "row_stack"), "bitfold left its stand-in np.row_stack behind"
+print("compiled", name)
+"""
+
+
+@pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "numba-cuda compiles here")
+def test_kernels_compile_under_a_numpy_without_row_stack():
+    """numba-cuda 0.30 registers ``np.row_stack``, which NumPy 2.5 removed: with that NumPy no
+    kernel compiled on the first GPU run (2026-12-04, H200). bitfold loads the registry with a
+    stand-in and takes it away again (``bitfold.kernels.numba_cuda_compat``)."""
+    if DEVICE:
+        pytest.skip("on the device the real NumPy decides; this simulates a NumPy without row_stack")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+        str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_ROW_STACK], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("compiled"), done.stdout
 
 
 def test_cuda_backend_loads_when_required():

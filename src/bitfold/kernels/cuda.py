@@ -127,6 +127,9 @@ from .ieee import (
     split_narrow,
     split_wide,
 )
+from .numba_cuda_compat import load_registries
+
+load_registries()  # numba-cuda 0.30 under NumPy 2.5 (no np.row_stack) could compile no kernel
 
 #: Dynamic shared memory a block may use without an opt-in (every CUDA GPU since cc 2.0).
 SHARED_LIMIT_BYTES = 48 * 1024
@@ -834,7 +837,7 @@ def launch_exact(
     counts: Any,
     stream: Any,
     *,
-    shape: LaunchShape = LaunchShape(),
+    shape: LaunchShape | None = None,
     path: str = "auto",
     count_terms: bool = True,
     chunk: int | None = None,
@@ -852,7 +855,9 @@ def launch_exact(
     ``add_counts=True``. ``chunk`` (tests) lowers the number of values a
     launch takes. A ``"shared"`` path whose limbs need more than
     ``shared_limit`` bytes is refused (``ValueError``): it could not launch.
+    ``shape`` None: the default :class:`LaunchShape`.
     """
+    shape = shape or LaunchShape()
     fmt = SOURCES[source][1]
     K = int(state.shape[0])
     n = int(bits.shape[0])
@@ -950,14 +955,15 @@ def launch_round(
 
 def launch_ordered(
     order: Any, offsets: Any, values: Any, sorted_values: Any, out: Any, out_bits: Any,
-    out_name: str, stream: Any, *, shape: LaunchShape = LaunchShape(),
+    out_name: str, stream: Any, *, shape: LaunchShape | None = None,
 ) -> None:  # fmt: skip
     """The ``ordered`` fold of rows ``values`` (N, D) into ``out`` (K, D).
 
     ``sorted_values`` (N, D, the values' dtype) is scratch: the values are
     gathered into it in the plan's order, then a thread an output element
-    adds its bucket's contiguous run.
+    adds its bucket's contiguous run. ``shape`` None: the default :class:`LaunchShape`.
     """
+    shape = shape or LaunchShape()
     n = int(values.shape[0]) * int(values.shape[1])
     if n:
         blocks = min(-(-n // shape.threads), 16 * shape.max_blocks)
@@ -1059,8 +1065,9 @@ def launch_hot(
     )
 
 
-def launch_zero(flat: Any, stream: Any, shape: LaunchShape = LaunchShape()) -> None:
+def launch_zero(flat: Any, stream: Any, shape: LaunchShape | None = None) -> None:
     """Zero a flat numba device array (at most ``4 * shape.max_blocks`` blocks)."""
+    shape = shape or LaunchShape()
     n = int(flat.shape[0])
     if n:
         blocks = min(-(-n // shape.threads), 4 * shape.max_blocks)
