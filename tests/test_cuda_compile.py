@@ -225,7 +225,7 @@ def test_kernel_machine_code_has_no_cas_loop_and_flushes_no_value(target, tmp_pa
         assert name.startswith("atomic["), f"{name}: a float32 atomic outside 'atomic'"
 
 
-#: A NumPy without ``row_stack`` (removed in NumPy 2.5), simulated on this one, then a kernel compiled.
+#: A NumPy without ``row_stack`` (removed in NumPy 2.5) simulated here, then a kernel compiled.
 _WITHOUT_ROW_STACK = """
 import sys
 from unittest import mock
@@ -254,9 +254,10 @@ def test_kernels_compile_under_a_numpy_without_row_stack():
     kernel compiled on the first GPU run (2026-12-04, H200). bitfold loads the registry with a
     stand-in and takes it away again (``bitfold.kernels.numba_cuda_compat``)."""
     if DEVICE:
-        pytest.skip("on the device the real NumPy decides; this simulates a NumPy without row_stack")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
-        str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+        pytest.skip("on the device its own NumPy decides; this simulates one without row_stack")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    paths = [src, os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [src]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     done = subprocess.run([sys.executable, "-c", _WITHOUT_ROW_STACK], capture_output=True,
                           text=True, env=env, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

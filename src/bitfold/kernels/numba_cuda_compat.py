@@ -25,6 +25,8 @@ import numpy as np
 
 #: The numba-cuda module that registers ``np.row_stack`` (older releases use Numba's own, guarded).
 _ARRAY_OVERLOADS = "numba.cuda.np.arrayobj"
+#: The NumPy function it registers that NumPy 2.5 no longer has.
+_REMOVED = "row_stack"
 
 
 def _removed_row_stack(*arrays: object, **kwargs: object) -> object:
@@ -35,12 +37,12 @@ def _removed_row_stack(*arrays: object, **kwargs: object) -> object:
 @cache
 def load_registries() -> None:
     """Import numba-cuda's typing registries with ``np.row_stack`` present (once a process)."""
-    if hasattr(np, "row_stack") or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    if hasattr(np, _REMOVED) or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         return
-    np.row_stack = _removed_row_stack  # type: ignore[attr-defined]
+    setattr(np, _REMOVED, _removed_row_stack)
     try:
         importlib.import_module(_ARRAY_OVERLOADS)
     except ModuleNotFoundError:
         pass  # a numba-cuda without its own array overloads: nothing registers row_stack
     finally:
-        del np.row_stack
+        delattr(np, _REMOVED)
