@@ -258,6 +258,20 @@ def run_config(check: Check, cfg: Config) -> None:
             return entry
 
         times[key] = check.step(f"{cfg.name}: {key}", split)
+    if cfg.D == 1 and cfg.K > 1:  # the other exact paths of scalars, for the next tuning
+
+        def path_timing(path: str) -> Callable[[], dict[str, Any]]:
+            def go() -> dict[str, Any]:
+                entry = timed(check, lambda: exact(dev, exact_path=path), sync)
+                entry["equals_cpu"] = want is not None and _bits(
+                    to_numpy(exact(dev, exact_path=path))) == _bits(want)  # fmt: skip
+                return entry
+
+            return go
+
+        for path in ("global", "buckets"):
+            key = f"bitfold_exact_{path}[numba-kernels,{kind}]"
+            times[key] = check.step(f"{cfg.name}: {key}", path_timing(path))
     if cupy is not None and cfg.name == "seed":
         gc = cupy.asarray(g)
         key = "bitfold_exact[numba-kernels,cupy]"
@@ -516,6 +530,7 @@ def compiled_step(check: Check) -> dict[str, Any]:
             if r >= 3:
                 times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
+    profiles = {k: _profile(torch, steps[k]) for k in ("compiled", "exact_mode")}
     perm = torch.randperm(edges, device=dev, generator=gen)
     grads = []
     for s, d in ((src, dst), (src[perm], dst[perm])):
@@ -526,8 +541,23 @@ def compiled_step(check: Check) -> dict[str, Any]:
     return {"median_ms": {k: 1e3 * v for k, v in med.items()},
             "exact_compiled_over_compiled": med["exact_compiled"] / med["compiled"],
             "exact_mode_over_compiled": med["exact_mode"] / med["compiled"],
-            "gradients_equal_for_two_edge_orders": same,
+            "gradients_equal_for_two_edge_orders": same, "profiles": profiles,
             "sizes": {"nodes": nodes, "edges": edges, "features": feats}}  # fmt: skip
+
+
+def _profile(torch: Any, step: Callable[[], None], rows: int = 15) -> dict[str, str]:
+    """Where one step's time goes: ``torch.profiler`` tables by CUDA and by CPU time (text)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        table = prof.key_averages()
+        return {by: table.table(sort_by=by, row_limit=rows)
+                for by in ("self_cuda_time_total", "self_cpu_time_total")}  # fmt: skip
+    except Exception as err:  # a diagnosis only: never fail the measurement
+        return {"error": f"{type(err).__name__}: {err}"}
 
 
 def environment(check: Check) -> dict[str, Any]:
