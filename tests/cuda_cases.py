@@ -944,7 +944,7 @@ def test_torch_cuda_tensors_in_and_out(dtype):
     strided = torch.stack([dev, dev], 1)[:, 0]  # non-contiguous
     _assert_bits_equal(cuda_fold(plan, strided).cpu().numpy(), want.numpy(), "strided")
     # the one dispatch folds a CPU tensor on the host; the CUDA backend itself refuses it
-    with pytest.raises(bitfold.DeviceError, match="cuda backend does not fold .* device 'cpu'"):
+    with pytest.raises(bitfold.DeviceError, match=r"cuda backend does not fold .* device 'cpu'"):
         cuda_fold(plan, host, backend="cuda")
 
 
