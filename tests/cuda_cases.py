@@ -949,6 +949,35 @@ def test_torch_cuda_tensors_in_and_out(dtype):
 
 
 @device_only
+def test_exact_mode_reuses_the_plan_of_a_cuda_index_and_never_a_stale_one():
+    """bitfold.torch's plan cache on a device: a CUDA index met again hits (checked with
+    ``torch.equal`` on the device), one changed in place gets a new plan; bits against the
+    oracle each time."""
+    torch = pytest.importorskip("torch", reason="torch is needed for torch CUDA tensors")
+    if not torch.cuda.is_available():
+        pytest.skip("torch was built without CUDA: " + NEEDS_DEVICE)
+    import bitfold.torch as bt
+    from bitfold.torch import plan_cache
+
+    rng = np.random.default_rng(8)
+    K, n = 433, 50000
+    idx = torch.from_numpy(rng.integers(0, K, n)).cuda()
+    vals = _wide_values(rng, n)
+    dev_vals = torch.from_numpy(vals).cuda()
+    bt.clear_plan_cache()
+    for step in range(3):
+        if step == 2:
+            idx[17] = (idx[17] + 1) % K  # in place, same data pointer
+        hits = plan_cache.PLANS.hits
+        with bt.exact_mode():
+            got = torch.zeros(K, device="cuda").index_add_(0, idx, dev_vals)
+        assert plan_cache.PLANS.hits == hits + (step == 1), f"step {step}"
+        want = exact_fold_oracle(idx.cpu().numpy(), vals, K)
+        _assert_bits_equal(got.cpu().numpy(), want, f"step {step}")
+    bt.clear_plan_cache()
+
+
+@device_only
 def test_cupy_arrays_in_and_out():
     cupy = pytest.importorskip("cupy", reason="CuPy is needed for CuPy arrays")
     rng = np.random.default_rng(2)

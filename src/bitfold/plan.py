@@ -198,6 +198,24 @@ class Fold:
             other.K == self.K and other.size == self.size and other.fingerprint == self.fingerprint
         )
 
+    def same_index(self, index: Any) -> bool:
+        """True when the host array ``index`` holds this plan's ids, entry for entry.
+
+        ``index`` must have the plan's :attr:`shape` and an integer dtype (else
+        False); it is read once, in parallel, without a copy when it is
+        C-contiguous. A caller that meets an index again (a training loop's
+        edge list) can reuse the plan, its order and its device copies after
+        this check instead of building a new one: the check reads the index,
+        building a plan also sorts it.
+        """
+        arr = np.asarray(index)
+        if arr.dtype.kind not in "iu" or arr.shape != self._shape:
+            return False
+        flat = np.ravel(arr, order="C")
+        if not flat.dtype.isnative:
+            flat = flat.astype(flat.dtype.newbyteorder("="))
+        return planning.same_entries(flat, self._index)
+
     def prepared(self, key: Any, build: Callable[[], T]) -> T:
         """What a backend or adapter derives once from this plan, built by ``build()`` on first use.
 

@@ -109,6 +109,42 @@ def scan_index(index: np.ndarray, compact: np.ndarray, counts: np.ndarray, K: in
     return int(bad.min()) if bad.size else -1
 
 
+@njit(cache=True, nogil=True)
+def _differs_chunk(index, compact, lo, hi):  # pragma: no cover - compiled
+    # a count, not an early exit: the loop vectorises (an index met again usually matches)
+    ix, cp = index[lo:hi], compact[lo:hi]
+    differ = 0
+    for t in range(hi - lo):
+        differ += np.int64(ix[t]) != np.int64(cp[t])
+    return differ
+
+
+@njit(cache=True, parallel=True)
+def _differs_chunks(index, compact, differ):  # pragma: no cover - compiled
+    n = index.shape[0]
+    C = differ.shape[0]
+    for c in prange(C):
+        differ[c] = _differs_chunk(index, compact, n * c // C, n * (c + 1) // C)
+
+
+def same_entries(index: np.ndarray, compact: np.ndarray) -> bool:
+    """True when the flat integer arrays ``index`` and ``compact`` hold the same values.
+
+    Any integer dtypes; values are compared as int64, so a uint64 above int64's
+    range (which no plan holds) never equals a plan's entry. Sizes must match.
+    """
+    n = index.shape[0]
+    C = 1 if n < PARALLEL_MIN_POSITIONS else MAX_CHUNKS
+    if C == 1:
+        return int(_differs_chunk(index, compact, 0, n)) == 0
+    from .cpu import dynamic_schedule
+
+    differ = np.empty(C, np.int64)
+    with dynamic_schedule():
+        _differs_chunks(index, compact, differ)
+    return int(differ.sum()) == 0
+
+
 def bucket_offsets(index: np.ndarray, K: int, dtype: np.dtype) -> np.ndarray:
     """The K + 1 offsets of a checked ``index``: one counting pass, then the running totals."""
     n = index.shape[0]

@@ -23,6 +23,9 @@ order their threads or atomics finish.
   ``segment_sum``, ``embedding``, ``embedding_bag``, and the modules
   ``Embedding`` and ``EmbeddingBag`` (subclasses of torch's, same state
   dicts). Differentiable; ``torch.compile`` keeps them whole.
+* Plans of the index tensors these folds meet again are kept
+  (:mod:`bitfold.torch.plan_cache`) and reused after a check, on every call,
+  that the index still holds their ids; ``clear_plan_cache()`` forgets them.
 * Over a static plan (:mod:`bitfold.torch.ops`): ``expand(v, plan)``
   (``v[plan.index]``, whose gradient is the plan's fold), ``fold(values,
   plan)`` and the hashed layer ``FoldedLinear``.
@@ -57,12 +60,20 @@ from .functional import embedding, embedding_bag, index_add, scatter_add, segmen
 from .layers import Embedding, EmbeddingBag, FoldedLinear
 from .mode import ExactMode, exact_mode
 from .ops import expand, fold, plan_key
+from .plan_cache import PLANS as _PLANS
+
+
+def clear_plan_cache() -> None:
+    """Forget the plans kept for index tensors met again (:mod:`bitfold.torch.plan_cache`)."""
+    _PLANS.clear()
+
 
 __all__ = [
     "Embedding",
     "EmbeddingBag",
     "ExactMode",
     "FoldedLinear",
+    "clear_plan_cache",
     "compile",
     "embedding",
     "embedding_bag",

@@ -4,9 +4,10 @@ Every function here takes plain CPU or CUDA tensors of a floating dtype
 (float16, bfloat16, float32, float64), returns a new tensor and records no
 autograd: the custom ops of :mod:`bitfold.torch.ops` call them inside their
 implementations, and :mod:`bitfold.torch.mode` calls them in place of ATen.
-Each builds a plan from the index it is given (O(N + K): ids may change
-every call) and folds through :func:`bitfold.dispatch.fold`, so CUDA
-tensors fold on their device with the engine's CUDA kernels.
+Each folds by a plan of the index it is given (ids may change every call;
+an index tensor met again, equal entry for entry, reuses its plan:
+:mod:`bitfold.torch.plan_cache`) through :func:`bitfold.dispatch.fold`, so
+CUDA tensors fold on their device with the engine's CUDA kernels.
 
 The numeric contract, shared by every function: each *term* is computed as
 torch computes it (``alpha * source[i]`` rounded to the dtype, a row of the
@@ -32,8 +33,8 @@ import torch
 
 from ..dispatch import fold as _engine_fold
 from ..errors import IndexRangeError
-from ..plan import Fold
 from ..validate import index_range_error
+from .plan_cache import PLANS
 
 #: the dtypes bitfold folds exactly
 FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -68,7 +69,7 @@ def fold_rows(
     values = values.detach()
     if not values.is_contiguous():
         values = values.contiguous()
-    plan = Fold(index.detach().reshape(-1), K)
+    plan = PLANS.plan(index, K)
     if init is None:
         out = NAMES[values.dtype if out_dtype is None else out_dtype]
         return _engine_fold(plan, values, "exact", out_dtype=out)
@@ -126,8 +127,14 @@ def check_range(
 
 
 def wrap_negative(index: torch.Tensor, size: int) -> torch.Tensor:
-    """Negative indices (``-size <= i < 0``) as ``i + size``, as torch's indexing reads them."""
-    return torch.where(index < 0, index + size, index)
+    """Negative indices (``-size <= i < 0``) as ``i + size``, as torch's indexing reads them.
+
+    An index without negative entries is returned as it is (the same tensor), so an index
+    met again keeps its plan (:mod:`bitfold.torch.plan_cache`)."""
+    negative = index < 0
+    if not bool(negative.any()):
+        return index
+    return torch.where(negative, index + size, index)
 
 
 # -- index_add ------------------------------------------------------------------------------------

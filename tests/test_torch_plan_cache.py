@@ -1,0 +1,176 @@
+"""The torch adapter's plan cache: an index met again reuses its plan, a changed one never does.
+
+Every result is checked bit for bit against the Fraction oracle, so a stale plan (the ids of
+an earlier index) would show as wrong sums, not only as a wrong hit count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from oracle import exact_fold_oracle
+
+import bitfold
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (the 'torch' extra)")
+bt = pytest.importorskip("bitfold.torch", reason="bitfold.torch needs PyTorch")
+from bitfold.torch import plan_cache  # noqa: E402  (after the importorskip above)
+from bitfold.torch.folds import fold_rows  # noqa: E402
+
+N, K = 6000, 37  # above plan_cache.MIN_POSITIONS: cached
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    bt.clear_plan_cache()
+    yield
+    bt.clear_plan_cache()
+
+
+def _problem(seed: int, n: int = N, k: int = K):
+    rng = np.random.default_rng(seed)
+    idx = torch.from_numpy(rng.integers(0, k, n))
+    # magnitudes far apart: a sum in another grouping or of other terms rounds differently
+    vals = rng.standard_normal(n) * 2.0 ** rng.integers(-30, 30, n)
+    return idx, torch.from_numpy(vals.astype(np.float32))
+
+
+def _check(idx, vals, k: int = K) -> None:
+    got = fold_rows(idx, vals, k)
+    want = exact_fold_oracle(idx.numpy(), vals.numpy(), k)
+    np.testing.assert_array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
+
+
+def _counts():
+    return plan_cache.PLANS.hits, plan_cache.PLANS.misses
+
+
+def test_an_index_met_again_reuses_its_plan_with_the_oracle_bits():
+    idx, vals = _problem(1)
+    hits, misses = _counts()
+    _check(idx, vals)
+    _check(idx, vals * 3)
+    assert _counts() == (hits + 1, misses + 1)
+    assert len(plan_cache.PLANS) == 1
+
+
+@pytest.mark.parametrize("where", [0, N // 2, N - 1])
+def test_an_index_changed_in_place_by_torch_gets_a_new_plan(where):
+    idx, vals = _problem(2)
+    _check(idx, vals)
+    idx[where] = (idx[where] + 1) % K  # same tensor, same data pointer: only the check sees it
+    hits, misses = _counts()
+    _check(idx, vals)
+    assert _counts() == (hits, misses + 1)
+
+
+def test_an_index_changed_through_a_numpy_view_gets_a_new_plan():
+    """A NumPy view writes without bumping torch's version counter: the check reads the ids."""
+    idx, vals = _problem(3)
+    version = idx._version
+    _check(idx, vals)
+    view = idx.numpy()
+    view[:] = np.roll(view, 1)
+    assert idx._version == version, "the write should not be seen by torch's version counter"
+    _check(idx, vals)
+
+
+def test_the_same_index_into_another_K_has_its_own_plan():
+    idx, vals = _problem(4)
+    _check(idx, vals, K)
+    _check(idx, vals, K + 5)  # ids all below K: the extra buckets are empty
+    assert len(plan_cache.PLANS) == 2
+    _check(idx, vals, K)
+
+
+def test_small_indices_are_not_kept_and_bad_ones_are_refused_as_before():
+    idx, vals = _problem(5, n=plan_cache.MIN_POSITIONS - 1)
+    _check(idx, vals)
+    assert len(plan_cache.PLANS) == 0
+    big, big_vals = _problem(6)
+    _check(big, big_vals)
+    big[7] = K  # out of range after it was cached: refused, not folded with the old plan
+    with pytest.raises(bitfold.IndexRangeError, match=f"{K}"):
+        fold_rows(big, big_vals, K)
+    with pytest.raises(bitfold.FoldTypeError, match="integers"):
+        fold_rows(big.double(), big_vals, K)
+
+
+def test_the_cache_keeps_at_most_its_plans_and_positions():
+    cache = plan_cache.PlanCache(max_plans=2, max_positions=3 * N)
+    idxs = [_problem(10 + i)[0] for i in range(3)]
+    plans = [cache.plan(i, K) for i in idxs]
+    assert len(cache) == 2
+    assert cache.plan(idxs[2], K) is plans[2]  # kept
+    assert cache.plan(idxs[0], K) is not plans[0]  # the least recently used went first
+    small = plan_cache.PlanCache(max_plans=8, max_positions=N + 1)
+    small.plan(idxs[0], K)
+    small.plan(idxs[1], K)
+    assert len(small) == 1, "two plans of N positions exceed N + 1 positions"
+    cache.clear()
+    assert len(cache) == 0
+
+
+def test_exact_mode_steps_reuse_the_plans_of_their_edge_lists():
+    """A message-passing step twice under exact_mode(): the second step's folds hit the cache
+    and its gradients have the first step's bits (same parameters, same data)."""
+    g = torch.Generator().manual_seed(0)
+    nodes, edges, feats = 500, 5000, 8
+    scale = 2.0 ** torch.randint(-20, 20, (nodes, 1), generator=g)
+    x = torch.randn(nodes, feats, generator=g) * scale
+    src = torch.randint(0, nodes, (edges,), generator=g)
+    dst = torch.randint(0, nodes, (edges,), generator=g)
+    w = torch.randn(feats, feats, generator=g, requires_grad=True)
+
+    def grad() -> torch.Tensor:
+        w.grad = None
+        with bt.exact_mode():
+            agg = torch.zeros(nodes, feats).index_add_(0, dst, (x @ w)[src])
+            agg.pow(2).sum().backward()
+        return w.grad.clone()
+
+    first = grad()
+    hits = plan_cache.PLANS.hits
+    second = grad()
+    assert plan_cache.PLANS.hits >= hits + 2, "the forward and backward folds reuse their plans"
+    assert torch.equal(first.view(torch.int32), second.view(torch.int32))
+
+
+# -- Fold.same_index, the host check --------------------------------------------------------------
+@pytest.mark.parametrize("n", [10, 300_001])  # one chunk; parallel chunks
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint16, np.uint64])
+def test_same_index_finds_any_single_difference(n, dtype):
+    rng = np.random.default_rng(n)
+    idx = rng.integers(0, 1000, n).astype(dtype)
+    plan = bitfold.Fold(idx, 1000)
+    assert plan.same_index(idx)
+    assert plan.same_index(idx.astype(np.int8 if n == 10 and idx.max() < 128 else np.int64))
+    for where in {0, n // 2, n - 1}:
+        other = idx.copy()
+        other[where] = (other[where] + 1) % 1000
+        assert not plan.same_index(other), where
+
+
+def test_same_index_is_false_for_another_shape_dtype_or_huge_ids():
+    idx = np.arange(12) % 5
+    plan = bitfold.Fold(idx, 5)
+    assert not plan.same_index(idx.reshape(3, 4))
+    assert not plan.same_index(idx.astype(np.float64))
+    assert not plan.same_index(idx[:-1])
+    huge = idx.astype(np.uint64)
+    huge[3] += np.uint64(2**64 - 2**32)  # equal to the plan's id modulo 2^32, not as a number
+    assert not plan.same_index(huge)
+    assert plan.same_index(idx[::1].copy(order="F"))
+    assert plan.same_index(idx.astype(">i8"))  # big-endian: read by value
+
+
+def test_a_device_index_is_checked_against_its_kept_copy():
+    """The branch a CUDA index takes (``torch.equal`` with the copy kept beside it), run here
+    with the copy on the CPU; tests/cuda_cases.py runs it on a device."""
+    idx, _ = _problem(7)
+    plan = bitfold.Fold(idx, K)
+    entry = plan_cache._Entry(plan, idx.clone())
+    assert plan_cache.PlanCache._matches(entry, idx)
+    changed = idx.clone()
+    changed[-1] = (changed[-1] + 1) % K
+    assert not plan_cache.PlanCache._matches(entry, changed)
