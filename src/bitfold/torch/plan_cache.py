@@ -35,9 +35,10 @@ from ..plan import Fold
 
 #: Indices with fewer positions are planned afresh: a plan of them costs about its check.
 MIN_POSITIONS = 1 << 12
-#: Plans kept at most, and positions over all of them (the least recently used go first).
+#: Plans kept at most, and positions over all of them (the least recently used go first): a
+#: plan holds about 10 to 20 bytes a position, so at most a few hundred MB are kept.
 MAX_PLANS = 8
-MAX_POSITIONS = 1 << 26
+MAX_POSITIONS = 1 << 24
 
 
 @dataclass
