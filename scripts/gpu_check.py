@@ -20,7 +20,9 @@ and checks that the numba kernels and the portable path give the CPU's bits. Con
 * ``K=1``: N = 10^8 values into one bucket (the scalar kernel; the split bucket path too).
 
 For scalar configurations it also times the other exact paths (``global`` and
-``buckets``, each checked against the CPU's bits). It replays a fold captured in a
+``buckets``, each checked against the CPU's bits), and for every configuration it
+keeps a ``torch.profiler`` table of one exact fold (``profile_exact``: the host's
+time against the kernels'). It replays a fold captured in a
 CUDA graph (torch and CuPy results) and times a message-passing training step:
 ``bitfold.torch.compile`` and the eager step under ``exact_mode()`` against
 ``torch.compile``, with a ``torch.profiler`` table of one step of each.
@@ -251,6 +253,13 @@ def run_config(check: Check, cfg: Config) -> None:
 
     out["bits"]["numba_equals_cpu"] = check.step(f"{cfg.name}: numba bits", numba_bits, 5)
     times[name] = check.step(f"{cfg.name}: {name}", lambda: timed(check, lambda: exact(dev), sync))
+
+    def profile_exact() -> dict[str, str]:
+        if torch is None or check.args.smoke:
+            raise Skip("needs torch with a CUDA device (not on the simulator)")
+        return _profile(torch, lambda: exact(dev), rows=12)  # host time against kernel time
+
+    out["profile_exact"] = check.step(f"{cfg.name}: profile of one exact fold", profile_exact)
     if cfg.D == 1 and cfg.K == 1:  # the scalar path is the shared kernel; the split buckets too
         key = f"bitfold_exact_buckets_split[numba-kernels,{kind}]"
 
