@@ -80,8 +80,8 @@ class PlanCache:
                     self._entries.move_to_end(key)
                 self.hits += 1
             return entry.plan
-        plan = Fold(flat, K)
-        copy = flat.clone() if flat.is_cuda else None
+        copy = flat.clone() if flat.is_cuda else None  # the plan is built from the kept copy
+        plan = Fold(flat if copy is None else copy, K)
         with self._lock:
             self.misses += 1
             self._entries[key] = _Entry(plan, copy)
