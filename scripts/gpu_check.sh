@@ -9,14 +9,16 @@
 # 1. environment: nvidia-smi, git commit, and which libraries import (torch with CUDA, numba-cuda,
 #    CuPy, JAX with a GPU, triton, torch_geometric) -> OUT/imports.json;
 # 2. the GPU kernel cases on the device (tests/cuda_cases.py, BITFOLD_CUDA_DEVICE=1) -> OUT/gpu_tests.*
-# 3. the GPU benchmark, scripts/gpu_check.py (seed configuration, K = 10^6, rows uniform and Zipf,
+# 3. bitfold probe with its defaults on the GPU and on the CPU: the GPU's exact and ordered folds
+#    bit-identical run to run, the exact digest the CPU's (scripts/gpu_probe.py) -> OUT/probe_*;
+# 4. the GPU benchmark, scripts/gpu_check.py (seed configuration, K = 10^6, rows uniform and Zipf,
 #    K = 1 at N = 10^8; numba kernels vs cupyx.scatter_add, torch index_add_ atomic and
 #    deterministic, jax segment_sum; bits against the CPU; CUDA-graph replay; the compiled step),
 #    with the time left -> OUT/gpu_bench.json
 #
 # Each step has a time budget and its output in OUT/<step>.log; OUT/summary.json (written on any
-# exit) records each step's exit status and seconds. Exit status: 0 when the benchmark's bit checks
-# and the device tests pass, 1 otherwise, 2 when there is no usable GPU.
+# exit) records each step's exit status and seconds. Exit status: 0 when the benchmark's bit checks,
+# the device tests and the probe pass, 1 otherwise, 2 when there is no usable GPU.
 #
 # --smoke: no GPU needed; the benchmark on tiny sizes under the numba-cuda simulator (checks this
 #          script and gpu_check.py; times mean nothing).
@@ -158,7 +160,9 @@ EOF
 
 if [ $SMOKE = 1 ]; then
     step gpu_bench 120 "$PY" scripts/gpu_check.py --smoke --out "$OUT/gpu_bench.json"
-    [ "${RC[gpu_bench]}" = 0 ] && [ "${RC[imports]}" = 0 ] && { log "smoke passed"; exit 0; }
+    step probe 60 "$PY" scripts/gpu_probe.py --smoke "$OUT"
+    [ "${RC[gpu_bench]}" = 0 ] && [ "${RC[imports]}" = 0 ] && [ "${RC[probe]}" = 0 ] &&
+        { log "smoke passed"; exit 0; }
     log "smoke FAILED"
     exit 1
 fi
@@ -172,14 +176,16 @@ PARALLEL=()
 step gpu_tests 170 "$PY" -m pytest tests/cuda_cases.py \
     "tests/test_cuda_compile.py::test_cuda_backend_loads_when_required" "${PARALLEL[@]}" \
     -v -p no:cacheprovider -o addopts= -rs --durations=15 --junitxml="$OUT/gpu_tests.xml"
+# bitfold probe with its defaults (on the GPU) against the same probe on the CPU: same exact digest
+step probe 100 "$PY" scripts/gpu_probe.py "$OUT"
 # the benchmark's own budget stops it in time to write its JSON before this limit
 BENCH_BUDGET=$(($(left) - 25))
 step gpu_bench $((BENCH_BUDGET + 25)) "$PY" scripts/gpu_check.py --budget "$BENCH_BUDGET" \
     --out "$OUT/gpu_bench.json"
 
-if [ "${RC[gpu_tests]}" = 0 ] && [ "${RC[gpu_bench]}" = 0 ]; then
+if [ "${RC[gpu_tests]}" = 0 ] && [ "${RC[gpu_bench]}" = 0 ] && [ "${RC[probe]}" = 0 ]; then
     log "GPU checks passed"
     exit 0
 fi
-log "GPU checks FAILED (gpu_bench exit ${RC[gpu_bench]}, gpu_tests exit ${RC[gpu_tests]})"
+log "GPU checks FAILED (gpu_bench exit ${RC[gpu_bench]}, gpu_tests exit ${RC[gpu_tests]}, probe exit ${RC[probe]})"
 exit 1
