@@ -36,11 +36,18 @@ CPU_ARGS = ["--steps", "20"]
 SMOKE_ARGS = ["--steps", "5", "--reps", "2", "--D", "64", "--hid", "256", "--K", "33"]
 
 
-def run_probe(out: Path, name: str, args: list[str]) -> dict[str, Any]:
+def run_probe(out: Path, name: str, args: list[str], timeout: float) -> dict[str, Any]:
     """``bitfold probe ARGS --json OUT/probe_NAME.json``; its report (or why there is none)."""
     path = out / f"probe_{name}.json"
     cmd = [sys.executable, "-m", "bitfold", "probe", *args, "--json", str(path)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(),
+                              timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired as err:
+        out_text = err.stdout or ""
+        text = out_text if isinstance(out_text, str) else out_text.decode(errors="replace")
+        (out / f"probe_{name}.log").write_text(text, encoding="utf-8")
+        return {"error": f"timed out after {timeout:.0f} s"}
     (out / f"probe_{name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
     if done.returncode != 0 or not path.exists():
         return {"error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
@@ -81,14 +88,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="folder for the probes' JSON and logs")
     parser.add_argument("--smoke", action="store_true", help="both probes on the CPU, tiny sizes")
+    parser.add_argument("--gpu-timeout", type=float, default=300.0, help="GPU probe seconds")
+    parser.add_argument("--cpu-timeout", type=float, default=300.0, help="CPU probe seconds")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.smoke:
-        gpu = run_probe(args.out, "gpu", [*SMOKE_ARGS, "--device", "cpu"])
-        cpu = run_probe(args.out, "cpu", [*SMOKE_ARGS, "--device", "cpu", "--no-torch"])
+        gpu = run_probe(args.out, "gpu", [*SMOKE_ARGS, "--device", "cpu"], args.gpu_timeout)
+        cpu = run_probe(args.out, "cpu", [*SMOKE_ARGS, "--device", "cpu", "--no-torch"],
+                        args.cpu_timeout)  # fmt: skip
     else:
-        gpu = run_probe(args.out, "gpu", GPU_ARGS)
-        cpu = run_probe(args.out, "cpu", [*CPU_ARGS, "--device", "cpu", "--no-torch"])
+        gpu = run_probe(args.out, "gpu", GPU_ARGS, args.gpu_timeout)
+        cpu = run_probe(args.out, "cpu", [*CPU_ARGS, "--device", "cpu", "--no-torch"],
+                        args.cpu_timeout)  # fmt: skip
     verdict = judge(gpu, cpu, args.smoke)
     (args.out / "probe_check.json").write_text(json.dumps(verdict, indent=2), encoding="utf-8")
     print(json.dumps({k: v for k, v in verdict.items() if k != "facts"}, indent=2))

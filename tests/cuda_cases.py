@@ -950,7 +950,7 @@ def test_torch_cuda_tensors_in_and_out(dtype):
 
 @device_only
 def test_exact_mode_reuses_the_plan_of_a_cuda_index_and_never_a_stale_one():
-    """bitfold.torch's plan cache on a device: a CUDA index met again hits (checked with
+    """bitfold.torch's plan cache on a device: a CUDA index met a third time hits (checked with
     ``torch.equal`` on the device), one changed in place gets a new plan; bits against the
     oracle each time."""
     torch = pytest.importorskip("torch", reason="torch is needed for torch CUDA tensors")
@@ -965,13 +965,13 @@ def test_exact_mode_reuses_the_plan_of_a_cuda_index_and_never_a_stale_one():
     vals = _wide_values(rng, n)
     dev_vals = torch.from_numpy(vals).cuda()
     bt.clear_plan_cache()
-    for step in range(3):
-        if step == 2:
+    for step in range(4):  # met, kept, reused, changed in place
+        if step == 3:
             idx[17] = (idx[17] + 1) % K  # in place, same data pointer
         hits = plan_cache.PLANS.hits
         with bt.exact_mode():
             got = torch.zeros(K, device="cuda").index_add_(0, idx, dev_vals)
-        assert plan_cache.PLANS.hits == hits + (step == 1), f"step {step}"
+        assert plan_cache.PLANS.hits == hits + (step == 2), f"step {step}"
         want = exact_fold_oracle(idx.cpu().numpy(), vals, K)
         _assert_bits_equal(got.cpu().numpy(), want, f"step {step}")
     bt.clear_plan_cache()

@@ -230,8 +230,9 @@ _WITHOUT_ROW_STACK = """
 import sys
 from unittest import mock
 import numpy as np
-del np.row_stack
-np.__all__ = [name for name in np.__all__ if name != "row_stack"]
+if hasattr(np, "row_stack"):  # a NumPy that still has it (below 2.5): take it away
+    del np.row_stack
+    np.__all__ = [name for name in np.__all__ if name != "row_stack"]
 from numba import cuda
 from numba.cuda import dispatcher
 from bitfold.kernels import cuda as kernels

@@ -47,3 +47,21 @@ def test_a_digest_or_a_repeat_that_differs_fails_the_check(smoke):
     unstable["q4_training"]["exact"]["bit_identical"] = False
     assert gpu_probe.judge(unstable, cpu, smoke=True)["passed"] is False
     assert gpu_probe.judge({"error": "exit 1"}, cpu, smoke=True)["ran"] is False
+
+
+def test_the_benchmark_exit_judges_every_bit_check_that_ran():
+    """gpu_check.py's exit status: every measured ``equals_cpu`` counts, time-skipped ones don't,
+    and at least one numba-kernel check must have run."""
+    import gpu_check
+
+    def report(numba, **timings):
+        return {"configs": {"seed": {"bits": {"numba_equals_cpu": numba}, "timings": timings}}}
+
+    ok = {"us": 1.0, "equals_cpu": True}
+    assert gpu_check.bits_pass(report(True, global_path=ok, skipped=None))
+    assert not gpu_check.bits_pass(report(True, buckets={"us": 1.0, "equals_cpu": False}))
+    assert not gpu_check.bits_pass(report(False, global_path=ok))
+    assert not gpu_check.bits_pass(report(None, global_path=ok)), "no numba-kernel check ran"
+    both = report(True)
+    both["configs"]["K=1"] = {"bits": {"numba_equals_cpu": None}, "timings": {"x": ok}}
+    assert gpu_check.bits_pass(both), "a configuration skipped for time is not a failure"

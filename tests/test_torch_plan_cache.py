@@ -46,18 +46,35 @@ def _counts():
 
 
 def test_an_index_met_again_reuses_its_plan_with_the_oracle_bits():
+    """Met once: planned, not kept; twice: kept; from then on: reused."""
     idx, vals = _problem(1)
     hits, misses = _counts()
     _check(idx, vals)
+    assert len(plan_cache.PLANS) == 0
     _check(idx, vals * 3)
-    assert _counts() == (hits + 1, misses + 1)
     assert len(plan_cache.PLANS) == 1
+    _check(idx, vals * 5)
+    assert _counts() == (hits + 1, misses + 2)
+
+
+def test_indices_made_afresh_do_not_push_kept_plans_out():
+    idx, vals = _problem(20)
+    _check(idx, vals)
+    _check(idx, vals)  # kept
+    fresh = [_problem(100 + i)[0] for i in range(3 * plan_cache.MAX_PLANS)]  # alive: own pointers
+    for other in fresh:
+        fold_rows(other, vals, K)
+    assert len(plan_cache.PLANS) == 1
+    hits = plan_cache.PLANS.hits
+    _check(idx, vals)
+    assert plan_cache.PLANS.hits == hits + 1
 
 
 @pytest.mark.parametrize("where", [0, N // 2, N - 1])
 def test_an_index_changed_in_place_by_torch_gets_a_new_plan(where):
     idx, vals = _problem(2)
     _check(idx, vals)
+    _check(idx, vals)  # kept
     idx[where] = (idx[where] + 1) % K  # same tensor, same data pointer: only the check sees it
     hits, misses = _counts()
     _check(idx, vals)
@@ -69,6 +86,7 @@ def test_an_index_changed_through_a_numpy_view_gets_a_new_plan():
     idx, vals = _problem(3)
     version = idx._version
     _check(idx, vals)
+    _check(idx, vals)  # kept
     view = idx.numpy()
     view[:] = np.roll(view, 1)
     assert idx._version == version, "the write should not be seen by torch's version counter"
@@ -77,8 +95,8 @@ def test_an_index_changed_through_a_numpy_view_gets_a_new_plan():
 
 def test_the_same_index_into_another_K_has_its_own_plan():
     idx, vals = _problem(4)
-    _check(idx, vals, K)
-    _check(idx, vals, K + 5)  # ids all below K: the extra buckets are empty
+    for k in (K, K, K + 5, K + 5):  # ids all below K: the extra buckets are empty
+        _check(idx, vals, k)
     assert len(plan_cache.PLANS) == 2
     _check(idx, vals, K)
 
@@ -89,6 +107,7 @@ def test_small_indices_are_not_kept_and_bad_ones_are_refused_as_before():
     assert len(plan_cache.PLANS) == 0
     big, big_vals = _problem(6)
     _check(big, big_vals)
+    _check(big, big_vals)  # kept
     big[7] = K  # out of range after it was cached: refused, not folded with the old plan
     with pytest.raises(bitfold.IndexRangeError, match=f"{K}"):
         fold_rows(big, big_vals, K)
@@ -97,23 +116,27 @@ def test_small_indices_are_not_kept_and_bad_ones_are_refused_as_before():
 
 
 def test_the_cache_keeps_at_most_its_plans_and_positions():
+    def keep(cache, index):
+        cache.plan(index, K)
+        return cache.plan(index, K)  # the second meeting keeps it
+
     cache = plan_cache.PlanCache(max_plans=2, max_positions=3 * N)
     idxs = [_problem(10 + i)[0] for i in range(3)]
-    plans = [cache.plan(i, K) for i in idxs]
+    plans = [keep(cache, i) for i in idxs]
     assert len(cache) == 2
     assert cache.plan(idxs[2], K) is plans[2]  # kept
     assert cache.plan(idxs[0], K) is not plans[0]  # the least recently used went first
     small = plan_cache.PlanCache(max_plans=8, max_positions=N + 1)
-    small.plan(idxs[0], K)
-    small.plan(idxs[1], K)
+    keep(small, idxs[0])
+    keep(small, idxs[1])
     assert len(small) == 1, "two plans of N positions exceed N + 1 positions"
     cache.clear()
     assert len(cache) == 0
 
 
 def test_exact_mode_steps_reuse_the_plans_of_their_edge_lists():
-    """A message-passing step twice under exact_mode(): the second step's folds hit the cache
-    and its gradients have the first step's bits (same parameters, same data)."""
+    """A message-passing step three times under exact_mode(): the third step's folds hit the
+    cache (the second keeps their plans) and its gradients have the first step's bits."""
     g = torch.Generator().manual_seed(0)
     nodes, edges, feats = 500, 5000, 8
     scale = 2.0 ** torch.randint(-20, 20, (nodes, 1), generator=g)
@@ -130,10 +153,11 @@ def test_exact_mode_steps_reuse_the_plans_of_their_edge_lists():
         return w.grad.clone()
 
     first = grad()
+    grad()
     hits = plan_cache.PLANS.hits
-    second = grad()
+    third = grad()
     assert plan_cache.PLANS.hits >= hits + 2, "the forward and backward folds reuse their plans"
-    assert torch.equal(first.view(torch.int32), second.view(torch.int32))
+    assert torch.equal(first.view(torch.int32), third.view(torch.int32))
 
 
 # -- Fold.same_index, the host check --------------------------------------------------------------

@@ -39,6 +39,9 @@ MIN_POSITIONS = 1 << 12
 #: plan holds about 10 to 20 bytes a position, so at most a few hundred MB are kept.
 MAX_PLANS = 8
 MAX_POSITIONS = 1 << 24
+#: Keys remembered after one meeting: a plan is kept the second time its key is met, so indices
+#: made afresh every call (``torch.unique``'s inverse, a concatenation) do not push kept plans out.
+SEEN_KEYS = 64
 
 
 @dataclass
@@ -52,6 +55,7 @@ class PlanCache:
 
     def __init__(self, max_plans: int = MAX_PLANS, max_positions: int = MAX_POSITIONS) -> None:
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._seen: OrderedDict[tuple, None] = OrderedDict()  # keys met once, not yet kept
         self._lock = threading.Lock()
         self.max_plans = max_plans
         self.max_positions = max_positions
@@ -60,7 +64,8 @@ class PlanCache:
 
     def plan(self, index: torch.Tensor, K: int) -> Fold:
         """A plan of the flat ``index`` into K buckets: a kept one when the index still holds
-        its ids, else a new one (which is kept). Bad indices raise as :class:`bitfold.Fold` does."""
+        its ids, else a new one (kept when its key was met before). Bad indices raise as
+        :class:`bitfold.Fold` does."""
         flat = index.detach().reshape(-1)
         n = flat.numel()
         if (
@@ -80,10 +85,20 @@ class PlanCache:
                     self._entries.move_to_end(key)
                 self.hits += 1
             return entry.plan
+        with self._lock:
+            self.misses += 1
+            # kept the second time a key is met (one-off indices pass by), or replacing a kept
+            # plan whose index changed in place
+            again = entry is not None or key in self._seen
+            if not again:
+                self._seen[key] = None
+                while len(self._seen) > SEEN_KEYS:
+                    self._seen.popitem(last=False)
+        if not again:
+            return Fold(flat, K)
         copy = flat.clone() if flat.is_cuda else None  # the plan is built from the kept copy
         plan = Fold(flat if copy is None else copy, K)
         with self._lock:
-            self.misses += 1
             self._entries[key] = _Entry(plan, copy)
             self._entries.move_to_end(key)
             self._evict()
@@ -93,6 +108,7 @@ class PlanCache:
         """Forget every kept plan (and its device copy)."""
         with self._lock:
             self._entries.clear()
+            self._seen.clear()
 
     def __len__(self) -> int:
         return len(self._entries)
