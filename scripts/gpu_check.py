@@ -638,11 +638,10 @@ def main(argv: list[str] | None = None) -> int:
 def bits_pass(report: dict[str, Any]) -> bool:
     """Every bit check that ran (numba kernels, forced paths, portable) equals the CPU's, and
     at least one numba-kernel check ran; a check skipped for time is not a failure."""
-    checks = [c["bits"].get("numba_equals_cpu") for c in report["configs"].values()]
-    for cfg in report["configs"].values():
-        checks += [t.get("equals_cpu") for t in cfg["timings"].values() if isinstance(t, dict)]
-    ran = [c for c in checks if isinstance(c, bool)]
-    numba = [c["bits"].get("numba_equals_cpu") for c in report["configs"].values()]
+    configs = report["configs"].values()
+    numba = [c["bits"].get("numba_equals_cpu") for c in configs]
+    paths = [t.get("equals_cpu") for c in configs for t in c["timings"].values() if t]
+    ran = [b for b in numba + paths if isinstance(b, bool)]
     return any(b is True for b in numba) and all(ran)
 
 

@@ -211,10 +211,7 @@ class Fold:
         arr = np.asarray(index)
         if arr.dtype.kind not in "iu" or arr.shape != self._shape:
             return False
-        flat = np.ravel(arr, order="C")
-        if not flat.dtype.isnative:
-            flat = flat.astype(flat.dtype.newbyteorder("="))
-        return planning.same_entries(flat, self._index)
+        return planning.same_entries(read_index(arr).reshape(-1), self._index)
 
     def prepared(self, key: Any, build: Callable[[], T]) -> T:
         """What a backend or adapter derives once from this plan, built by ``build()`` on first use.

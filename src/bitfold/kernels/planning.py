@@ -394,6 +394,7 @@ __all__ = [
     "prefer_radix",
     "radix_order",
     "radix_passes",
+    "same_entries",
     "scan_index",
     "sorted_buckets",
     "stable_order",
