@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 import bitfold
+from bitfold.cli.timing import time_call
 from bitfold.torch import plan_cache
 from bitfold.torch.folds import fold_rows
 
@@ -36,15 +37,10 @@ DEFAULT_OUT = Path("benchmarks/results/2026-12-04-plancache-cpu-2core/fold_rows.
 
 
 def median_ms(fn: Callable[[], Any], calls: int = 11) -> float:
-    """Median milliseconds of ``calls`` calls of ``fn`` after two warm-up calls."""
+    """Median milliseconds of ``calls`` calls of ``fn`` after two warm-up calls (the second
+    meeting of an index keeps its plan)."""
     fn()
-    fn()
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
+    return 1e3 * time_call(fn, calls).median_s
 
 
 def measure(n: int, d: int, k: int, rounds: int) -> dict[str, Any]:
