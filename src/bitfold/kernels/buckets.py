@@ -158,20 +158,27 @@ def _add_narrow(acc, raw):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, inline="always")
 def _add_rows(values, bits, order, start, stop, last, acc, wide):  # pragma: no cover - compiled
-    """Add rows ``order[start:stop]`` into ``acc`` (D float64) with checked adds (NaN: inexact)."""
+    """Add rows ``order[start:stop]`` into ``acc`` (D float64) with checked adds (NaN: inexact).
+
+    The value format is tested once, outside the loops: a test inside the row
+    loop kept LLVM from vectorising the float32 columns (1.5x the time).
+    """
     D = acc.shape[0]
+    if wide:
+        for t in range(start, stop):
+            if t + AHEAD <= last:
+                prefetch_row(values, order[t + AHEAD])
+            r = order[t]
+            row, row_bits = values[r], bits[r]
+            for d in range(D):
+                acc[d] = checked_add(acc[d], as_double(row[d], row_bits[d], _F64[0], _F64[1]))
+        return
     for t in range(start, stop):
         if t + AHEAD <= last:
             prefetch_row(values, order[t + AHEAD])
-        r = order[t]
-        row_bits = bits[r]
-        if wide:
-            row = values[r]
-            for d in range(D):
-                acc[d] = checked_add(acc[d], as_double(row[d], row_bits[d], _F64[0], _F64[1]))
-        else:
-            for d in range(D):
-                acc[d] = _add_narrow(acc[d], row_bits[d])
+        row_bits = bits[order[t]]
+        for d in range(D):
+            acc[d] = _add_narrow(acc[d], row_bits[d])
 
 
 @njit(cache=True, nogil=True, inline="always")
