@@ -10,10 +10,15 @@ very many buckets.
 Exactness, in two levels:
 
 1. Up to a chunk of rows (:data:`ROW_CHUNK` float32 rows, :data:`CHUNK`
-   float64 rows; :data:`CHUNK` scalars) is added in float64, every addition
-   checked (:func:`bitfold.kernels.ieee.checked_add`: an inexact addition, a
-   NaN or an infinity turns the sum into NaN). A sum that is not NaN *is*
-   the exact sum of its values.
+   float64 rows; :data:`CHUNK` scalars) is added in float64. float64 rows,
+   scalars and fewer than :data:`CERTIFY_MIN_TERMS` float32 rows have every
+   addition checked (:func:`bitfold.kernels.ieee.checked_add`: an inexact
+   addition, a NaN or an infinity turns the sum into NaN). Longer float32
+   sums are added without a test, four rows at a time, while each column's
+   largest and smallest magnitudes are kept; they certify that every float64
+   sum of the column's terms is exact (:func:`_certified`), and a column
+   without the certificate is summed again with checked adds. A sum that is
+   not NaN *is* the exact sum of its values.
 2. A column whose chunk sum is exact contributes that float64 (an integer
    multiple of the limb unit) to its integer limbs; a column whose chunk sum
    is NaN adds each of its values to the limbs instead
@@ -67,6 +72,9 @@ AHEAD = 8
 #: almost never does within this many rows; an inexact chunk is redone value by value.
 #: float64 rows (whose float64 sums are rarely exact) keep the short :data:`CHUNK`.
 ROW_CHUNK = 1024
+#: Sums of fewer float32 terms test every addition; longer ones are certified once
+#: (:func:`_certified`).
+CERTIFY_MIN_TERMS = 8
 #: Flushes into a column's limbs between carry normalisations (each flush adds < 2^33).
 FLUSHES_BETWEEN_CARRIES = 1 << 20
 
@@ -157,22 +165,79 @@ def _add_narrow(acc, raw):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _add_rows(values, bits, order, start, stop, last, acc, wide):  # pragma: no cover - compiled
-    """Add rows ``order[start:stop]`` into ``acc`` (D float64) with checked adds (NaN: inexact).
-
-    The value format is tested once, outside the loops: a test inside the row
-    loop kept LLVM from vectorising the float32 columns (1.5x the time).
-    """
+def _add_wide_rows(values, bits, order, start, stop, last, acc):  # pragma: no cover - compiled
+    """Add float64 rows ``order[start:stop]`` into ``acc`` with checked adds (NaN: inexact)."""
     D = acc.shape[0]
-    if wide:
-        for t in range(start, stop):
-            if t + AHEAD <= last:
-                prefetch_row(values, order[t + AHEAD])
-            r = order[t]
-            row, row_bits = values[r], bits[r]
-            for d in range(D):
-                acc[d] = checked_add(acc[d], as_double(row[d], row_bits[d], _F64[0], _F64[1]))
-        return
+    for t in range(start, stop):
+        if t + AHEAD <= last:
+            prefetch_row(values, order[t + AHEAD])
+        r = order[t]
+        row, row_bits = values[r], bits[r]
+        for d in range(D):
+            acc[d] = checked_add(acc[d], as_double(row[d], row_bits[d], _F64[0], _F64[1]))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _magnitude(raw):  # pragma: no cover - compiled
+    """The float32 bits ``raw`` without their sign: magnitudes compare as these integers do."""
+    return raw & np.uint32(0x7FFFFFFF)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _below(raw):  # pragma: no cover - compiled
+    """``_magnitude(raw) - 1`` as a uint32: a zero wraps to the largest, so a minimum skips it."""
+    return np.uint32(_magnitude(raw) - np.uint32(1))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _ceil_log2(n):  # pragma: no cover - compiled
+    c = 0
+    while (1 << c) < n:
+        c += 1
+    return c
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _certified(high, below, log2_terms):  # pragma: no cover - compiled
+    """True when any float64 sum of the terms is exact: every addition, in any order, is exact.
+
+    ``high`` is the largest magnitude's bits, ``below`` the smallest non-zero
+    magnitude's bits minus one (all ones when every term is zero), and at most
+    ``2^log2_terms`` terms (at most 2^29) are summed. Every term is then
+    finite and normal (no subnormal, which denormals-are-zero would read as
+    zero), an integer multiple of ``u = 2^(eL - 150)`` (``eL`` the smallest
+    biased exponent) and below ``2^(eH - 126)`` in magnitude (``eH`` the
+    largest): every partial sum is a multiple of ``u`` below
+    ``2^(log2_terms + eH - eL + 24)`` units, which float64 holds exactly when
+    ``log2_terms + eH - eL <= 29``. (Terms all zero: ``eH = 0``, exact too.)
+    uint32 operations without a branch: it vectorises over the columns.
+    """
+    low = np.uint32(below + np.uint32(1))  # 0 when every term is zero
+    finite = high < np.uint32(0x7F800000)
+    normal_or_zero = (low >= np.uint32(0x800000)) | (below == np.uint32(0xFFFFFFFF))
+    narrow = np.uint32((high >> np.uint32(23)) + np.uint32(log2_terms)) <= np.uint32(
+        (low >> np.uint32(23)) + np.uint32(29))  # fmt: skip
+    return finite & normal_or_zero & narrow
+
+
+@njit(cache=True, nogil=True)
+def _recheck_narrow(bits, order, start, stop, d, init_bits, k, first):  # pragma: no cover
+    """Column ``d``'s sum (``init[k, d]`` first when ``first``) by checked adds: NaN if inexact."""
+    acc = -0.0
+    if first:
+        acc = _add_narrow(acc, init_bits[k, d])
+    for t in range(start, stop):
+        acc = _add_narrow(acc, bits[order[t], d])
+    return acc
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _add_few_narrow_rows(values, bits, order, start, stop, last, acc, D):  # pragma: no cover
+    """Add float32 rows ``order[start:stop]`` into ``acc`` with checked adds (NaN: inexact).
+
+    For sums of fewer than :data:`CERTIFY_MIN_TERMS` terms, where one test an
+    addition costs less than keeping the magnitudes.
+    """
     for t in range(start, stop):
         if t + AHEAD <= last:
             prefetch_row(values, order[t + AHEAD])
@@ -182,13 +247,100 @@ def _add_rows(values, bits, order, start, stop, last, acc, wide):  # pragma: no 
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _start_sum(acc, init, init_bits, k, first, wide):  # pragma: no cover - compiled
-    """``acc = -0.0`` in every column, plus ``init[k]`` when ``first``."""
+def _add_narrow_rows(values, bits, order, start, stop, last, acc, high, below, init_bits, k,
+                     first):  # fmt: skip  # pragma: no cover - compiled
+    """``acc[d]``: the float64 sum of float32 rows ``order[start:stop]`` (and ``init[k]``).
+
+    ``init[k]`` is a term when ``first``. The rows are added four at a time
+    without a test per addition, while the largest and smallest magnitudes of
+    each column are kept (integer minimum and maximum of the bits, eight
+    columns an instruction). A column whose magnitudes certify that every
+    float64 sum of its terms is exact (:func:`_certified`) keeps its sum; any
+    other column is summed again in order with checked adds
+    (:func:`_recheck_narrow`): its exact sum, or NaN. Either way ``acc[d]`` is
+    the exact sum of the column's terms or NaN, and an exact sum does not
+    depend on the order of its terms (nor does its sign when zero: ``-0.0``
+    exactly when every term is ``-0.0``). In the caches this is about 2.2x
+    as fast as a test per addition.
+    """
+    D = acc.shape[0]
+    n_terms = stop - start + first
+    if first:
+        for d in range(D):
+            raw = init_bits[k, d]
+            acc[d] = np.float64(float32_of_bits(raw))
+            high[d] = _magnitude(raw)
+            below[d] = _below(raw)
+    else:
+        for d in range(D):
+            acc[d] = -0.0
+            high[d] = 0
+            below[d] = 0xFFFFFFFF
+    t = start
+    while t + 4 <= stop:
+        for a in range(4):
+            if t + a + AHEAD <= last:
+                prefetch_row(values, order[t + a + AHEAD])
+        r0, r1, r2, r3 = bits[order[t]], bits[order[t + 1]], bits[order[t + 2]], bits[order[t + 3]]
+        for d in range(D):  # float64 columns: four lanes an instruction
+            acc[d] += ((np.float64(float32_of_bits(r0[d])) + np.float64(float32_of_bits(r1[d])))
+                       + (np.float64(float32_of_bits(r2[d]))
+                          + np.float64(float32_of_bits(r3[d]))))  # fmt: skip
+        for d in range(D):  # uint32 columns: eight lanes an instruction
+            high[d] = max(high[d], max(max(_magnitude(r0[d]), _magnitude(r1[d])),
+                                       max(_magnitude(r2[d]), _magnitude(r3[d]))))  # fmt: skip
+            below[d] = min(below[d], min(min(_below(r0[d]), _below(r1[d])),
+                                         min(_below(r2[d]), _below(r3[d]))))  # fmt: skip
+        t += 4
+    while t < stop:
+        if t + AHEAD <= last:
+            prefetch_row(values, order[t + AHEAD])
+        row_bits = bits[order[t]]
+        for d in range(D):
+            acc[d] += np.float64(float32_of_bits(row_bits[d]))
+        for d in range(D):
+            high[d] = max(high[d], _magnitude(row_bits[d]))
+            below[d] = min(below[d], _below(row_bits[d]))
+        t += 1
+    log2_terms = _ceil_log2(n_terms)
+    uncertified = 0
+    for d in range(D):
+        uncertified += not _certified(high[d], below[d], log2_terms)
+    if uncertified:
+        for d in range(D):
+            if not _certified(high[d], below[d], log2_terms):
+                acc[d] = _recheck_narrow(bits, order, start, stop, d, init_bits, k, first)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sum_rows(values, bits, order, start, stop, last, acc, high, below, wide, init, init_bits, k,
+              first):  # fmt: skip  # pragma: no cover - compiled
+    """``acc[d]``: the exact float64 sum of rows ``order[start:stop]`` (and ``init[k]``), or NaN.
+
+    ``init[k]`` is a term when ``first``.
+
+    NaN where that sum is not exact in float64 (or a term is a NaN, an
+    infinity or a subnormal): such a column is summed exactly some other way.
+    float32 rows: :func:`_add_narrow_rows`; float64 rows: checked adds.
+    """
+    if not wide:
+        if stop - start + first >= CERTIFY_MIN_TERMS:
+            _add_narrow_rows(values, bits, order, start, stop, last, acc, high, below, init_bits,
+                             k, first)  # fmt: skip
+            return
+        for d in range(acc.shape[0]):
+            acc[d] = -0.0
+        if first:
+            for d in range(acc.shape[0]):
+                acc[d] = _add_narrow(acc[d], init_bits[k, d])
+        _add_few_narrow_rows(values, bits, order, start, stop, last, acc, acc.shape[0])
+        return
     for d in range(acc.shape[0]):
         acc[d] = -0.0
     if first:
         for d in range(acc.shape[0]):
             acc[d] = checked_add(acc[d], _read(init, init_bits, k, d, wide))
+    _add_wide_rows(values, bits, order, start, stop, last, acc)
 
 
 @njit(cache=True, nogil=True)
@@ -197,19 +349,20 @@ def _rows_into_limbs(values, bits, order, k, lo, hi, last, limbs, acc, wide, ini
     """The exact sum of rows ``order[lo:hi]`` (plus ``init[k]`` with ``has_init``) into ``limbs``.
 
     ``limbs`` (D, L + 5) is zeroed first and left normalised. Rows are summed
-    ``chunk`` at a time in float64 (checked adds); an exact chunk sum goes into
-    a column's limbs at once, an inexact one value by value.
+    ``chunk`` at a time in float64 (:func:`_sum_rows`); an exact chunk sum goes
+    into a column's limbs at once, an inexact one value by value.
     """
     D = acc.shape[0]
     L = limbs.shape[1] - 5
+    high, below = np.empty(D, np.uint32), np.empty(D, np.uint32)
     limbs[:, :] = 0
     flushes = 0
     start = lo
     while start < hi:
         stop = min(hi, start + chunk)
         first = has_init and start == lo
-        _start_sum(acc, init, init_bits, k, first, wide)
-        _add_rows(values, bits, order, start, stop, last, acc, wide)
+        _sum_rows(values, bits, order, start, stop, last, acc, high, below, wide, init, init_bits,
+                  k, first)  # fmt: skip
         for d in range(D):
             if acc[d] == acc[d]:
                 add_exact_sum(limbs[d], L, acc[d], stop - start + first, unit_exp)
@@ -248,6 +401,7 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
     tiny = _cast_tiny(target)
     D = values.shape[1]
     last = offsets[k1] - 1
+    high, below = np.empty(D, np.uint32), np.empty(D, np.uint32)
     for k in range(k0, k1):
         lo = offsets[k]
         hi = offsets[k + 1]
@@ -261,8 +415,22 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
             for d in range(D):
                 out_bits[k, d] = _round_limbs(limbs[d], target, mag)
             continue
-        _start_sum(acc, init, init_bits, k, has_init, wide)
-        _add_rows(values, bits, order, lo, hi, last, acc, wide)
+        if wide or has_init:
+            _sum_rows(values, bits, order, lo, hi, last, acc, high, below, wide, init,
+                      init_bits, k, has_init)  # fmt: skip
+        elif hi - lo >= CERTIFY_MIN_TERMS:
+            _add_narrow_rows(values, bits, order, lo, hi, last, acc, high, below, init_bits, k,
+                             False)  # fmt: skip
+        else:  # the commonest bucket, a few float32 rows: written out here, as the same loop
+            # through _add_few_narrow_rows measured 1.1-1.2x the time at K = 10^5 .. 10^6
+            for d in range(D):
+                acc[d] = -0.0
+            for t in range(lo, hi):
+                if t + AHEAD <= last:
+                    prefetch_row(values, order[t + AHEAD])
+                row_bits = bits[order[t]]
+                for d in range(D):
+                    acc[d] = _add_narrow(acc[d], row_bits[d])
         inexact = 0
         if fast:  # the common case: cast every column, then mend the others
             for d in range(D):
