@@ -377,8 +377,8 @@ class DenseSum:
         """Round elements ``start .. stop-1`` of reduced ``words`` once (a NumPy array, flat).
 
         ``negzero`` is the reduced :meth:`negzero` (read for zero sums only; 0 outside
-        ``layout.sign_elements()``); ``mean_over`` divides the exact sums first (one
-        rounding in all).
+        ``layout.sign_elements()``), or empty when every zero sum is ``+0.0``;
+        ``mean_over`` divides the exact sums first (one rounding in all).
         """
         stop = self.size if stop is None else stop
         out_name = resolve_out_dtype(self.format.value_dtypes[-1], out_dtype)
@@ -386,6 +386,12 @@ class DenseSum:
             raise FoldTypeError(f"mean_over must be a positive integer; got {mean_over!r}")
         if not 0 < mean_over < (1 << 31):
             raise FoldError(f"mean_over must be in [1, 2**31); got {mean_over}")
+        negzero = np.asarray(negzero)
+        if negzero.shape not in ((0,), (self.size,)) or negzero.dtype != np.int32:
+            raise FoldError(
+                f"negzero must be {self.size} int32 flags (or none); got {negzero.shape} "
+                f"{negzero.dtype}"
+            )
         target = FLOATS[out_name]
         shift = held_shift(out_name)
         out_bits = np.empty(stop - start, np.int32 if shift else target.signed_bits_dtype)
@@ -410,7 +416,7 @@ class DenseSum:
         """
         layout = wire_layout(self.bounds(), self.size, 1, self.format.limbs)
         words = self.encode(layout)
-        negzero = self.negzero() if self.adds else np.zeros(self.size, np.int32)  # empty: +0.0
+        negzero = self.negzero() if self.adds else np.zeros(0, np.int32)  # empty: +0.0
         out = self.decode(words, layout, negzero, out_dtype, mean_over=mean_over)
         out = out.reshape(self.shape)
         if self._like is None:

@@ -132,17 +132,19 @@ def _exchange(
 
     ``bounds``, ``encode`` and ``negzero`` give this rank's share (:class:`DenseSum`'s, or
     those of one array read straight from its bits); returns the reduced words, their layout
-    and the zero-sum signs, ready for :meth:`DenseSum.decode`.
+    and the zero-sum signs (empty when no zero sum can be ``-0.0``), ready for
+    :meth:`DenseSum.decode`.
     """
     ranks = dist.get_world_size(group)
     bounds = _reduce(bounds, dist.ReduceOp.MAX, group, timeout, "the bounds all-reduce")
     layout = wire_layout(bounds, s.size, ranks, s.format.limbs)
     words = _reduce(encode(layout), dist.ReduceOp.SUM, group, timeout, "the exact all-reduce")
     signs = layout.sign_elements()
+    if not signs.size:  # known from the bounds: no collective when no block needs it, and
+        return words, layout, np.zeros(0, np.int32)  # every zero sum is +0.0
     flags = np.zeros(s.size, np.int32)  # +0.0 for a zero sum, but where the signs travel
-    if signs.size:  # known from the bounds: no collective when no block needs it
-        flags[signs] = _reduce(negzero()[signs], dist.ReduceOp.MIN, group, timeout,
-                               "the zero signs")  # fmt: skip
+    flags[signs] = _reduce(negzero()[signs], dist.ReduceOp.MIN, group, timeout,
+                           "the zero signs")  # fmt: skip
     return words, layout, flags
 
 

@@ -661,15 +661,23 @@ def divide_row(row, L, n, dst, mag):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _cast_block(words, base, i0, i1, start, scale, tiny, mean_over, precision, negzero, out_f,
-                qs):  # fmt: skip
+def _castable_word(w, x, least):  # pragma: no cover - compiled
+    """Word ``w`` (float64 ``x`` after its unit) is an exact float64 that casts in any mode."""
+    return (abs(w) < (np.int64(1) << 53)) & ((w == 0) | (abs(x) >= least))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cast_block(words, base, i0, i1, start, scale, tiny, mean_over, precision, negzero, signs,
+                out_f, qs):  # fmt: skip
     # pragma: no cover - compiled
     """Elements ``i0 .. i1-1`` of a narrow block (word ``base + i``, unit ``scale``) rounded by
-    the float unit, when that is exact for all of them; returns whether it was (else nothing
-    is written, and the caller rounds them with integers).
+    the float unit, when that is exact for all of them; returns whether it was (else the
+    caller rounds every one of them again with integers: without a mean, the elements are
+    written as they are cast, and the caller overwrites them).
 
     A word ``w`` with ``|w| < 2^53`` is the exact float64 ``x = w·scale`` (zero: ``-0.0``
-    where ``negzero`` says every term on every rank was). Without a mean,
+    where ``negzero`` says every term on every rank was; without ``signs``, ``negzero`` is a
+    block of zeros). Without a mean,
     the cast of ``x`` (at least the output's smallest normal ``tiny``) rounds once. With one,
     ``q = fl64(x / mean_over)`` is the correctly rounded quotient; for a float32 output, the
     cast of ``q`` is the correctly rounded quotient unless ``q`` is a float32 midpoint (a
@@ -679,27 +687,39 @@ def _cast_block(words, base, i0, i1, start, scale, tiny, mean_over, precision, n
     """
     least = tiny if mean_over == 1 else 2.0 * tiny
     ok = True
-    for i in range(i0, i1):
-        w = words[base + i]
-        x = np.float64(w) * scale
-        q = x if mean_over == 1 else x / mean_over
-        ok &= (abs(w) < (np.int64(1) << 53)) & ((w == 0) | (abs(q) >= least))
-        qs[i - i0] = -0.0 if (w == 0) & (negzero[i] != 0) else q  # a zero sum: its sign
+    # unsigned positions: a signed one would keep Numba's negative-index wrap, and LLVM would
+    # gather and scatter element by element instead of loading vectors (9.3 -> 5.6 ms for 4M)
+    at_word, at_in, at_out = np.uint64(base + i0), np.uint64(i0), np.uint64(i0 - start)
+    at_sign = at_in if signs else np.uint64(0)  # a block of zeros, read from its start
+    if mean_over == 1:  # written straight to the output: the caller rewrites them unless ok
+        for j in range(i1 - i0):
+            w = words[at_word + np.uint64(j)]
+            x = np.float64(w) * scale
+            ok &= _castable_word(w, x, least)
+            zero_sign = (w == 0) & (negzero[at_sign + np.uint64(j)] != 0)
+            out_f[at_out + np.uint64(j)] = -0.0 if zero_sign else x  # a zero sum: its sign
+        return ok
+    for j in range(i1 - i0):
+        w = words[at_word + np.uint64(j)]
+        q = np.float64(w) * scale / mean_over
+        ok &= _castable_word(w, q, least)
+        zero_sign = (w == 0) & (negzero[at_sign + np.uint64(j)] != 0)
+        qs[np.uint64(j)] = -0.0 if zero_sign else q
     if mean_over & (mean_over - 1) and precision < 53:  # a power of two divides exactly
         half = np.int64(1) << (52 - precision)  # the float64 bits of a midpoint below the output's
         below = (half << 1) - 1
         q_bits = qs.view(np.int64)
-        for i in range(i1 - i0):
-            ok &= (q_bits[i] & below) != half
+        for j in range(i1 - i0):
+            ok &= (q_bits[np.uint64(j)] & below) != half
     if ok:
-        for i in range(i0, i1):
-            out_f[i - start] = qs[i - i0]
+        for j in range(i1 - i0):
+            out_f[at_out + np.uint64(j)] = qs[np.uint64(j)]
     return ok
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, mean_over, start,
-                  stop, out_f, out_bits, fast, target, row, quot, mag, qs):  # fmt: skip
+def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, signs, mean_over,
+                  start, stop, out_f, out_bits, fast, target, row, quot, mag, qs):  # fmt: skip
     # pragma: no cover - compiled
     _, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
     E = QUOTIENT_EXTRA_LIMBS
@@ -714,7 +734,7 @@ def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, me
     tiny = min_normal(precision, subnormal_exp)
     if castable and _cast_block(words, offsets[b] - b * block, max(start, b * block),
                                 min(stop, (b + 1) * block), start, scale, tiny, mean_over,
-                                precision, negzero, out_f, qs):  # fmt: skip
+                                precision, negzero, signs, out_f, qs):  # fmt: skip
         return
     for i in range(max(start, b * block), min(stop, (b + 1) * block)):
         j = i - b * block
@@ -742,7 +762,8 @@ def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, me
                 w0 = words[pos] & ((1 << WIDE_LOW_BITS) - 1)
                 w1 = words[pos] >> WIDE_LOW_BITS
             if w0 == 0 and w1 == 0:
-                out_bits[i - start] = round_scaled(0, 0, negzero[i], precision, exp_bits,
+                sign = negzero[i] if signs else 0
+                out_bits[i - start] = round_scaled(0, 0, sign, precision, exp_bits,
                                                    subnormal_exp, out_shift)  # fmt: skip
                 continue
             if mean_over == 1 and c == NARROW and abs(words[pos]) < (1 << 62):
@@ -776,7 +797,8 @@ def decode(words, classes, lo, offsets, block, n, unit, L, negzero, mean_over, s
            out_f, out_bits, fast, target):  # fmt: skip  # pragma: no cover - compiled
     """Round elements ``start .. stop-1`` of the reduced words once into ``out_bits``.
 
-    ``negzero[i]`` (1: every term on every rank was -0.0) signs a zero sum;
+    ``negzero[i]`` (1: every term on every rank was -0.0) signs a zero sum (an empty
+    ``negzero``: every zero sum is +0.0);
     ``mean_over`` > 1 divides the exact sum by it first (one rounding).
     ``target`` as in :func:`bitfold.kernels.buckets.fold_buckets`; ``fast``
     when the output is float32 or float64 (``out_f``, the same memory as
@@ -785,14 +807,17 @@ def decode(words, classes, lo, offsets, block, n, unit, L, negzero, mean_over, s
     E = QUOTIENT_EXTRA_LIMBS
     b0 = start // block
     B = (stop + block - 1) // block - b0
+    signs = negzero.shape[0] != 0
+    if not signs:  # read as a block of zeros: the same vector loop, no flag per element
+        negzero = np.zeros(block, np.int32)
     for c in prange(CHUNKS):
         row = np.zeros(L + 5 + E, np.int64)  # scratch once a chunk of blocks
         quot = np.zeros(L + 5 + E, np.int64)
         mag = np.empty(L + E, np.int64)
         qs = np.empty(block)
         for b in range(b0 + B * c // CHUNKS, b0 + B * (c + 1) // CHUNKS):
-            _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, mean_over,
-                          start, stop, out_f, out_bits, fast, target, row, quot, mag,
+            _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, signs,
+                          mean_over, start, stop, out_f, out_bits, fast, target, row, quot, mag,
                           qs)  # fmt: skip
 
 
