@@ -274,6 +274,30 @@ def _exchange(sums, ranks=None):
     return layout, words, negzero
 
 
+@pytest.mark.parametrize("mean_over", [1, 3])
+def test_decode_reads_no_zero_signs_as_positive_zeros_and_refuses_flags_of_another_size(
+    mean_over,
+):
+    """Without a -0.0 anywhere no flag travels: an empty ``negzero`` decodes every zero sum
+    (here x + -x, in every block) to +0.0, the same bits as a full array of zero flags."""
+    n = 200
+    a = np.random.default_rng(9).standard_normal(n).astype(np.float32)
+    sums = [DenseSum((n,)).add(a), DenseSum((n,)).add(-a)]
+    sums[1].add(np.where(np.arange(n) % 3 == 0, np.float32(1.5), np.float32(0)))
+    layout, words, negzero = _exchange(sums)
+    assert layout.sign_elements().size == 0 and not negzero.any()
+    full = sums[0].decode(words, layout, negzero, mean_over=mean_over)
+    none = sums[0].decode(words, layout, np.zeros(0, np.int32), mean_over=mean_over)
+    assert np.array_equal(bits(none), bits(full))
+    zero = np.arange(n) % 3 != 0
+    assert not bits(none)[zero].any()  # +0.0
+    assert np.array_equal(none[~zero], np.full((~zero).sum(), 1.5 / mean_over, np.float32))
+    with pytest.raises(bitfold.FoldError, match=r"negzero must be 200 int32 flags.*\(5,\)"):
+        sums[0].decode(words, layout, np.zeros(5, np.int32))
+    with pytest.raises(bitfold.FoldError, match="int64"):
+        sums[0].decode(words, layout, np.zeros(n, np.int64))
+
+
 @pytest.mark.parametrize(("spread", "klass"), [(6, kernels.NARROW), (18, kernels.WIDE),
                                                (40, kernels.WIDER), (90, kernels.FULL)])
 @pytest.mark.parametrize("world", [2, 3, 5])

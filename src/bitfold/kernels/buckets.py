@@ -11,8 +11,8 @@ Exactness, in two levels:
 
 1. Up to a chunk of rows (:data:`ROW_CHUNK` float32 rows, :data:`CHUNK`
    float64 rows; :data:`CHUNK` scalars) is added in float64. float64 rows,
-   scalars and fewer than :data:`CERTIFY_MIN_TERMS` float32 rows have every
-   addition checked (:func:`bitfold.kernels.ieee.checked_add`: an inexact
+   scalars and buckets of fewer than :data:`CERTIFY_MIN_TERMS` float32 rows
+   have every addition checked (:func:`bitfold.kernels.ieee.checked_add`: an inexact
    addition, a NaN or an infinity turns the sum into NaN). Longer float32
    sums are added without a test, four rows at a time, while each column's
    largest and smallest magnitudes are kept; they certify that every float64
@@ -72,8 +72,8 @@ AHEAD = 8
 #: almost never does within this many rows; an inexact chunk is redone value by value.
 #: float64 rows (whose float64 sums are rarely exact) keep the short :data:`CHUNK`.
 ROW_CHUNK = 1024
-#: Sums of fewer float32 terms test every addition; longer ones are certified once
-#: (:func:`_certified`).
+#: Buckets of fewer float32 terms test every addition; longer ones (and every chunk of a
+#: bucket summed into limbs) are certified once (:func:`_certified`).
 CERTIFY_MIN_TERMS = 8
 #: Flushes into a column's limbs between carry normalisations (each flush adds < 2^33).
 FLUSHES_BETWEEN_CARRIES = 1 << 20
@@ -232,21 +232,6 @@ def _recheck_narrow(bits, order, start, stop, d, init_bits, k, first):  # pragma
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _add_few_narrow_rows(values, bits, order, start, stop, last, acc, D):  # pragma: no cover
-    """Add float32 rows ``order[start:stop]`` into ``acc`` with checked adds (NaN: inexact).
-
-    For sums of fewer than :data:`CERTIFY_MIN_TERMS` terms, where one test an
-    addition costs less than keeping the magnitudes.
-    """
-    for t in range(start, stop):
-        if t + AHEAD <= last:
-            prefetch_row(values, order[t + AHEAD])
-        row_bits = bits[order[t]]
-        for d in range(D):
-            acc[d] = _add_narrow(acc[d], row_bits[d])
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _add_narrow_rows(values, bits, order, start, stop, last, acc, high, below, init_bits, k,
                      first):  # fmt: skip  # pragma: no cover - compiled
     """``acc[d]``: the float64 sum of float32 rows ``order[start:stop]`` (and ``init[k]``).
@@ -321,19 +306,12 @@ def _sum_rows(values, bits, order, start, stop, last, acc, high, below, wide, in
 
     NaN where that sum is not exact in float64 (or a term is a NaN, an
     infinity or a subnormal): such a column is summed exactly some other way.
-    float32 rows: :func:`_add_narrow_rows`; float64 rows: checked adds.
+    float32 rows: :func:`_add_narrow_rows` (certified, whatever their count);
+    float64 rows: checked adds.
     """
     if not wide:
-        if stop - start + first >= CERTIFY_MIN_TERMS:
-            _add_narrow_rows(values, bits, order, start, stop, last, acc, high, below, init_bits,
-                             k, first)  # fmt: skip
-            return
-        for d in range(acc.shape[0]):
-            acc[d] = -0.0
-        if first:
-            for d in range(acc.shape[0]):
-                acc[d] = _add_narrow(acc[d], init_bits[k, d])
-        _add_few_narrow_rows(values, bits, order, start, stop, last, acc, acc.shape[0])
+        _add_narrow_rows(values, bits, order, start, stop, last, acc, high, below, init_bits, k,
+                         first)  # fmt: skip
         return
     for d in range(acc.shape[0]):
         acc[d] = -0.0
@@ -415,16 +393,17 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
             for d in range(D):
                 out_bits[k, d] = _round_limbs(limbs[d], target, mag)
             continue
-        if wide or has_init:
+        if wide or hi - lo + has_init >= CERTIFY_MIN_TERMS:
             _sum_rows(values, bits, order, lo, hi, last, acc, high, below, wide, init,
                       init_bits, k, has_init)  # fmt: skip
-        elif hi - lo >= CERTIFY_MIN_TERMS:
-            _add_narrow_rows(values, bits, order, lo, hi, last, acc, high, below, init_bits, k,
-                             False)  # fmt: skip
-        else:  # the commonest bucket, a few float32 rows: written out here, as the same loop
-            # through _add_few_narrow_rows measured 1.1-1.2x the time at K = 10^5 .. 10^6
+        else:  # the commonest bucket, a few float32 rows, each addition tested: written out
+            # here, as the same loop in an (inlined) function measured 1.1-1.2x the time at
+            # K = 10^5 .. 10^6
             for d in range(D):
                 acc[d] = -0.0
+            if has_init:
+                for d in range(D):
+                    acc[d] = _add_narrow(acc[d], init_bits[k, d])
             for t in range(lo, hi):
                 if t + AHEAD <= last:
                     prefetch_row(values, order[t + AHEAD])
