@@ -7,6 +7,7 @@ import pytest
 
 import bitfold
 from bitfold import plan as plan_module
+from bitfold.backends import host_buffers, host_routes
 
 
 @pytest.mark.parametrize(
@@ -147,7 +148,12 @@ def test_a_plan_of_many_buckets_counts_them_only_when_a_route_needs_them():
     plan = bitfold.Fold(idx, K)
     assert plan.nbytes == plan.index.nbytes  # checked and copied, not counted
     plan(np.ones(idx.size, np.float32))  # the float stream needs no offsets
-    assert plan.nbytes == plan.index.nbytes
+    # what it keeps for the next call: its slots' float64 sums and the float32 output, if large
+    arrays = (host_routes.stream_slots(idx.size, K) * K * 8, K * 4)
+    kept = sum(b for b in arrays if b >= host_buffers.MIN_BYTES)
+    assert kept > 0
+    assert host_buffers.buffers_of(plan).nbytes == kept
+    assert plan.nbytes == plan.index.nbytes + kept
     np.testing.assert_array_equal(np.diff(plan.offsets), np.bincount(idx, minlength=K))
     assert plan.offsets[0] == 0 and plan.offsets.dtype == np.int32
     np.testing.assert_array_equal(plan.order, np.argsort(idx, kind="stable"))

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import dispatch
+from .backends import host_buffers
 from .errors import FoldError
 from .exact import ExactAccumulator
 from .kernels import planning
@@ -30,7 +31,11 @@ class Fold:
     parallel pass over the index (many buckets are counted when a route first
     needs them); the stable sorted ``order`` (a counting sort, O(N + K) time
     and memory) is built the first time a route needs it.
-    The plan is immutable; build it once and call it every step.
+    The plan is immutable; build it once and call it every step. On the
+    host it hands its large outputs' memory (1 MiB or more) out again once
+    nothing holds the earlier result, no fresh pages every step
+    (:mod:`bitfold.backends.host_buffers`; a result still held, or a view
+    or tensor of it, is never touched).
 
     ``plan(values, strategy="exact")`` returns the K sums as an array of the
     same library (and device) as ``values``. The default ``exact`` strategy
@@ -175,11 +180,14 @@ class Fold:
         """Bytes the plan holds on the host now: index copy, and what it built so far.
 
         The offsets (at once for few buckets, else on first use), the order
-        and the sorted index (built when a route first needs them) and
-        ``counts`` once made.
+        and the sorted index (built when a route first needs them), ``counts``
+        once made, and the large outputs and scratch arrays it keeps for reuse
+        (:mod:`bitfold.backends.host_buffers`: at most two of a shape, of 1 MiB
+        or more, whether a caller still holds them or not).
         """
         held = (self._index, self._offsets, self._order, self._sorted_index, self._counts)
-        return int(sum(a.nbytes for a in held if a is not None))
+        kept = self._prepared.get(host_buffers.PREPARED_KEY)
+        return int(sum(a.nbytes for a in held if a is not None)) + (kept.nbytes if kept else 0)
 
     @property
     def fingerprint(self) -> str:

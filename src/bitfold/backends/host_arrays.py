@@ -8,13 +8,17 @@ results go back to the values' own library, shaped ``(K,) + trailing``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..arrays import family_of, from_numpy, to_numpy
 from ..formats import FLOATS, LimbFormat, rounding_target
 from ..validate import Values
+from .host_buffers import reused_empty
+
+if TYPE_CHECKING:
+    from ..plan import Fold
 
 
 def host_values(values: Any) -> np.ndarray:
@@ -56,14 +60,18 @@ def target(out_name: str, fmt: LimbFormat) -> tuple[int, ...]:
     return rounding_target(out_name, fmt)
 
 
-def empty_out(shape: tuple[int, ...], out_name: str) -> tuple[np.ndarray, np.ndarray]:
+def empty_out(
+    shape: tuple[int, ...], out_name: str, plan: Fold | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(the output as floats, the same memory as signed integers of its width).
 
     NumPy has no bfloat16: a bfloat16 output is a float32 array holding
     bfloat16 values (its integers are the bfloat16 bits shifted left by 16).
+    With ``plan``, a large output reuses memory the plan kept from an earlier
+    call that nothing holds any more (:mod:`bitfold.backends.host_buffers`).
     """
     widen = out_name == "bfloat16"
-    out_bits = np.empty(shape, np.int32 if widen else FLOATS[out_name].signed_bits_dtype)
+    out_bits = reused_empty(plan, shape, np.int32 if widen else FLOATS[out_name].signed_bits_dtype)
     return out_bits.view(np.float32 if widen else out_name), out_bits
 
 

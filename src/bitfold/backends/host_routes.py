@@ -39,6 +39,7 @@ from ..formats import FLOATS, LimbFormat, limb_format_for
 from ..kernels import buckets, cpu, stream
 from ..validate import Values
 from .host_arrays import empty_out, frozen, host_rows, host_values, target
+from .host_buffers import reused_empty
 from .host_state import add_to_state, new_state, round_state, slots_for
 
 if TYPE_CHECKING:
@@ -172,7 +173,7 @@ def fold_buckets(
     ``init`` (K, D), in the rows' dtype, is one more term of every bucket.
     bfloat16 results come back as float32 holding bfloat16 values.
     """
-    out, out_bits = empty_out((plan.K, rows.shape[1]), out_name)
+    out, out_bits = empty_out((plan.K, rows.shape[1]), out_name, plan)
     if out.size == 0:
         return out
     fast = out_name == rows.dtype.name  # an exact float64 sum is simply cast
@@ -207,7 +208,7 @@ def _run_half_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out
     sums = np.zeros((stream_slots(bits.shape[0], plan.K), plan.K), np.int64)
     specials = np.zeros((plan.K, 3), np.int64)
     stream.half_sums(plan.index, bits, sums, specials)
-    out, out_bits = empty_out((plan.K,), out_name)
+    out, out_bits = empty_out((plan.K,), out_name, plan)
     stream.finish_half(sums, specials, bits, plan.order, plan.offsets, out_bits,
                        target(out_name, limb_format_for("float16")))  # fmt: skip
     return out
@@ -248,7 +249,8 @@ def _run_float_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, ou
     slots = stream_slots(rows.shape[0], plan.K)
 
     def fill(out: np.ndarray) -> None:  # reads the order only to redo an inexact bucket
-        stream.float_sums(plan.index, rows[:, 0], slots, out)
+        sums = reused_empty(plan, (slots, plan.K), np.float64)  # each slot's state
+        stream.float_sums(plan.index, rows[:, 0], sums, out)
 
     return _cast_or_redo(plan, rows, fmt, out_name, fill)
 
@@ -301,14 +303,14 @@ def _cast_or_redo(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str,
     K = plan.K
     goal = target(out_name, fmt)
     if out_name == rows.dtype.name:  # sums cast straight into the output
-        out = np.empty(K, out_name)
+        out = reused_empty(plan, (K,), out_name)
         fill(out)
         out_bits = out.view(FLOATS[out_name].signed_bits_dtype)
         redo = np.flatnonzero(np.isnan(out))
     else:
-        sums = np.empty(K)
+        sums = reused_empty(plan, (K,), np.float64)
         fill(sums)
-        out, out_bits = empty_out((K,), out_name)
+        out, out_bits = empty_out((K,), out_name, plan)
         buckets.round_doubles(sums, out_bits, goal)
         redo = np.flatnonzero(np.isnan(sums))
     if redo.size:

@@ -137,34 +137,34 @@ def _negative_zero_buckets(index, bits, out):  # pragma: no cover - compiled
             out[k] = -0.0
 
 
-def float_sums(index, values, slots: int, out: np.ndarray) -> None:
+def float_sums(index, values, sums: np.ndarray, out: np.ndarray) -> None:
     """Each bucket's float64 sum of ``values`` (float32), stored into ``out``, or NaN.
 
-    ``slots`` private float64 states, cleared to ``+0.0``, are merged with
-    checked additions at the end. With one a thread, a fixed number of equal
-    chunks of positions (never the thread count) go to whichever thread is
-    free, into its own state; with fewer, each takes an equal range. ``out``
-    (K,) float32 or float64 receives each bucket's exact sum cast to its
-    dtype (one rounding), or NaN where the float64 sum was ever inexact or met
-    a NaN or an infinity, or where the cast could meet flush-to-zero
-    (:func:`bitfold.kernels.ieee.castable`). An empty bucket is ``+0.0``; a
-    bucket of ``-0.0`` terms only is ``-0.0`` (when a -0.0 was read, one more
-    pass over the index finds them). Needs no offsets: a one-shot plan does
-    not count its buckets. An exact sum is unique, so nothing depends on
-    ``slots``.
+    ``sums`` (slots, K) float64, whatever it holds, gives the private states
+    of the slots: each is cleared to ``+0.0`` (by the thread that fills it),
+    and they are merged with checked additions at the end. With one a thread,
+    a fixed number of equal chunks of positions (never the thread count) go
+    to whichever thread is free, into its own state; with fewer, each takes
+    an equal range. ``out`` (K,) float32 or float64 receives each bucket's
+    exact sum cast to its dtype (one rounding), or NaN where the float64 sum
+    was ever inexact or met a NaN or an infinity, or where the cast could
+    meet flush-to-zero (:func:`bitfold.kernels.ieee.castable`). An empty
+    bucket is ``+0.0``; a bucket of ``-0.0`` terms only is ``-0.0`` (when a
+    -0.0 was read, one more pass over the index finds them). Needs no
+    offsets: a one-shot plan does not count its buckets. An exact sum is
+    unique, so nothing depends on the number of slots.
     """
-    K = out.shape[0]
+    slots, K = sums.shape
     far = K > FAR_MIN_K
     tiny = float(np.finfo(out.dtype).tiny)
     if slots == 1 and K < PARALLEL_MIN_K:
-        sums = np.zeros((1, K))
+        sums[0] = 0.0
         negative_zeros = np.array([_float_range(index, values, 0, index.shape[0], sums[0], far)])
         _merge_float(sums, out, tiny, 0, K)
     else:
         from .cpu import DYNAMIC_CHUNKS, dynamic_schedule, thread_count
 
         threads = thread_count()
-        sums = np.empty((slots, K))
         if slots == threads and threads > 1:  # a slow core takes fewer chunks
             negative_zeros = np.zeros(DYNAMIC_CHUNKS, np.int64)
             _clear_slots(sums)
