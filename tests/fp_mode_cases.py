@@ -96,7 +96,7 @@ def results(data: dict[str, np.ndarray], *, distributed: bool = False) -> dict[s
         idx = _index(data, K)
         plan = bitfold.Fold(idx, K)
         out[f"numpy K={K}"] = _bits(plan(v32))
-        routes = ["limbs", "float-stream", "sorted-stream", "buckets"]
+        routes = ["limbs", "partitioned-stream", "float-stream", "sorted-stream", "buckets"]
         for route in routes:
             out[f"numpy K={K} route={route}"] = _bits(dispatch.fold(plan, v32, route=route))
         out[f"numpy K={K} route=limbs kernel=limbs"] = _bits(

@@ -9,7 +9,7 @@ from oracle import exact_fold_oracle
 
 import bitfold
 from bitfold import dispatch
-from bitfold.backends import host_routes
+from bitfold.backends import host_buffers, host_routes
 from bitfold.backends.host_routes import TABLE, Shape
 
 #: route -> shapes (K, n, dtype, row size) the table must send to it
@@ -18,8 +18,11 @@ CLAIMS = {
     "half-stream": [Shape(10, 50, "float16", 1), Shape(1 << 18, 1 << 22, "float16", 1)],
     "limbs": [Shape(1 << 10, 50, "float32", 1), Shape(1 << 15, 50, "float64", 1),
               Shape(3, 1 << 23, "float16", 1)],
-    "float-stream": [Shape(3000, 50, "float32", 1), Shape(1 << 20, 50, "bfloat16", 1),
-                     Shape(1 << 19, 50, "float16", 1)],
+    "partitioned-stream": [Shape((1 << 19) + 1, 50, "float32", 1),
+                           Shape(1 << 20, 50, "bfloat16", 1),
+                           Shape((1 << 19) + 7, 50, "float16", 1)],
+    "float-stream": [Shape(3000, 50, "float32", 1), Shape(1 << 19, 50, "bfloat16", 1),
+                     Shape(1 << 18, 1 << 23, "float16", 1)],
     "sorted-stream": [Shape((1 << 20) + 1, 50, "float32", 1), Shape(1 << 16, 50, "float64", 1),
                       Shape((1 << 20) + 1, 50, "float16", 1)],
 }  # fmt: skip
@@ -112,13 +115,15 @@ def test_the_dynamically_scheduled_binned_kernel_gives_the_oracle_for_any_thread
     assert cpu.DYNAMIC_CHUNKS > before  # more chunks than threads: a slow core is not waited for
 
 
+@pytest.mark.parametrize("route", ["partitioned-stream", "float-stream"])
 @pytest.mark.parametrize("negative_zeros", [True, False])
-def test_the_float_stream_past_the_caches_gives_the_oracle_bits(negative_zeros):
-    """Over 2^18 buckets the float stream prefetches its sums; private sums merged (one
-    thread or several), inexact buckets redone through the order, empty buckets,
-    ``-0.0``-only buckets, infinities."""
+def test_the_float_streams_past_the_caches_give_the_oracle_bits(route, negative_zeros):
+    """Over 2^19 buckets: the partitioned stream (its values grouped into nine partitions of
+    2^16 buckets, the last one of three), and the float stream (forced: it prefetches its sums;
+    private sums merged, one thread or several); inexact buckets redone through the order,
+    empty buckets, ``-0.0``-only buckets, infinities, subnormal terms."""
     rng = np.random.default_rng(18)
-    n, K = 400_000, (1 << 18) + 3
+    n, K = 400_000, (1 << 19) + 3
     idx = rng.integers(0, K - 2, n)
     vals = (rng.standard_normal(n) * 2.0 ** rng.integers(-40, 40, n)).astype(np.float32)
     idx[:3] = K - 2  # bucket K-1 is empty
@@ -127,16 +132,19 @@ def test_the_float_stream_past_the_caches_gives_the_oracle_bits(negative_zeros):
         idx[3:5], vals[3:5] = K - 3, [-0.0, 0.0]
         idx[5:7] = K - 3
     vals[10:12] = [np.inf, np.inf]
+    vals[20:24] = np.float32(2.0**-140) * np.float32([1, -3, 5, 7])  # subnormal float32 terms
+    idx[20:22], idx[22:24] = 70_000, 140_000  # partitions 1 and 2
     import numba
 
     plan = bitfold.Fold(idx, K)
-    assert plan.route(vals).route == "float-stream"
+    assert plan.route(vals).route == "partitioned-stream"
     want = exact_fold_oracle(idx, vals, K, "float32").view(np.uint32)
     before = numba.get_num_threads()
     try:  # one thread: one private sum; more: chunks handed to whichever thread is free
         for threads in sorted({1, before}):
             numba.set_num_threads(threads)
-            np.testing.assert_array_equal(plan(vals).view(np.uint32), want)
+            got = dispatch.fold(plan, vals, route=route)
+            np.testing.assert_array_equal(got.view(np.uint32), want)
     finally:
         numba.set_num_threads(before)
 
@@ -152,7 +160,9 @@ def test_the_sorted_stream_on_a_radix_sorted_plan_gives_the_oracle_bits(n):
     plan = bitfold.Fold(idx, K)
     plain = rng.standard_normal(n).astype(np.float32)  # every bucket's float64 sum exact
     got = dispatch.fold(plan, plain, route="sorted-stream")
-    assert plan.nbytes == plan.index.nbytes + plan.order.nbytes + plan.sorted_index.nbytes
+    kept = host_buffers.buffers_of(plan).nbytes  # its output, once over 1 MiB, kept for reuse
+    assert kept == (got.nbytes if got.nbytes >= host_buffers.MIN_BYTES else 0)
+    assert plan.nbytes == plan.index.nbytes + plan.order.nbytes + plan.sorted_index.nbytes + kept
     want = exact_fold_oracle(idx, plain.astype(np.float64), K, "float32")
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     vals = (rng.standard_normal(n) * 2.0 ** rng.integers(-60, 60, n)).astype(np.float32)
