@@ -184,3 +184,29 @@ def test_jax_results_stay_their_own_while_the_plan_reuses_its_memory(small_buffe
     results = [plan(jnp.asarray(v)) for v in vals]
     for r, v in zip(results, vals, strict=True):
         assert np.array_equal(np.asarray(r).view(np.uint32), _bits(_rows_oracle(idx, v, K)))
+
+
+def test_one_shot_folds_share_buffers_and_never_touch_a_result_held(small_buffers, monkeypatch):
+    monkeypatch.setattr(host_buffers, "ONE_SHOT", host_buffers.HostBuffers(max_shapes=2))
+    n, D, K = ROWS
+    idx = np.random.default_rng(7).integers(0, K, n)
+    vals = [_values(60 + s, n, D) for s in range(4)]
+    held = bitfold.segment_sum(vals[0], idx, K)
+    at = _data(bitfold.segment_sum(vals[1], idx, K))  # dropped at once
+    again = bitfold.segment_sum(vals[2], idx, K)
+    assert _data(again) == at and _data(held) != at  # a new plan each call, the same memory
+    a = np.zeros((K, D), np.float32)
+    bitfold.add_at(a, idx, vals[3])  # through the shared buffers too
+    for got, v in ((held, vals[0]), (again, vals[2]), (a, vals[3])):
+        assert np.array_equal(_bits(got), _bits(_rows_oracle(idx, v, K)))
+
+
+def test_shared_buffers_forget_the_least_recently_used_shape_past_their_limit(small_buffers):
+    shared = host_buffers.HostBuffers(max_shapes=2)
+    first = shared.empty((100,), np.float32)
+    first[:] = 7.0
+    shared.empty((200,), np.float32)
+    shared.empty((100,), np.float32)  # (100,) used again: (200,) is now the oldest
+    shared.empty((300,), np.float32)
+    assert shared.nbytes == (2 * 100 + 300) * 4  # (200,) forgotten; first still held: two
+    assert np.all(first == 7.0)

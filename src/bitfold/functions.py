@@ -14,6 +14,7 @@ import numpy as np
 
 from . import dispatch
 from .arrays import family_of
+from .backends.host_buffers import share_one_shot
 from .errors import FoldTypeError, IndexRangeError, ShapeError
 from .formats import dtype_name
 from .plan import Fold
@@ -30,13 +31,15 @@ def segment_sum(
     and on their device. With the default ``exact`` strategy every element is
     the correctly rounded sum of its bucket's values (float32 for float16,
     bfloat16 and float32 values, float64 for float64 values, or
-    ``out_dtype``): the same bits for any order of the values.
+    ``out_dtype``): the same bits for any order of the values. A large result's
+    memory is handed to a later call once nothing holds it any more
+    (:mod:`bitfold.backends.host_buffers`).
 
     >>> import numpy as np, bitfold
     >>> bitfold.segment_sum(np.array([1.0, 2.0, 3.0], np.float32), [0, 2, 0], 3).tolist()
     [4.0, 0.0, 2.0]
     """
-    return Fold(index, K)(values, strategy, out_dtype=out_dtype)
+    return share_one_shot(Fold(index, K))(values, strategy, out_dtype=out_dtype)
 
 
 def add_at(a: Any, indices: Any, b: Any) -> None:
@@ -80,7 +83,7 @@ def add_at(a: Any, indices: Any, b: Any) -> None:
     values = _broadcast_like(a, b, want, family.name)
     n = int(a.shape[0])
     try:
-        plan = Fold(idx, n)
+        plan = share_one_shot(Fold(idx, n))
     except IndexRangeError as err:  # in add_at's words: the bound is a's length, not a "K"
         raise index_range_error(idx.shape, err.position, err.value, n, f"len(a) = {n}") from None
     result = dispatch.fold(plan, values, init=a)

@@ -14,15 +14,20 @@ becomes; a result still held is never touched.
 
 What a plan keeps is at most :data:`KEEP` arrays a shape while the plan
 lives (``KEEP = 2``: a training loop holds the last step's result while the
-next is computed, and the two alternate). The reuse changes where results
-live, never their values. It needs CPython's reference counts: elsewhere
-(another implementation, a free-threaded build) every call allocates.
+next is computed, and the two alternate). The one-shot folds
+(``bitfold.segment_sum``, ``bitfold.add_at``), which build a plan in every
+call, share :data:`ONE_SHOT` instead: the same rule, for at most
+:data:`ONE_SHOT_SHAPES` shapes, the least recently used forgotten first. The
+reuse changes where results live, never their values. It needs CPython's
+reference counts: elsewhere (another implementation, a free-threaded build)
+every call allocates.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,6 +41,8 @@ MIN_BYTES = 1 << 20
 KEEP = 2
 #: The key of a plan's :class:`HostBuffers` among what it keeps (:meth:`bitfold.Fold.prepared`).
 PREPARED_KEY = "host-buffers"
+#: Shapes (with dtypes) whose arrays the one-shot folds' shared buffers keep at once.
+ONE_SHOT_SHAPES = 8
 
 
 def _count_of_unreferenced() -> int | None:
@@ -53,9 +60,11 @@ _UNREFERENCED = _count_of_unreferenced()
 class HostBuffers:
     """The arrays one plan keeps for reuse (see the module's docstring); safe across threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_shapes: int | None = None) -> None:
+        """``max_shapes``: keep arrays of at most this many shapes (None: of every shape)."""
         self._lock = threading.Lock()
-        self._kept: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
+        self._kept: OrderedDict[tuple[tuple[int, ...], str], list[np.ndarray]] = OrderedDict()
+        self._max_shapes = max_shapes
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An uninitialised C-contiguous array: kept memory no one holds, else a new array."""
@@ -64,7 +73,11 @@ class HostBuffers:
         if _UNREFERENCED is None or int(np.prod(shape)) * dtype.itemsize < MIN_BYTES:
             return np.empty(shape, dtype)
         with self._lock:  # a block handed out is referenced before another thread looks
-            kept = self._kept.setdefault((shape, dtype.str), [])
+            key = (shape, dtype.str)
+            kept = self._kept.setdefault(key, [])
+            self._kept.move_to_end(key)
+            if self._max_shapes is not None and len(self._kept) > self._max_shapes:
+                self._kept.popitem(last=False)  # forgotten: arrays still held stay alive
             for i in range(len(kept)):
                 if sys.getrefcount(kept[i]) <= _UNREFERENCED:
                     return kept[i].view()
@@ -86,6 +99,16 @@ def buffers_of(plan: Fold) -> HostBuffers:
     return plan.prepared(PREPARED_KEY, HostBuffers)
 
 
+#: The buffers every one-shot fold's plan shares (``bitfold.segment_sum``, ``bitfold.add_at``).
+ONE_SHOT = HostBuffers(max_shapes=ONE_SHOT_SHAPES)
+
+
+def share_one_shot(plan: Fold) -> Fold:
+    """Let ``plan``, built for one fold, reuse the one-shot folds' shared buffers; return it."""
+    plan.prepared(PREPARED_KEY, lambda: ONE_SHOT)
+    return plan
+
+
 def reused_empty(plan: Fold | None, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """``np.empty(shape, dtype)``, in memory ``plan`` kept from an earlier call when it is free."""
     if plan is None:
@@ -93,4 +116,14 @@ def reused_empty(plan: Fold | None, shape: tuple[int, ...], dtype: Any) -> np.nd
     return buffers_of(plan).empty(shape, dtype)
 
 
-__all__ = ["KEEP", "MIN_BYTES", "PREPARED_KEY", "HostBuffers", "buffers_of", "reused_empty"]
+__all__ = [
+    "KEEP",
+    "MIN_BYTES",
+    "ONE_SHOT",
+    "ONE_SHOT_SHAPES",
+    "PREPARED_KEY",
+    "HostBuffers",
+    "buffers_of",
+    "reused_empty",
+    "share_one_shot",
+]
