@@ -60,15 +60,13 @@ def target(out_name: str, fmt: LimbFormat) -> tuple[int, ...]:
     return rounding_target(out_name, fmt)
 
 
-def empty_out(
-    shape: tuple[int, ...], out_name: str, plan: Fold | None = None
-) -> tuple[np.ndarray, np.ndarray]:
+def empty_out(plan: Fold, shape: tuple[int, ...], out_name: str) -> tuple[np.ndarray, np.ndarray]:
     """(the output as floats, the same memory as signed integers of its width).
 
     NumPy has no bfloat16: a bfloat16 output is a float32 array holding
     bfloat16 values (its integers are the bfloat16 bits shifted left by 16).
-    With ``plan``, a large output reuses memory the plan kept from an earlier
-    call that nothing holds any more (:mod:`bitfold.backends.host_buffers`).
+    A large output reuses memory ``plan`` kept from an earlier call that
+    nothing holds any more (:mod:`bitfold.backends.host_buffers`).
     """
     widen = out_name == "bfloat16"
     out_bits = reused_empty(plan, shape, np.int32 if widen else FLOATS[out_name].signed_bits_dtype)

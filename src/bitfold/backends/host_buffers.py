@@ -109,10 +109,8 @@ def share_one_shot(plan: Fold) -> Fold:
     return plan
 
 
-def reused_empty(plan: Fold | None, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+def reused_empty(plan: Fold, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """``np.empty(shape, dtype)``, in memory ``plan`` kept from an earlier call when it is free."""
-    if plan is None:
-        return np.empty(shape, dtype)
     return buffers_of(plan).empty(shape, dtype)
 
 

@@ -177,7 +177,7 @@ def fold_buckets(
     ``init`` (K, D), in the rows' dtype, is one more term of every bucket.
     bfloat16 results come back as float32 holding bfloat16 values.
     """
-    out, out_bits = empty_out((plan.K, rows.shape[1]), out_name, plan)
+    out, out_bits = empty_out(plan, (plan.K, rows.shape[1]), out_name)
     if out.size == 0:
         return out
     fast = out_name == rows.dtype.name  # an exact float64 sum is simply cast
@@ -212,7 +212,7 @@ def _run_half_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out
     sums = np.zeros((stream_slots(bits.shape[0], plan.K), plan.K), np.int64)
     specials = np.zeros((plan.K, 3), np.int64)
     stream.half_sums(plan.index, bits, sums, specials)
-    out, out_bits = empty_out((plan.K,), out_name, plan)
+    out, out_bits = empty_out(plan, (plan.K,), out_name)
     stream.finish_half(sums, specials, bits, plan.order, plan.offsets, out_bits,
                        target(out_name, limb_format_for("float16")))  # fmt: skip
     return out
@@ -236,7 +236,7 @@ def _run_limbs(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name:
     return round_state(state, fmt, out_name)
 
 
-# -- 4. float-stream ----------------------------------------------------------------------------
+# -- 5. float-stream ----------------------------------------------------------------------------
 #: Scalar folds into at most this many buckets stream in position order, one float64 a bucket
 #: a slot (at 10^6 buckets this beats reading the values through the plan's order, and needs
 #: no order: a one-shot fold does not sort).
@@ -259,7 +259,7 @@ def _run_float_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, ou
     return _cast_or_redo(plan, rows, fmt, out_name, fill)
 
 
-# -- 4b. partitioned-stream ------------------------------------------------------------------------
+# -- 4. partitioned-stream (after the float stream here: it ends at the float stream's limit) --
 #: Scalar folds into more buckets than this (and at most FLOAT_STREAM_MAX_K) group their values
 #: by partition first: a float-stream slot's sums (8 bytes a bucket) no longer fit a core's L2
 #: cache, a partition's (2^16 buckets) do. In-process, two threads, N = 3,145,728: into 10^6
@@ -297,7 +297,7 @@ def _run_partitioned_stream(plan: Fold, values: Any, spec: Values, fmt: LimbForm
     return _cast_or_redo(plan, rows, fmt, out_name, fill)
 
 
-# -- 5. sorted-stream ---------------------------------------------------------------------------
+# -- 6. sorted-stream ---------------------------------------------------------------------------
 def _always(s: Shape) -> bool:
     return True
 
@@ -350,7 +350,7 @@ def _cast_or_redo(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str,
         out_bits = out.view(FLOATS[out_name].signed_bits_dtype)
     else:
         sums = reused_empty(plan, (K,), np.float64)
-        out, out_bits = empty_out((K,), out_name, plan)
+        out, out_bits = empty_out(plan, (K,), out_name)
     left = fill(sums)
     redo = np.flatnonzero(np.isnan(sums)) if left is None or left else np.empty(0, np.int64)
     if sums is not out:

@@ -107,6 +107,14 @@ def _float_chunks(index, values, sums, far, negative_zeros):  # pragma: no cover
                                          far)  # fmt: skip
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _store_sum(out, k, acc, tiny):  # pragma: no cover - compiled
+    # a bucket's float64 sum into out[k], cast (one rounding), or NaN (to be redone): 1 if NaN
+    ok = castable(acc, tiny)
+    out[k] = acc if ok else np.nan
+    return 0 if ok else 1
+
+
 @njit(cache=True, nogil=True)
 def _merge_float(sums, out, tiny, k0, k1):  # pragma: no cover - compiled
     # how many buckets were left NaN (to be redone)
@@ -116,9 +124,7 @@ def _merge_float(sums, out, tiny, k0, k1):  # pragma: no cover - compiled
         acc = sums[0, k]
         for s in range(1, S):
             acc = checked_add_narrow(acc, sums[s, k])
-        ok = castable(acc, tiny)
-        out[k] = acc if ok else np.nan
-        inexact += not ok
+        inexact += _store_sum(out, k, acc, tiny)
     return inexact
 
 
@@ -216,10 +222,7 @@ def _partition_sum(grouped, local, lo, hi, sums, out, base, tiny):  # pragma: no
         sums[k] = checked_add_narrow(sums[k], as_double(values[j], grouped[j], 8, 23))
     inexact = 0
     for k in range(width):
-        acc = sums[k]
-        ok = castable(acc, tiny)
-        out[base + k] = acc if ok else np.nan
-        inexact += not ok
+        inexact += _store_sum(out, base + k, sums[k], tiny)
     return inexact
 
 
