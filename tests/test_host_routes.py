@@ -176,3 +176,20 @@ def test_the_sorted_stream_on_a_radix_sorted_plan_gives_the_oracle_bits(n):
     assert starts[0] == 0 and starts[-1] == n and np.all(np.diff(starts) >= 0)
     inner = starts[(starts > 0) & (starts < n)]
     assert np.all(ids[inner] != ids[inner - 1])  # every cut is at a bucket boundary
+
+
+def test_a_forced_route_refuses_a_plan_past_its_bucket_limit_by_name():
+    limit = host_routes.get("partitioned-stream").max_K
+    plan = bitfold.Fold(np.array([0, limit]), K=limit + 1)
+    with pytest.raises(bitfold.FoldError, match=rf"at most {limit:,} buckets; this plan has K = "
+                                                rf"{limit + 1:,}"):  # fmt: skip
+        dispatch.fold(plan, np.ones(2, np.float32), route="partitioned-stream")
+    # the limit is the layout's own: at it the layout is built, one past it is not
+    from bitfold.kernels import planning
+
+    index = np.array([0, limit - 1], np.int64)
+    dest, local = np.empty(2, np.int32), np.empty(2, np.uint16)
+    starts = planning.partition_layout(index, limit, dest, local)
+    assert starts[-1] == 2 and local.tolist() == [0, (limit - 1) & 0xFFFF]
+    with pytest.raises(ValueError):
+        planning.partition_layout(index, limit + 1, dest, local)

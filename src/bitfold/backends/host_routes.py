@@ -65,8 +65,9 @@ class Route:
     """One exact route: when it is taken, why (a template over the shape and the constants), how.
 
     ``run(plan, values, spec, fmt, out_name, **options)`` returns a ``(K, D)``
-    (or ``(K,)``) NumPy array of ``out_name``. ``scalars_only`` and
-    ``dtypes`` (None: every dtype) say what a forced route can fold.
+    (or ``(K,)``) NumPy array of ``out_name``. ``scalars_only``, ``dtypes``
+    (None: every dtype) and ``max_K`` (None: any K) say what a forced route
+    can fold.
     """
 
     name: str
@@ -75,6 +76,7 @@ class Route:
     run: Callable[..., np.ndarray]
     scalars_only: bool = True
     dtypes: tuple[str, ...] | None = None
+    max_K: int | None = None
 
 
 # -- shared by the streaming and bucket routes ------------------------------------------------
@@ -382,7 +384,7 @@ TABLE: tuple[Route, ...] = (
           "{dtype} scalars into {K:,} buckets ({PARTITIONED_MIN_K:,} < K <= "
           "{FLOAT_STREAM_MAX_K:,}): values grouped by partitions of 2^16 buckets, checked "
           "float64 sums in position order in the caches, inexact buckets redone",
-          _run_partitioned_stream, dtypes=_NARROW),
+          _run_partitioned_stream, dtypes=_NARROW, max_K=planning.PARTITIONED_MAX_K),
     Route("float-stream", _is_float_stream,
           "{dtype} scalars into {K:,} buckets (<= {FLOAT_STREAM_MAX_K:,}): checked float64 "
           "sums in position order, one a bucket, inexact buckets redone",
@@ -440,6 +442,11 @@ def run(route: Route, plan: Fold, values: Any, spec: Values, out_name: str,
         raise FoldError(
             f"the {route.name!r} route folds {', '.join(route.dtypes)} values only; "
             f"got {spec.dtype}"
+        )
+    if route.max_K is not None and plan.K > route.max_K:
+        raise FoldError(
+            f"the {route.name!r} route folds into at most {route.max_K:,} buckets; "
+            f"this plan has K = {plan.K:,}"
         )
     return route.run(plan, values, spec, limb_format_for(spec.dtype), out_name, **options)
 

@@ -395,6 +395,8 @@ def radix_order(index: np.ndarray, K: int, order: np.ndarray, sorted_index: np.n
 # -- partitions: positions grouped by their id's high bits, for the partitioned stream ---------
 #: Buckets of one partition: a partition's float64 sums (512 KiB) stay in a core's L2 cache.
 PARTITION_BITS = 16
+#: Most buckets a layout groups: one radix digit of partitions.
+PARTITIONED_MAX_K = 1 << (PARTITION_BITS + RADIX_BITS)
 
 
 @njit(cache=True, nogil=True)
@@ -425,8 +427,8 @@ def partition_layout(index: np.ndarray, K: int, dest: np.ndarray, local: np.ndar
     every place; returns the ``partitions + 1`` starts of the partitions'
     places. One stable counting pass (the radix sort's, on one digit) in
     parallel over position chunks, each placing from its own cursors: the
-    layout is unique, whatever the chunk count. Needs ``K <= 2^(PARTITION_BITS
-    + RADIX_BITS)``.
+    layout is unique, whatever the chunk count. Needs ``K <=``
+    :data:`PARTITIONED_MAX_K` (callers check; a ValueError otherwise).
     """
     n = index.shape[0]
     partitions = max(1, (K + (1 << PARTITION_BITS) - 1) >> PARTITION_BITS)
