@@ -185,3 +185,28 @@ def test_a_plan_of_fewer_buckets_sorts_by_counting_and_gives_the_same_sorted_ind
     assert not plan_module.planning.prefer_radix(n, K)
     np.testing.assert_array_equal(plan.sorted_index, np.sort(idx))
     np.testing.assert_array_equal(plan.order, np.argsort(idx, kind="stable"))
+
+
+def test_a_plan_counts_the_host_arrays_its_routes_keep():
+    """The partitioned stream's layout (a place a position, a uint16 id a place) is the plan's."""
+    K = host_routes.PARTITIONED_MIN_K + 1
+    n = 300_000
+    plan = bitfold.Fold(np.random.default_rng(3).integers(0, K, n), K)
+    before = plan.nbytes
+    plan(np.ones(n, np.float32))  # every bucket's sum exact: nothing redone, no order built
+    dest, local, starts = host_routes.partition_layout(plan)  # the kept layout, not a new one
+    assert (dest.nbytes, local.nbytes) == (4 * n, 2 * n)
+    kept = host_buffers.buffers_of(plan).nbytes
+    held = plan.nbytes
+    assert held == before + dest.nbytes + local.nbytes + starts.nbytes + kept
+    plan(np.ones(n, np.float32))
+    assert plan.nbytes == held  # the layout is built once; the next call reuses the kept output
+
+
+def test_a_plan_counts_the_cpu_tensors_it_keeps_for_torch():
+    torch = pytest.importorskip("torch", reason="torch is needed for its CPU index copy")
+    n = 10_000
+    plan = bitfold.Fold(np.random.default_rng(5).integers(0, 433, n), 433)
+    before = plan.nbytes
+    plan.expand(torch.ones(433))  # v[index] through an int64 tensor of the index, kept
+    assert plan.nbytes == before + 8 * n

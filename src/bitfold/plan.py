@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -181,13 +182,25 @@ class Fold:
 
         The offsets (at once for few buckets, else on first use), the order
         and the sorted index (built when a route first needs them), ``counts``
-        once made, and the large outputs and scratch arrays it keeps for reuse
-        (:mod:`bitfold.backends.host_buffers`: at most two of a shape, of 1 MiB
-        or more, whether a caller still holds them or not).
+        once made, the host arrays backends and adapters derived from it and
+        keep (int64 copies of the index for NumPy's and PyTorch's CPU
+        scatters, the partitioned stream's layout, task tables, the portable
+        path's constants on the CPU), and the large outputs and scratch arrays it
+        keeps for reuse (:mod:`bitfold.backends.host_buffers`: at most two of
+        a shape, of 1 MiB or more, whether a caller still holds them or not).
+        Memory on a device (a GPU) is not counted.
         """
-        held = (self._index, self._offsets, self._order, self._sorted_index, self._counts)
+        held = [self._index, self._offsets, self._order, self._sorted_index, self._counts]
+        held += [a for key, value in self._prepared.items() if key != host_buffers.PREPARED_KEY
+                 for a in _host_arrays(value)]  # fmt: skip
         kept = self._prepared.get(host_buffers.PREPARED_KEY)
-        return int(sum(a.nbytes for a in held if a is not None)) + (kept.nbytes if kept else 0)
+        seen: set[int] = set()
+        total = 0
+        for a in held:
+            if a is not None and id(a) not in seen:
+                seen.add(id(a))
+                total += a.nbytes
+        return int(total) + (kept.nbytes if kept else 0)
 
     @property
     def fingerprint(self) -> str:
@@ -293,6 +306,25 @@ def _bucket_memory(K: int, n: int) -> Iterator[None]:
 def offsets_bytes(K: int, n: int) -> int:
     """Bytes a plan's offsets take per bucket (4 below 2^31 positions, else 8)."""
     return 4 if n <= _INT32_MAX else 8
+
+
+def _host_arrays(value: Any) -> list[Any]:
+    """The host arrays ``value`` is or holds (in a tuple or list), each with ``nbytes``.
+
+    NumPy arrays, and PyTorch tensors and JAX arrays in CPU memory (looked
+    for only where their library is already imported); device memory is not.
+    """
+    if isinstance(value, np.ndarray):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [a for item in value for a in _host_arrays(item)]
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return [value] if value.device.type == "cpu" else []
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(value, jax.Array):
+        return [value] if all(d.platform == "cpu" for d in value.devices()) else []
+    return []
 
 
 def _frozen(arr: np.ndarray) -> np.ndarray:
