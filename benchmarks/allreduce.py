@@ -94,14 +94,15 @@ def _rank(rank: int, world: int, init: str, n: int, repeats: int, out: str) -> N
     bounds = torch.from_numpy(s.bounds())
     dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
     layout = wire_layout(bounds.numpy(), n, world, s.format.limbs)
-    classes = np.bincount(layout.classes, minlength=4).tolist()
+    classes = np.bincount(layout.classes, minlength=5).tolist()  # the kernels' class codes
     if rank == 0:
         record = {
             "processes": world,
             "elements": n,
             "float32_bytes": 4 * n,
             "exact_bytes": int(bounds.numel() * bounds.element_size() + layout.words * 8),
-            "block_classes": dict(zip(("narrow", "wide", "wider", "full"), classes, strict=True)),
+            "block_classes": dict(zip(("narrow", "wide", "wider", "full", "half"), classes,
+                                      strict=True)),
             "float32_ms": 1e3 * medians["float32"],
             "exact_ms": 1e3 * medians["exact"],
             "exact_sum_ms": 1e3 * medians["exact_sum"],
@@ -211,7 +212,7 @@ def table(records: list[dict], steps: list[dict] | None = None) -> str:
     """Markdown tables of the records, with the goals."""
     lines = [
         "| processes | elements | float32 all-reduce | exact all-reduce | time | bytes | "
-        "exact, through a DenseSum | time | blocks narrow/wide/wider/full |",
+        "exact, through a DenseSum | time | blocks half/narrow/wide/wider/full |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
@@ -221,7 +222,7 @@ def table(records: list[dict], steps: list[dict] | None = None) -> str:
             f"{r['exact_ms']:.1f} ms | {_verdict(r['time_ratio'], TIME_GOAL)} | "
             f"{_verdict(r['bytes_ratio'], BYTES_GOAL)} | {r['exact_sum_ms']:.1f} ms | "
             f"{r['sum_time_ratio']:.2f}x | "
-            f"{c['narrow']}/{c['wide']}/{c['wider']}/{c['full']} |"
+            f"{c.get('half', 0)}/{c['narrow']}/{c['wide']}/{c['wider']}/{c['full']} |"
         )
     if steps:
         lines += [

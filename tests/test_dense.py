@@ -227,7 +227,10 @@ def test_one_array_read_from_its_bits_travels_as_a_sum_that_took_it(dtype):
     assert np.array_equal(bitfold.dense.array_bounds(a), s.bounds())
     for ranks in (1, 3):
         layout = wire_layout(s.bounds(), n, ranks, s.format.limbs)
-        assert (layout.classes == kernels.NARROW).all()
+        # the subnormals' block spans 7 bits: half words; the others (spread 2^16) narrow
+        want = np.full(layout.classes.size, kernels.NARROW)
+        want[3] = kernels.HALF
+        assert np.array_equal(layout.classes, want)
         assert np.array_equal(bitfold.dense.array_words(a, layout), s.encode(layout))
     wide = a.copy()
     wide[100] = 2.0**40
@@ -330,9 +333,49 @@ def test_the_wire_carries_the_exact_sum_in_every_class(spread, klass, world):
                            kernels.FULL: 121}[klass]  # fmt: skip
 
 
+@pytest.mark.parametrize("world", [2, 3, 5])
+@pytest.mark.parametrize("n", [301, 64 * 5])
+def test_half_blocks_pair_their_elements_and_carry_the_exact_sum(world, n):
+    """Values of few bits (gradients often are): two elements a word, the sums of both lanes
+    recovered exactly, negative low lanes and an odd last element included."""
+    rng = np.random.default_rng(world * n)
+    per_rank = 2
+    top = (1 << (30 - int(np.ceil(np.log2(world))))) // per_rank  # the lanes' sums just fit
+    arrays = [[(rng.integers(-top, top, n) * 2.0**-40).astype(np.float32)
+               for _ in range(per_rank)] for _ in range(world)]  # fmt: skip
+    for r in range(world):
+        arrays[r][0][:4] = [-top * 2.0**-40, (top - 1) * 2.0**-40, -0.0, 0.0]  # the extremes
+        arrays[r][1][:4] = arrays[r][0][:4]
+        arrays[r][0][5] = arrays[r][1][5] = -0.0  # every term -0.0: its sign travels
+    sums, whole = [], DenseSum((n,))
+    for r in range(world):
+        s = DenseSum((n,))
+        for a in arrays[r]:
+            s.add(a)
+            whole.add(a)
+        sums.append(s)
+    layout, words, negzero = _exchange(sums)
+    assert (layout.classes == kernels.HALF).all()
+    assert layout.words == sum((min(64, n - b) + 1) // 2 for b in range(0, n, 64))
+    flat = [a for r in arrays for a in r]
+    for mean in (1, 7):
+        got = sums[0].decode(words, layout, negzero, mean_over=mean)
+        want = oracle(flat, mean_over=mean)
+        assert np.array_equal(bits(got), bits(want))
+    got = sums[0].decode(words, layout, negzero)
+    assert bits(got)[5] == 0x80000000  # -0.0
+    a = arrays[0][0]  # one array read from its bits pairs its words the same way
+    one = wire_layout(bitfold.dense.array_bounds(a), n, world, sums[0].format.limbs)
+    assert (one.classes == kernels.HALF).all()
+    assert np.array_equal(bitfold.dense.array_words(a, one), DenseSum((n,)).add(a).encode(one))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_limb_rows_and_subnormals_in_narrow_blocks_travel_exactly(dtype):
-    """Narrow blocks of exact float64s, limb rows, subnormals and zeros of either sign."""
+@pytest.mark.parametrize("subnormal_block", ["narrow", "half"])
+def test_limb_rows_and_subnormals_in_narrow_and_half_blocks_travel_exactly(dtype,
+                                                                          subnormal_block):
+    """Narrow blocks of exact float64s, limb rows, subnormals and zeros of either sign; the
+    subnormals' block spans few bits (half words) unless one larger term widens it."""
     tiny = np.finfo(dtype).smallest_subnormal
     n, world = 256, 3  # four blocks of 64
     rng = np.random.default_rng(5)
@@ -343,13 +386,16 @@ def test_limb_rows_and_subnormals_in_narrow_blocks_travel_exactly(dtype):
         b[:128:5] = 2.0**-56  # 4 + 2^-56 rounds in float64: those elements take limbs
         a[128:192] = tiny * rng.integers(-9, 10, 64)  # subnormal sums
         b[128:192] = tiny * (r + 1)
+        if subnormal_block == "narrow":
+            b[130] = tiny * 2.0**40  # 45 bits in the block: one int64 an element
         a[192:], b[192:] = -0.0, 0.0 if r else -0.0
         a[200:210] = b[200:210] = -0.0  # every term -0.0
         arrays.append([a, b])
     sums = [DenseSum((n,), dtype).add(a).add(b) for a, b in arrays]
     assert all(s.slow_elements > 0 for s in sums)
     layout, words, negzero = _exchange(sums)
-    assert layout.classes.tolist() == [kernels.NARROW] * 4
+    klass = kernels.HALF if subnormal_block == "half" else kernels.NARROW
+    assert layout.classes.tolist() == [kernels.NARROW, kernels.NARROW, klass, kernels.NARROW]
     got = sums[0].decode(words, layout, negzero, None if dtype == "float64" else "float32")
     want = oracle([x for pair in arrays for x in pair], dtype)
     assert np.array_equal(bits(got), bits(want))
@@ -424,3 +470,14 @@ def test_an_int_shape_is_a_one_dimensional_sum():
     want = np.array([bucket_oracle([float(a[i]) for a in arrays]) for i in range(4)], np.float32)
     assert want[0] == np.float32(1 + 2.0**-23)  # where a float32 sum left to right gives 1.0
     assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+def test_the_half_class_takes_exactly_the_blocks_whose_sums_fit_32_bits():
+    """Bits = top - lowest + growth over the ranks + sign: 32 pair two elements a word."""
+    for ranks, growth in ((1, 0), (2, 1), (3, 2), (4, 2), (5, 3)):
+        fits = np.array([[7, 31 - growth - 7, 0]], np.int32)  # (-lo, hi, -z): lo = -7
+        over = np.array([[7, 32 - growth - 7, 0]], np.int32)
+        assert wire_layout(fits, 64, ranks, 10).classes.tolist() == [kernels.HALF]
+        assert wire_layout(over, 64, ranks, 10).classes.tolist() == [kernels.NARROW]
+        assert wire_layout(fits, 64, ranks, 10).words == 32
+        assert wire_layout(fits, 63, ranks, 10).words == 32  # an odd block: a lane alone

@@ -279,6 +279,44 @@ def test_one_array_read_from_its_bits_or_through_a_sum_gives_the_exact_bits(tmp_
     assert np.load(out).view(np.uint32)[64] == 0x80000000  # -0.0 on every rank
 
 
+def _float16_terms(rank: int) -> np.ndarray:
+    """Per rank 1,000 float16 gradients (11-bit significands: half words on the wire)."""
+    a = (np.random.default_rng(30 + rank).standard_normal(1000) * 1e-2).astype(np.float16)
+    a[:3] = [-0.0, 65504.0 if rank else -65504.0, 2.0**-24]  # a zero, the extremes, a subnormal
+    return a
+
+
+def _float16_rank(rank: int, world: int, init: str, out: str) -> None:
+    from bitfold.distributed import exact_all_reduce
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    got = exact_all_reduce(torch.from_numpy(_float16_terms(rank)), out_dtype="float32")
+    if rank == 0:
+        np.save(out, got.numpy())
+    dist.destroy_process_group()
+    leave(0)
+
+
+@pytest.mark.slow
+def test_half_precision_gradients_travel_two_a_word_and_sum_exactly(tmp_path):
+    """float16 gradients span few bits a block: two elements share an int64 word through
+    gloo, and the sums over the ranks come back exact (the Fraction oracle's bits)."""
+    from oracle import exact_fold_oracle
+
+    from bitfold.dense import DenseSum, array_bounds, wire_layout
+    from bitfold.kernels import dense as kernels
+
+    world = 3
+    terms = [_float16_terms(r).astype(np.float32) for r in range(world)]
+    bounds = np.maximum.reduce([array_bounds(t) for t in terms])
+    layout = wire_layout(bounds, 1000, world, DenseSum(1000).format.limbs)
+    assert (layout.classes == kernels.HALF).sum() >= layout.classes.size - 1  # block 0 spans 2^40
+    out = str(tmp_path / "result.npy")
+    _spawn_ranks(_float16_rank, world, tmp_path, out)
+    want = exact_fold_oracle(np.tile(np.arange(1000), world), np.concatenate(terms), 1000)
+    assert np.array_equal(np.load(out).view(np.uint32), want.view(np.uint32))
+
+
 def test_gradient_sum_refuses_to_start_without_a_process_group():
     assert not dist.is_initialized()
     with pytest.raises(DistributedError, match="init_process_group"):

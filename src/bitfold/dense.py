@@ -13,9 +13,12 @@ blocks of :data:`BLOCK`; every process computes each block's bounds (the
 lowest set bit and the top bit of its exact values, and whether an element
 may sum to ``-0.0``), the bounds are reduced with MAX over the processes,
 and from them every process derives the same
-:class:`WireLayout`: a block whose exact sums over all processes fit in 63
-bits travels as one int64 an element (*narrow*: twice the bytes of float32),
-up to 86 bits as one and a half (*wide*: three times), up to 118 bits as two
+:class:`WireLayout`: a block whose exact sums over all processes fit in 32
+bits (sign included) travels as half an int64 an element, two elements
+summed in one word as ``a + b·2^32`` (*half*: the bytes of float32; common
+for gradients, whose values in a block often span few bits), up to 63 bits
+as one int64 an element (*narrow*: twice the bytes of float32), up to 86
+bits as one and a half (*wide*: three times), up to 118 bits as two
 (*wider*), anything wider, and any NaN or infinity, as the whole limb row
 (*full*). One all-reduce with SUM of those int64 words is then exact. The
 sign of a zero sum (``-0.0`` only when every term on every process was) travels
@@ -60,8 +63,8 @@ class WireLayout:
 
     size: int
     block: int
-    classes: np.ndarray  # (blocks,) int64: NARROW, WIDE, WIDER or FULL
-    lo: np.ndarray  # (blocks,) int64: the unit 2^lo of narrow and wide blocks
+    classes: np.ndarray  # (blocks,) int64: HALF, NARROW, WIDE, WIDER or FULL
+    lo: np.ndarray  # (blocks,) int64: the unit 2^lo of half, narrow and wide blocks
     offsets: np.ndarray  # (blocks + 1,) int64: where each block's words start
     signs: np.ndarray  # (blocks,) bool: blocks whose elements' zero signs travel
 
@@ -114,9 +117,9 @@ def array_words(
     flat: np.ndarray, layout: WireLayout, spare: np.ndarray | None = None
 ) -> np.ndarray | None:
     """:meth:`DenseSum.encode` of a sum that took only ``flat`` (as :func:`array_bounds`
-    accepted it), when every block of ``layout`` is narrow; else None. The words go into
-    the front of ``spare`` (int64) when it is large enough: no new pages to fault in."""
-    if (layout.classes != kernels.NARROW).any():
+    accepted it), when every block of ``layout`` is narrow or half; else None. The words go
+    into the front of ``spare`` (int64) when it is large enough: no new pages to fault in."""
+    if ((layout.classes != kernels.NARROW) & (layout.classes != kernels.HALF)).any():
         return None
     if spare is not None and spare.dtype == np.int64 and spare.size >= layout.words:
         words = spare[: layout.words]
@@ -125,8 +128,8 @@ def array_words(
     f = FLOATS[flat.dtype.name]
     start_thread_pool()
     bits = flat.view(np.int64 if flat.dtype == np.float64 else np.uint32)
-    kernels.array_words(bits, f.exponent_bits, f.fraction_bits, layout.block, layout.lo,
-                        layout.offsets, words)  # fmt: skip
+    kernels.array_words(bits, f.exponent_bits, f.fraction_bits, layout.block, layout.classes,
+                        layout.lo, layout.offsets, words)  # fmt: skip
     return words
 
 

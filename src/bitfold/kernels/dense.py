@@ -58,8 +58,10 @@ def _added_exactly(fast, i, x):  # pragma: no cover - compiled
 WIDE_LOW_BITS = 56
 #: Bits of the low lane of a wide element (two lanes of 32 bits share a word).
 LANE_BITS = 24
-#: Classes of a block on the wire.
-NARROW, WIDE, WIDER, FULL = 0, 1, 2, 3
+#: Classes of a block on the wire (HALF: two narrow elements share a word).
+NARROW, WIDE, WIDER, FULL, HALF = 0, 1, 2, 3, 4
+#: Bits (sign included) of a half element: its sum over the ranks is a signed 32-bit lane.
+HALF_BITS = 32
 #: Bounds of an element without bits (a zero): neutral for MIN of lo and MAX of hi.
 NO_LO, NO_HI = 1 << 20, -(1 << 20)
 #: ``hi`` of an element that met a NaN or an infinity: its block goes FULL.
@@ -408,7 +410,9 @@ def wire_classes(bounds, size, block, growth, limbs, lanes_fit, classes, lo, off
             c = FULL
         else:
             bits = hi - low + growth + 1  # magnitude, growth over the ranks, sign
-            if bits <= 63:
+            if bits <= HALF_BITS:
+                c = HALF
+            elif bits <= 63:
                 c = NARROW
             elif lanes_fit and bits <= LANE_BITS + 62:
                 c = WIDE
@@ -420,6 +424,8 @@ def wire_classes(bounds, size, block, growth, limbs, lanes_fit, classes, lo, off
         lo[b] = low
         if c == NARROW:
             words = count
+        elif c == HALF:
+            words = (count + 1) // 2
         elif c == WIDE:
             words = count + (count + 1) // 2
         elif c == WIDER:
@@ -475,23 +481,53 @@ def array_bounds(bits, exp_bits, frac_bits, block, out):  # pragma: no cover - c
 
 
 @njit(cache=True, parallel=True)
-def array_words(bits, exp_bits, frac_bits, block, lo, offsets, words):
+def array_words(bits, exp_bits, frac_bits, block, classes, lo, offsets, words):
     # pragma: no cover - compiled
     """:func:`encode` of a sum that took one array (its bits, no NaN or infinity), every block
-    narrow: one shift an element."""
+    narrow or half: one shift an element."""
     n = bits.shape[0]
     B = lo.shape[0]
     for c in prange(CHUNKS):
+        held = np.empty(block, np.int64)  # a half block's elements, before they are paired
         for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
             first, count = _block_span(n, b, block)
-            pos = np.uint64(offsets[b])
+            half = classes[b] == HALF
+            out = held if half else words
+            pos = np.uint64(0) if half else np.uint64(offsets[b])
             low = lo[b]
             for j in range(count):
                 raw = np.int64(bits[first + np.uint64(j)])
                 _, m, e = _raw_parts(raw, exp_bits, frac_bits)
                 shift = e - low  # within (-64, 63) for the non-zero values of a narrow block
                 x = m << min(shift, 63) if shift >= 0 else m >> min(-shift, 63)
-                words[pos + np.uint64(j)] = -x if (raw >> (exp_bits + frac_bits)) & 1 else x
+                out[pos + np.uint64(j)] = -x if (raw >> (exp_bits + frac_bits)) & 1 else x
+            if half:
+                _pair(held, count, words, offsets[b])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pair(held, count, words, pos):  # pragma: no cover - compiled
+    """Half elements ``held[:count]`` two a word: ``held[2i] + held[2i+1]·2^32`` at ``pos + i``.
+
+    Each is below 2^31 in magnitude, and so is its sum over the ranks
+    (:data:`HALF_BITS`): the sum of the words is ``A + B·2^32`` with both
+    sums recoverable (:func:`_unpair`), exactly.
+    """
+    for i in range(count // 2):
+        words[pos + i] = held[2 * i] + held[2 * i + 1] * np.int64(1 << 32)
+    if count % 2:
+        words[pos + count // 2] = held[count - 1]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _unpair(words, pos, count, held):  # pragma: no cover - compiled
+    """The reduced sums of a half block's elements, one a slot of ``held`` (inverse of _pair)."""
+    for i in range((count + 1) // 2):
+        t = words[pos + i]
+        a = (t << 32) >> 32  # the low lane, sign-extended: |A| < 2^31
+        held[2 * i] = a
+        if 2 * i + 1 < count:
+            held[2 * i + 1] = (t - a) >> 32
 
 
 # -- words ----------------------------------------------------------------------------------------
@@ -545,28 +581,33 @@ def slow_words(row, unit, lo, mag):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, inline="always")
 def _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes, lo, offsets,
-                  words, mag, row):  # fmt: skip  # pragma: no cover - compiled
+                  words, mag, row, held):  # fmt: skip  # pragma: no cover - compiled
     n = fast.shape[0]
     W = slow.shape[1]
     L = W - 5
     pos = offsets[b]
     first, count = _block_span(n, b, block)
-    if classes[b] == NARROW:  # the common case: one shift an element, no branch
+    if classes[b] == NARROW or classes[b] == HALF:  # the common cases: one shift an element
+        half = classes[b] == HALF
+        out = held if half else words
+        at = 0 if half else pos
         slow_here = np.int64(0)
-        at, low = np.uint64(pos), lo[b]
+        low = lo[b]
         for j in range(count):
             raw = fast_bits[first + np.uint64(j)]
             special, m, e = _fast_parts(raw)
             slow_here |= np.int64(special)
             shift = e - low  # within (-64, 63) for the non-zero values of a narrow block
             x = m << min(shift, 63) if shift >= 0 else m >> min(-shift, 63)
-            words[at + np.uint64(j)] = -x if raw < 0 else x
+            out[np.uint64(at) + np.uint64(j)] = -x if raw < 0 else x
         if slow_here:
             for j in range(count):
                 i = b * block + j
                 if fast[i] != fast[i]:
                     w0, w1 = slow_words(slow[slow_of[i]], unit, lo[b], mag)
-                    words[pos + j] = (w1 << WIDE_LOW_BITS) + w0
+                    out[at + j] = (w1 << WIDE_LOW_BITS) + w0
+        if half:
+            _pair(held, count, words, pos)
         return
     if classes[b] == WIDE:  # the shared lanes are added into: zero them (``words`` is not)
         for j in range((count + 1) // 2):
@@ -608,9 +649,10 @@ def encode(fast, slow_of, slow, adds, unit, block, classes, lo, offsets, words):
     for c in prange(CHUNKS):
         mag = np.empty(W - 5, np.int64)  # scratch once a chunk of blocks, not once a block
         row = np.empty(W, np.int64)
+        held = np.empty(block, np.int64)  # a half block's elements, before they are paired
         for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
             _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes, lo,
-                          offsets, words, mag, row)  # fmt: skip
+                          offsets, words, mag, row, held)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -719,26 +761,32 @@ def _cast_block(words, base, i0, i1, start, scale, tiny, mean_over, precision, n
 
 @njit(cache=True, nogil=True, inline="always")
 def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, signs, mean_over,
-                  start, stop, out_f, out_bits, fast, target, row, quot, mag, qs):  # fmt: skip
-    # pragma: no cover - compiled
+                  start, stop, out_f, out_bits, fast, target, row, quot, mag, qs,
+                  held):  # fmt: skip  # pragma: no cover - compiled
     _, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
     E = QUOTIENT_EXTRA_LIMBS
     W = L + 5
     c = classes[b]
     width = W if c == FULL else (2 if c == WIDER else 1)
     count = min(n, (b + 1) * block) - b * block
+    base = offsets[b]  # where the block's words start; a half block's are unpaired first
+    if c == HALF:
+        _unpair(words, base, count, held)
+        words = held
+        base = 0
+        c = NARROW
     # a narrow sum below 2^53 times 2^lo is an exact float64: one cast rounds it
     castable = fast and c == NARROW and -1022 <= lo[b] <= 970
     direct = castable and mean_over == 1
     scale = math.ldexp(1.0, lo[b]) if castable else 1.0
     tiny = min_normal(precision, subnormal_exp)
-    if castable and _cast_block(words, offsets[b] - b * block, max(start, b * block),
+    if castable and _cast_block(words, base - b * block, max(start, b * block),
                                 min(stop, (b + 1) * block), start, scale, tiny, mean_over,
                                 precision, negzero, signs, out_f, qs):  # fmt: skip
         return
     for i in range(max(start, b * block), min(stop, (b + 1) * block)):
         j = i - b * block
-        pos = offsets[b] + j * width
+        pos = base + j * width
         if direct and abs(words[pos]) < (1 << 53) and words[pos] != 0:
             x = np.float64(words[pos]) * scale
             if abs(x) >= tiny:  # cast once, never to a subnormal flush-to-zero would clear
@@ -815,10 +863,11 @@ def decode(words, classes, lo, offsets, block, n, unit, L, negzero, mean_over, s
         quot = np.zeros(L + 5 + E, np.int64)
         mag = np.empty(L + E, np.int64)
         qs = np.empty(block)
+        held = np.empty(block, np.int64)  # a half block's sums, unpaired
         for b in range(b0 + B * c // CHUNKS, b0 + B * (c + 1) // CHUNKS):
             _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, signs,
                           mean_over, start, stop, out_f, out_bits, fast, target, row, quot, mag,
-                          qs)  # fmt: skip
+                          qs, held)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
@@ -849,6 +898,8 @@ def merge_sums(fast, slow_of, slow, used, other_fast, other_slow_of, other_slow,
 __all__ = [
     "DIRTY_HI",
     "FULL",
+    "HALF",
+    "HALF_BITS",
     "LANE_BITS",
     "NARROW",
     "NO_HI",
