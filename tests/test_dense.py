@@ -227,10 +227,13 @@ def test_one_array_read_from_its_bits_travels_as_a_sum_that_took_it(dtype):
     assert np.array_equal(bitfold.dense.array_bounds(a), s.bounds())
     for ranks in (1, 3):
         layout = wire_layout(s.bounds(), n, ranks, s.format.limbs)
-        # the subnormals' block spans 7 bits: half words; the others (spread 2^16) narrow
-        want = np.full(layout.classes.size, kernels.NARROW)
-        want[3] = kernels.HALF
-        assert np.array_equal(layout.classes, want)
+        # the subnormals' block spans 7 bits: half words; the others (spread 2^16) thirds or
+        # narrow, as their lowest bits fall
+        assert layout.classes[3] == kernels.HALF
+        others = np.delete(layout.classes, 3)
+        assert np.isin(others, (kernels.NARROW, kernels.THIRDS)).all()
+        assert (others == kernels.NARROW).any()
+        assert (others == kernels.THIRDS).any() == (ranks == 1)  # 40 bits: thirds for one rank
         assert np.array_equal(bitfold.dense.array_words(a, layout), s.encode(layout))
     wide = a.copy()
     wide[100] = 2.0**40
@@ -333,41 +336,50 @@ def test_the_wire_carries_the_exact_sum_in_every_class(spread, klass, world):
                            kernels.FULL: 121}[klass]  # fmt: skip
 
 
+@pytest.mark.parametrize("packing", ["half", "thirds"])
 @pytest.mark.parametrize("world", [2, 3, 5])
 @pytest.mark.parametrize("n", [301, 64 * 5])
-def test_half_blocks_pair_their_elements_and_carry_the_exact_sum(world, n):
-    """Values of few bits (gradients often are): two elements a word, the sums of both lanes
-    recovered exactly, negative low lanes and an odd last element included."""
+def test_packed_blocks_carry_the_exact_sum(packing, world, n):
+    """Values of few bits (gradients often are): two elements a word (half), or two 21-bit
+    lanes an element and three lanes a word (thirds); every lane's sum recovered exactly,
+    negative lanes, the extremes the class allows and an odd last block included."""
     rng = np.random.default_rng(world * n)
-    per_rank = 2
-    top = (1 << (30 - int(np.ceil(np.log2(world))))) // per_rank  # the lanes' sums just fit
-    arrays = [[(rng.integers(-top, top, n) * 2.0**-40).astype(np.float32)
+    per_rank = 2  # each rank's sum takes two arrays: one bit more
+    growth = int(np.ceil(np.log2(world)))
+    most = 31 - growth if packing == "half" else 2 * (20 - growth)  # the class's widest
+    top = (1 << most) // per_rank
+    unit = 2.0**-60 if packing == "thirds" else 2.0**-40
+    arrays = [[(rng.integers(-top, top, n) * unit).astype(np.float64)
                for _ in range(per_rank)] for _ in range(world)]  # fmt: skip
     for r in range(world):
-        arrays[r][0][:4] = [-top * 2.0**-40, (top - 1) * 2.0**-40, -0.0, 0.0]  # the extremes
-        arrays[r][1][:4] = arrays[r][0][:4]
+        # the extremes: each rank's sums span ``most`` bits, their sum over the ranks the lanes
+        arrays[r][0][:4] = [-top * unit, (top - 1) * unit, -0.0, 0.0]
+        arrays[r][1][:4] = [-(top - 1) * unit, (top - 1) * unit, -0.0, 0.0]
         arrays[r][0][5] = arrays[r][1][5] = -0.0  # every term -0.0: its sign travels
-    sums, whole = [], DenseSum((n,))
+        arrays[r][0][6], arrays[r][1][6] = unit, 0.0  # the lowest bit
+    sums, whole = [], DenseSum((n,), "float64")
     for r in range(world):
-        s = DenseSum((n,))
+        s = DenseSum((n,), "float64")
         for a in arrays[r]:
             s.add(a)
             whole.add(a)
         sums.append(s)
     layout, words, negzero = _exchange(sums)
-    assert (layout.classes == kernels.HALF).all()
-    assert layout.words == sum((min(64, n - b) + 1) // 2 for b in range(0, n, 64))
+    klass = kernels.HALF if packing == "half" else kernels.THIRDS
+    assert layout.classes[0] == klass and np.isin(layout.classes, (klass, kernels.HALF)).all()
     flat = [a for r in arrays for a in r]
-    for mean in (1, 7):
-        got = sums[0].decode(words, layout, negzero, mean_over=mean)
-        want = oracle(flat, mean_over=mean)
-        assert np.array_equal(bits(got), bits(want))
+    for out in ("float64", "float32"):
+        for mean in (1, 7):
+            got = sums[0].decode(words, layout, negzero, out, mean_over=mean)
+            want = oracle(flat, out, mean_over=mean)
+            assert np.array_equal(bits(got), bits(want))
     got = sums[0].decode(words, layout, negzero)
-    assert bits(got)[5] == 0x80000000  # -0.0
-    a = arrays[0][0]  # one array read from its bits pairs its words the same way
+    assert bits(got)[5] == 1 << 63  # -0.0
+    a = arrays[0][0]  # one array read from its bits packs its words the same way
     one = wire_layout(bitfold.dense.array_bounds(a), n, world, sums[0].format.limbs)
-    assert (one.classes == kernels.HALF).all()
-    assert np.array_equal(bitfold.dense.array_words(a, one), DenseSum((n,)).add(a).encode(one))
+    assert one.classes[0] == klass
+    assert np.array_equal(bitfold.dense.array_words(a, one),
+                          DenseSum((n,), "float64").add(a).encode(one))  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -472,12 +484,20 @@ def test_an_int_shape_is_a_one_dimensional_sum():
     assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
 
 
-def test_the_half_class_takes_exactly_the_blocks_whose_sums_fit_32_bits():
-    """Bits = top - lowest + growth over the ranks + sign: 32 pair two elements a word."""
-    for ranks, growth in ((1, 0), (2, 1), (3, 2), (4, 2), (5, 3)):
-        fits = np.array([[7, 31 - growth - 7, 0]], np.int32)  # (-lo, hi, -z): lo = -7
-        over = np.array([[7, 32 - growth - 7, 0]], np.int32)
-        assert wire_layout(fits, 64, ranks, 10).classes.tolist() == [kernels.HALF]
-        assert wire_layout(over, 64, ranks, 10).classes.tolist() == [kernels.NARROW]
-        assert wire_layout(fits, 64, ranks, 10).words == 32
-        assert wire_layout(fits, 63, ranks, 10).words == 32  # an odd block: a lane alone
+def test_the_packed_classes_take_exactly_the_blocks_whose_lane_sums_fit():
+    """HALF: top - lowest + growth over the ranks + sign <= 32 bits, two elements a word;
+    THIRDS: top - lowest <= 2 (20 - growth) bits, two 21-bit lanes an element, three a word."""
+    for ranks, growth in ((1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (1 << 19, 19)):
+        def klass(magnitude, size=64, ranks=ranks):
+            bounds = np.array([[7, magnitude - 7, 0]], np.int32)  # (-lo, hi, -z): lo = -7
+            layout = wire_layout(bounds, size, ranks, 10)
+            return layout.classes.tolist()[0], layout.words
+
+        assert klass(31 - growth) == (kernels.HALF, 32)
+        assert klass(31 - growth, size=63) == (kernels.HALF, 32)  # an odd block: a lane alone
+        thirds = 2 * (20 - growth)
+        if thirds > 31 - growth:
+            assert klass(32 - growth) == (kernels.THIRDS, 43)  # 128 lanes, three a word
+            assert klass(thirds) == (kernels.THIRDS, 43)
+            assert klass(thirds, size=5) == (kernels.THIRDS, 4)  # 10 lanes
+        assert klass(max(thirds, 31 - growth) + 1) == (kernels.NARROW, 64)

@@ -15,9 +15,12 @@ may sum to ``-0.0``), the bounds are reduced with MAX over the processes,
 and from them every process derives the same
 :class:`WireLayout`: a block whose exact sums over all processes fit in 32
 bits (sign included) travels as half an int64 an element, two elements
-summed in one word as ``a + b·2^32`` (*half*: the bytes of float32; common
-for gradients, whose values in a block often span few bits), up to 63 bits
-as one int64 an element (*narrow*: twice the bytes of float32), up to 86
+summed in one word as ``a + b·2^32`` (*half*: the bytes of float32; every
+block of float16 or bfloat16 gradients), a block whose elements span at most
+``2 (20 - g)`` bits (``2^g`` ranks or fewer: 38 bits for 2, 36 for 4; most
+blocks of float32 gradients) as two 21-bit lanes an element, three lanes a
+word (*thirds*: 1.33 times the bytes of float32), up to 63 bits as one int64
+an element (*narrow*: twice the bytes of float32), up to 86
 bits as one and a half (*wide*: three times), up to 118 bits as two
 (*wider*), anything wider, and any NaN or infinity, as the whole limb row
 (*full*). One all-reduce with SUM of those int64 words is then exact. The
@@ -63,10 +66,11 @@ class WireLayout:
 
     size: int
     block: int
-    classes: np.ndarray  # (blocks,) int64: HALF, NARROW, WIDE, WIDER or FULL
-    lo: np.ndarray  # (blocks,) int64: the unit 2^lo of half, narrow and wide blocks
+    classes: np.ndarray  # (blocks,) int64: HALF, THIRDS, NARROW, WIDE, WIDER or FULL
+    lo: np.ndarray  # (blocks,) int64: the unit 2^lo of half, thirds, narrow and wide blocks
     offsets: np.ndarray  # (blocks + 1,) int64: where each block's words start
     signs: np.ndarray  # (blocks,) bool: blocks whose elements' zero signs travel
+    split: int  # the low bits of a thirds element in its first lane (from the rank count)
 
     @property
     def words(self) -> int:
@@ -98,7 +102,8 @@ def wire_layout(
     signs = np.empty(blocks, np.bool_)
     kernels.wire_classes(np.ascontiguousarray(bounds, np.int32), size, block, growth, limbs,
                          ranks <= WIDE_MAX_RANKS, classes, lo, offsets, signs)  # fmt: skip
-    return WireLayout(size, block, classes, lo, offsets, signs)
+    split = kernels.THIRD_BITS - 1 - growth
+    return WireLayout(size, block, classes, lo, offsets, signs, split)
 
 
 def array_bounds(flat: np.ndarray, block: int = BLOCK) -> np.ndarray | None:
@@ -117,9 +122,9 @@ def array_words(
     flat: np.ndarray, layout: WireLayout, spare: np.ndarray | None = None
 ) -> np.ndarray | None:
     """:meth:`DenseSum.encode` of a sum that took only ``flat`` (as :func:`array_bounds`
-    accepted it), when every block of ``layout`` is narrow or half; else None. The words go
+    accepted it), when every block of ``layout`` is narrow, half or thirds; else None. The words go
     into the front of ``spare`` (int64) when it is large enough: no new pages to fault in."""
-    if ((layout.classes != kernels.NARROW) & (layout.classes != kernels.HALF)).any():
+    if not np.isin(layout.classes, (kernels.NARROW, kernels.HALF, kernels.THIRDS)).all():
         return None
     if spare is not None and spare.dtype == np.int64 and spare.size >= layout.words:
         words = spare[: layout.words]
@@ -129,7 +134,7 @@ def array_words(
     start_thread_pool()
     bits = flat.view(np.int64 if flat.dtype == np.float64 else np.uint32)
     kernels.array_words(bits, f.exponent_bits, f.fraction_bits, layout.block, layout.classes,
-                        layout.lo, layout.offsets, words)  # fmt: skip
+                        layout.lo, layout.offsets, layout.split, words)  # fmt: skip
     return words
 
 
@@ -353,7 +358,8 @@ class DenseSum:
         if self.size >= (1 << 16):
             start_thread_pool()
         kernels.encode(self._fast, self._slow_of, self._slow, self.adds, self.format.unit_exp,
-                       layout.block, layout.classes, layout.lo, layout.offsets, words)  # fmt: skip
+                       layout.block, layout.classes, layout.lo, layout.offsets, layout.split,
+                       words)  # fmt: skip
         return words
 
     def negzero(self) -> np.ndarray:
@@ -403,7 +409,7 @@ class DenseSum:
         if stop - start >= (1 << 16):
             start_thread_pool()
         kernels.decode(
-            words, layout.classes, layout.lo, layout.offsets, layout.block, self.size,
+            words, layout.classes, layout.lo, layout.offsets, layout.split, layout.block, self.size,
             self.format.unit_exp, self.format.limbs, negzero, int(mean_over), start, stop,
             out_f, out_bits, fast,
             rounding_target(out_name, self.format),

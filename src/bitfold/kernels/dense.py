@@ -58,10 +58,16 @@ def _added_exactly(fast, i, x):  # pragma: no cover - compiled
 WIDE_LOW_BITS = 56
 #: Bits of the low lane of a wide element (two lanes of 32 bits share a word).
 LANE_BITS = 24
-#: Classes of a block on the wire (HALF: two narrow elements share a word).
-NARROW, WIDE, WIDER, FULL, HALF = 0, 1, 2, 3, 4
+#: Classes of a block on the wire (HALF: two elements a word; THIRDS: two lanes an element,
+#: three lanes a word).
+NARROW, WIDE, WIDER, FULL, HALF, THIRDS = 0, 1, 2, 3, 4, 5
 #: Bits (sign included) of a half element: its sum over the ranks is a signed 32-bit lane.
 HALF_BITS = 32
+#: Bits of a lane of a THIRDS element (three a word): its sum over the ranks is signed, below
+#: 2^(THIRD_BITS - 1) in magnitude. The element's low ``split = THIRD_BITS - 1 - growth``
+#: bits go in one lane (unsigned: their sum stays below 2^(THIRD_BITS - 1)), the rest, signed,
+#: in the next.
+THIRD_BITS = 21
 #: Bounds of an element without bits (a zero): neutral for MIN of lo and MAX of hi.
 NO_LO, NO_HI = 1 << 20, -(1 << 20)
 #: ``hi`` of an element that met a NaN or an infinity: its block goes FULL.
@@ -389,6 +395,19 @@ def block_bounds(fast, slow_of, slow, block, unit, out, only_dirty=False):
                 _block_bound(b, fast, fast_bits, slow_of, slow, block, unit, out, mag)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def thirds_fit(magnitude_bits, growth):  # pragma: no cover - compiled
+    """Whether elements of ``magnitude_bits`` (top minus lowest bit) travel as THIRDS.
+
+    The low lane takes ``split = THIRD_BITS - 1 - growth`` bits: its sum over
+    at most ``2^growth`` ranks stays below ``2^(THIRD_BITS - 1)``; the high
+    part, below ``2^(magnitude_bits - split)``, sums below ``2^(THIRD_BITS -
+    1)`` when ``magnitude_bits <= 2 (THIRD_BITS - 1 - growth)``.
+    """
+    split = THIRD_BITS - 1 - growth
+    return split >= 1 and magnitude_bits <= 2 * split
+
+
 @njit(cache=True, nogil=True)
 def wire_classes(bounds, size, block, growth, limbs, lanes_fit, classes, lo, offsets, signs):
     # pragma: no cover - compiled
@@ -412,6 +431,8 @@ def wire_classes(bounds, size, block, growth, limbs, lanes_fit, classes, lo, off
             bits = hi - low + growth + 1  # magnitude, growth over the ranks, sign
             if bits <= HALF_BITS:
                 c = HALF
+            elif thirds_fit(hi - low, growth):
+                c = THIRDS
             elif bits <= 63:
                 c = NARROW
             elif lanes_fit and bits <= LANE_BITS + 62:
@@ -426,6 +447,8 @@ def wire_classes(bounds, size, block, growth, limbs, lanes_fit, classes, lo, off
             words = count
         elif c == HALF:
             words = (count + 1) // 2
+        elif c == THIRDS:
+            words = (2 * count + 2) // 3
         elif c == WIDE:
             words = count + (count + 1) // 2
         elif c == WIDER:
@@ -481,53 +504,110 @@ def array_bounds(bits, exp_bits, frac_bits, block, out):  # pragma: no cover - c
 
 
 @njit(cache=True, parallel=True)
-def array_words(bits, exp_bits, frac_bits, block, classes, lo, offsets, words):
+def array_words(bits, exp_bits, frac_bits, block, classes, lo, offsets, split, words):
     # pragma: no cover - compiled
     """:func:`encode` of a sum that took one array (its bits, no NaN or infinity), every block
-    narrow or half: one shift an element."""
+    narrow, half or thirds: one shift an element (then packed)."""
     n = bits.shape[0]
     B = lo.shape[0]
     for c in prange(CHUNKS):
-        held = np.empty(block, np.int64)  # a half block's elements, before they are paired
+        held = block_scratch(block)  # a packed block's elements (and lanes), before packing
         for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
             first, count = _block_span(n, b, block)
-            half = classes[b] == HALF
-            out = held if half else words
-            pos = np.uint64(0) if half else np.uint64(offsets[b])
             low = lo[b]
-            for j in range(count):
+            for j in range(count):  # into the scratch, then placed: one vector loop
                 raw = np.int64(bits[first + np.uint64(j)])
                 _, m, e = _raw_parts(raw, exp_bits, frac_bits)
                 shift = e - low  # within (-64, 63) for the non-zero values of a narrow block
                 x = m << min(shift, 63) if shift >= 0 else m >> min(-shift, 63)
-                out[pos + np.uint64(j)] = -x if (raw >> (exp_bits + frac_bits)) & 1 else x
-            if half:
-                _pair(held, count, words, offsets[b])
+                held[np.uint64(j)] = -x if (raw >> (exp_bits + frac_bits)) & 1 else x
+            _place(held, count, words, offsets[b], classes[b], split)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _pair(held, count, words, pos):  # pragma: no cover - compiled
-    """Half elements ``held[:count]`` two a word: ``held[2i] + held[2i+1]·2^32`` at ``pos + i``.
+def _place(held, count, words, pos, klass, split):  # pragma: no cover - compiled
+    """A block's elements ``held[:count]`` into its words from ``pos``: one a word (NARROW),
+    else packed (:func:`_pack`)."""
+    if klass == NARROW:
+        for j in range(count):
+            words[pos + j] = held[j]
+    else:
+        _pack(held, count, words, pos, klass, split)
 
-    Each is below 2^31 in magnitude, and so is its sum over the ranks
-    (:data:`HALF_BITS`): the sum of the words is ``A + B·2^32`` with both
-    sums recoverable (:func:`_unpair`), exactly.
+
+@njit(cache=True, nogil=True, inline="always")
+def _pack(held, count, words, pos, klass, split):  # pragma: no cover - compiled
+    """A packed block's elements ``held[:count]`` into its words from ``pos``.
+
+    HALF: ``held[2i] + held[2i+1]·2^32`` a word, each below 2^31 in magnitude
+    and so is its sum over the ranks (:data:`HALF_BITS`). THIRDS: element j
+    is two lanes, its low ``split`` bits and the rest (with its sign); the
+    block's lanes, all low parts then all high parts, fill its ``nw`` words
+    in three runs, lane ``r nw + w`` in word ``w`` times ``2^(THIRD_BITS r)``;
+    every lane's sum over the ranks stays below ``2^(THIRD_BITS - 1)``
+    (:func:`thirds_fit`). Either way the sum of the words holds every lane's
+    sum, recovered exactly from the bottom up (:func:`_unpack`).
     """
-    for i in range(count // 2):
-        words[pos + i] = held[2 * i] + held[2 * i + 1] * np.int64(1 << 32)
-    if count % 2:
-        words[pos + count // 2] = held[count - 1]
+    if klass == HALF:
+        for i in range(count // 2):
+            words[pos + i] = held[2 * i] + held[2 * i + 1] * np.int64(1 << 32)
+        if count % 2:
+            words[pos + count // 2] = held[count - 1]
+        return
+    # lanes L = [low parts of the elements, their high parts, zeros]; word w holds
+    # L[w] + L[w + nw]·2^21 + L[w + 2 nw]·2^42: three contiguous runs, vector loops
+    nw = (2 * count + 2) // 3
+    lanes = held[block_scratch_lanes(held):]
+    low = (np.int64(1) << split) - 1
+    for j in range(count):
+        lanes[j] = held[j] & low
+    for j in range(count):
+        lanes[count + j] = held[j] >> split  # held[j] = high·2^split + low
+    for j in range(2 * count, 3 * nw):
+        lanes[j] = 0
+    s1, s2 = np.int64(1) << THIRD_BITS, np.int64(1) << (2 * THIRD_BITS)
+    for w in range(nw):
+        words[pos + w] = lanes[w] + lanes[nw + w] * s1 + lanes[2 * nw + w] * s2
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _unpair(words, pos, count, held):  # pragma: no cover - compiled
-    """The reduced sums of a half block's elements, one a slot of ``held`` (inverse of _pair)."""
-    for i in range((count + 1) // 2):
-        t = words[pos + i]
-        a = (t << 32) >> 32  # the low lane, sign-extended: |A| < 2^31
-        held[2 * i] = a
-        if 2 * i + 1 < count:
-            held[2 * i + 1] = (t - a) >> 32
+def block_scratch_lanes(held):  # pragma: no cover - compiled
+    """Where the lanes start in a packing scratch of :func:`block_scratch` elements."""
+    return held.shape[0] // 4
+
+
+@njit(cache=True, nogil=True, inline="always")
+def block_scratch(block):  # pragma: no cover - compiled
+    """A packing scratch for blocks of ``block`` elements: elements, then up to 3 ceil(2 block / 3)
+    lanes (a quarter of it for the elements, the rest for the lanes)."""
+    return np.empty(4 * (block + 1), np.int64)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _unpack(words, pos, count, held, klass, split):  # pragma: no cover - compiled
+    """The reduced sums of a packed block's elements into ``held[:count]`` (inverse of _pack)."""
+    if klass == HALF:
+        for i in range((count + 1) // 2):
+            t = words[pos + i]
+            a = (t << 32) >> 32  # the low lane, sign-extended: |A| < 2^31
+            held[2 * i] = a
+            if 2 * i + 1 < count:
+                held[2 * i + 1] = (t - a) >> 32
+        return
+    nw = (2 * count + 2) // 3
+    lanes = held[block_scratch_lanes(held):]
+    shift = 64 - THIRD_BITS
+    for w in range(nw):  # each lane's sum is below 2^20: sign-extend from the bottom up
+        t = words[pos + w]
+        a = (t << shift) >> shift
+        t = (t - a) >> THIRD_BITS
+        b = (t << shift) >> shift
+        lanes[w] = a
+        lanes[nw + w] = b
+        lanes[2 * nw + w] = (t - b) >> THIRD_BITS
+    scale = np.int64(1) << split
+    for j in range(count):
+        held[j] = lanes[j] + lanes[count + j] * scale
 
 
 # -- words ----------------------------------------------------------------------------------------
@@ -581,33 +661,29 @@ def slow_words(row, unit, lo, mag):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, inline="always")
 def _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes, lo, offsets,
-                  words, mag, row, held):  # fmt: skip  # pragma: no cover - compiled
+                  split, words, mag, row, held):  # fmt: skip  # pragma: no cover - compiled
     n = fast.shape[0]
     W = slow.shape[1]
     L = W - 5
     pos = offsets[b]
     first, count = _block_span(n, b, block)
-    if classes[b] == NARROW or classes[b] == HALF:  # the common cases: one shift an element
-        half = classes[b] == HALF
-        out = held if half else words
-        at = 0 if half else pos
+    if classes[b] == NARROW or classes[b] == HALF or classes[b] == THIRDS:  # one shift each
         slow_here = np.int64(0)
         low = lo[b]
-        for j in range(count):
+        for j in range(count):  # into the scratch, then placed: one vector loop
             raw = fast_bits[first + np.uint64(j)]
             special, m, e = _fast_parts(raw)
             slow_here |= np.int64(special)
             shift = e - low  # within (-64, 63) for the non-zero values of a narrow block
             x = m << min(shift, 63) if shift >= 0 else m >> min(-shift, 63)
-            out[np.uint64(at) + np.uint64(j)] = -x if raw < 0 else x
+            held[np.uint64(j)] = -x if raw < 0 else x
         if slow_here:
             for j in range(count):
                 i = b * block + j
                 if fast[i] != fast[i]:
                     w0, w1 = slow_words(slow[slow_of[i]], unit, lo[b], mag)
-                    out[at + j] = (w1 << WIDE_LOW_BITS) + w0
-        if half:
-            _pair(held, count, words, pos)
+                    held[j] = (w1 << WIDE_LOW_BITS) + w0
+        _place(held, count, words, pos, classes[b], split)
         return
     if classes[b] == WIDE:  # the shared lanes are added into: zero them (``words`` is not)
         for j in range((count + 1) // 2):
@@ -640,7 +716,7 @@ def _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes,
 
 
 @njit(cache=True, parallel=True)
-def encode(fast, slow_of, slow, adds, unit, block, classes, lo, offsets, words):
+def encode(fast, slow_of, slow, adds, unit, block, classes, lo, offsets, split, words):
     # pragma: no cover - compiled
     """Write every element's words at ``offsets[b]`` + its place in block ``b`` (module doc)."""
     W = slow.shape[1]
@@ -649,10 +725,10 @@ def encode(fast, slow_of, slow, adds, unit, block, classes, lo, offsets, words):
     for c in prange(CHUNKS):
         mag = np.empty(W - 5, np.int64)  # scratch once a chunk of blocks, not once a block
         row = np.empty(W, np.int64)
-        held = np.empty(block, np.int64)  # a half block's elements, before they are paired
+        held = block_scratch(block)  # a packed block's elements (and lanes), before packing
         for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
             _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes, lo,
-                          offsets, words, mag, row, held)  # fmt: skip
+                          offsets, split, words, mag, row, held)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -760,8 +836,8 @@ def _cast_block(words, base, i0, i1, start, scale, tiny, mean_over, precision, n
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, signs, mean_over,
-                  start, stop, out_f, out_bits, fast, target, row, quot, mag, qs,
+def _decode_block(b, words, classes, lo, offsets, split, block, n, unit, L, negzero, signs,
+                  mean_over, start, stop, out_f, out_bits, fast, target, row, quot, mag, qs,
                   held):  # fmt: skip  # pragma: no cover - compiled
     _, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
     E = QUOTIENT_EXTRA_LIMBS
@@ -769,9 +845,9 @@ def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, si
     c = classes[b]
     width = W if c == FULL else (2 if c == WIDER else 1)
     count = min(n, (b + 1) * block) - b * block
-    base = offsets[b]  # where the block's words start; a half block's are unpaired first
-    if c == HALF:
-        _unpair(words, base, count, held)
+    base = offsets[b]  # where the block's words start; a packed block's are unpacked first
+    if c == HALF or c == THIRDS:
+        _unpack(words, base, count, held, c, split)
         words = held
         base = 0
         c = NARROW
@@ -841,8 +917,8 @@ def _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, si
 
 
 @njit(cache=True, parallel=True)
-def decode(words, classes, lo, offsets, block, n, unit, L, negzero, mean_over, start, stop,
-           out_f, out_bits, fast, target):  # fmt: skip  # pragma: no cover - compiled
+def decode(words, classes, lo, offsets, split, block, n, unit, L, negzero, mean_over, start,
+           stop, out_f, out_bits, fast, target):  # fmt: skip  # pragma: no cover - compiled
     """Round elements ``start .. stop-1`` of the reduced words once into ``out_bits``.
 
     ``negzero[i]`` (1: every term on every rank was -0.0) signs a zero sum (an empty
@@ -863,11 +939,11 @@ def decode(words, classes, lo, offsets, block, n, unit, L, negzero, mean_over, s
         quot = np.zeros(L + 5 + E, np.int64)
         mag = np.empty(L + E, np.int64)
         qs = np.empty(block)
-        held = np.empty(block, np.int64)  # a half block's sums, unpaired
+        held = block_scratch(block)  # a packed block's sums (and lanes), unpacked
         for b in range(b0 + B * c // CHUNKS, b0 + B * (c + 1) // CHUNKS):
-            _decode_block(b, words, classes, lo, offsets, block, n, unit, L, negzero, signs,
-                          mean_over, start, stop, out_f, out_bits, fast, target, row, quot, mag,
-                          qs, held)  # fmt: skip
+            _decode_block(b, words, classes, lo, offsets, split, block, n, unit, L, negzero,
+                          signs, mean_over, start, stop, out_f, out_bits, fast, target, row, quot,
+                          mag, qs, held)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
@@ -906,6 +982,8 @@ __all__ = [
     "NO_LO",
     "QUOTIENT_EXTRA_LIMBS",
     "SPECIAL_HI",
+    "THIRDS",
+    "THIRD_BITS",
     "WIDE",
     "WIDER",
     "WIDE_LOW_BITS",
