@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(table(records, steps))
     for path in {args.json, args.out} - {None}:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as f:
             json.dump(result, f, indent=2)
     if args.out:

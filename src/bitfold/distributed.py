@@ -13,12 +13,13 @@ all-reduce (MAX) of three int32 per block of 64 elements, the bounds of
 their exact values and whether a sum there may be ``-0.0``; then one
 all-reduce (SUM) of int64 words: half a word an element where a block's
 sums fit 32 bits (the bytes of a float32 all-reduce; every block of float16
-or bfloat16 gradients, some blocks of float32 ones), one an element for
-ordinary float32 gradients (twice the bytes), a word and a half, or two,
-for wider ranges, a whole superaccumulator only for the rare block that
-needs it (see :mod:`bitfold.dense`); last, only for blocks where every rank holds
-an element whose terms were all ``-0.0``, one flag an element (MIN): the
-sign of a zero sum.
+or bfloat16 gradients), two thirds of one where its elements span at most
+38 bits (2 ranks; 36 for 4: most blocks of float32 gradients, 1.35x to
+1.45x the bytes of a float32 all-reduce in all), one an element up to 63
+bits, a word and a half, or two, for wider ranges, a whole superaccumulator
+only for the rare block that needs it (see :mod:`bitfold.dense`); last,
+only for blocks where every rank holds an element whose terms were all
+``-0.0``, one flag an element (MIN): the sign of a zero sum.
 ``torch.distributed`` is the engine — gloo for CPU tensors, NCCL for CUDA
 tensors (the words are moved to the group's device); bitfold chooses what
 to send.

@@ -511,42 +511,55 @@ def array_words(bits, exp_bits, frac_bits, block, classes, lo, offsets, split, w
     n = bits.shape[0]
     B = lo.shape[0]
     for c in prange(CHUNKS):
-        held = block_scratch(block)  # a packed block's elements (and lanes), before packing
+        held, lanes = np.empty(block, np.int64), block_lanes(block)  # a packed block's scratch
         for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
             first, count = _block_span(n, b, block)
-            low = lo[b]
-            for j in range(count):  # into the scratch, then placed: one vector loop
-                raw = np.int64(bits[first + np.uint64(j)])
-                _, m, e = _raw_parts(raw, exp_bits, frac_bits)
-                shift = e - low  # within (-64, 63) for the non-zero values of a narrow block
-                x = m << min(shift, 63) if shift >= 0 else m >> min(-shift, 63)
-                held[np.uint64(j)] = -x if (raw >> (exp_bits + frac_bits)) & 1 else x
-            _place(held, count, words, offsets[b], classes[b], split)
+            if classes[b] == NARROW:  # straight into the words
+                _array_shifts(bits, first, count, exp_bits, frac_bits, lo[b], words,
+                              np.uint64(offsets[b]))  # fmt: skip
+            else:  # into the scratch, then packed
+                _array_shifts(bits, first, count, exp_bits, frac_bits, lo[b], held, np.uint64(0))
+                _pack(held, lanes, count, words, offsets[b], classes[b], split)
+
+
+@njit(cache=True, nogil=True)
+def _array_shifts(bits, first, count, exp_bits, frac_bits, low, dst, at):
+    # pragma: no cover - compiled
+    """``dst[at + j]``: element ``first + j``'s bits as an integer in units of ``2^low``.
+
+    A function of its own (not inlined into the parallel loop), with one destination: a vector
+    loop."""
+    for j in range(count):
+        raw = np.int64(bits[first + np.uint64(j)])
+        _, m, e = _raw_parts(raw, exp_bits, frac_bits)
+        shift = e - low  # within (-64, 63) for the non-zero values of a narrow block
+        x = m << min(shift, 63) if shift >= 0 else m >> min(-shift, 63)
+        dst[at + np.uint64(j)] = -x if (raw >> (exp_bits + frac_bits)) & 1 else x
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _place(held, count, words, pos, klass, split):  # pragma: no cover - compiled
+def _place(held, lanes, count, words, pos, klass, split):  # pragma: no cover - compiled
     """A block's elements ``held[:count]`` into its words from ``pos``: one a word (NARROW),
     else packed (:func:`_pack`)."""
     if klass == NARROW:
         for j in range(count):
             words[pos + j] = held[j]
     else:
-        _pack(held, count, words, pos, klass, split)
+        _pack(held, lanes, count, words, pos, klass, split)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _pack(held, count, words, pos, klass, split):  # pragma: no cover - compiled
+@njit(cache=True, nogil=True)  # not inlined: in the parallel loops it would not vectorise
+def _pack(held, lanes, count, words, pos, klass, split):  # pragma: no cover - compiled
     """A packed block's elements ``held[:count]`` into its words from ``pos``.
 
     HALF: ``held[2i] + held[2i+1]·2^32`` a word, each below 2^31 in magnitude
     and so is its sum over the ranks (:data:`HALF_BITS`). THIRDS: element j
-    is two lanes, its low ``split`` bits and the rest (with its sign); the
-    block's lanes, all low parts then all high parts, fill its ``nw`` words
-    in three runs, lane ``r nw + w`` in word ``w`` times ``2^(THIRD_BITS r)``;
-    every lane's sum over the ranks stays below ``2^(THIRD_BITS - 1)``
-    (:func:`thirds_fit`). Either way the sum of the words holds every lane's
-    sum, recovered exactly from the bottom up (:func:`_unpack`).
+    is two lanes, its low ``split`` bits and the rest (with its sign), three
+    lanes a word, lane ``k`` of a word times ``2^(THIRD_BITS k)`` (the order
+    of the lanes: the comment below); every lane's sum over the ranks stays
+    below ``2^(THIRD_BITS - 1)`` (:func:`thirds_fit`). Either way the sum of
+    the words holds every lane's sum, recovered exactly from the bottom up
+    (:func:`_unpack`).
     """
     if klass == HALF:
         for i in range(count // 2):
@@ -556,35 +569,44 @@ def _pack(held, count, words, pos, klass, split):  # pragma: no cover - compiled
         return
     # lanes L = [low parts of the elements, their high parts, zeros]; word w holds
     # L[w] + L[w + nw]·2^21 + L[w + 2 nw]·2^42: three contiguous runs, vector loops
-    nw = (2 * count + 2) // 3
-    lanes = held[block_scratch_lanes(held):]
+    # Pairs first: word w < a = count // 2 is (low of w, high of w, low of w + a), three
+    # contiguous runs; the rest, R = (highs of a .. count-1, then the low of the last
+    # element when count is odd), fill rw = ceil(len(R) / 3) words as three runs of R.
+    # Unsigned positions: Numba's negative-index wrap would keep LLVM from vector loops.
+    a = np.uint64(count // 2)
+    at = np.uint64(pos)
     low = (np.int64(1) << split) - 1
-    for j in range(count):
-        lanes[j] = held[j] & low
-    for j in range(count):
-        lanes[count + j] = held[j] >> split  # held[j] = high·2^split + low
-    for j in range(2 * count, 3 * nw):
+    for w in range(a):
+        x, y = held[w], held[a + w]
+        words[at + w] = ((x & low) + ((x >> split) << THIRD_BITS)
+                         + ((y & low) << (2 * THIRD_BITS)))  # fmt: skip
+    r, rw = _rest_lanes(count)
+    for j in range(np.uint64(count) - a):
+        lanes[j] = held[a + j] >> split
+    if count % 2:
+        lanes[r - 1] = held[count - 1] & low
+    for j in range(r, 3 * rw):
         lanes[j] = 0
-    s1, s2 = np.int64(1) << THIRD_BITS, np.int64(1) << (2 * THIRD_BITS)
-    for w in range(nw):
-        words[pos + w] = lanes[w] + lanes[nw + w] * s1 + lanes[2 * nw + w] * s2
+    for w in range(rw):
+        words[at + a + w] = (lanes[w] + (lanes[rw + w] << THIRD_BITS)
+                             + (lanes[2 * rw + w] << (2 * THIRD_BITS)))  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
-def block_scratch_lanes(held):  # pragma: no cover - compiled
-    """Where the lanes start in a packing scratch of :func:`block_scratch` elements."""
-    return held.shape[0] // 4
+def _rest_lanes(count):  # pragma: no cover - compiled
+    """(lanes, words) of a THIRDS block's rest after its ``count // 2`` paired words."""
+    r = np.uint64(count - count // 2 + count % 2)
+    return r, (r + np.uint64(2)) // np.uint64(3)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def block_scratch(block):  # pragma: no cover - compiled
-    """A packing scratch for blocks of ``block`` elements: elements, then up to 3 ceil(2 block / 3)
-    lanes (a quarter of it for the elements, the rest for the lanes)."""
-    return np.empty(4 * (block + 1), np.int64)
+def block_lanes(block):  # pragma: no cover - compiled
+    """A scratch for the lanes of a THIRDS block of ``block`` elements (3 ceil(2 block / 3))."""
+    return np.empty(3 * ((2 * block + 2) // 3), np.int64)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _unpack(words, pos, count, held, klass, split):  # pragma: no cover - compiled
+@njit(cache=True, nogil=True)  # not inlined: in the parallel loops it would not vectorise
+def _unpack(words, pos, count, held, lanes, klass, split):  # pragma: no cover - compiled
     """The reduced sums of a packed block's elements into ``held[:count]`` (inverse of _pack)."""
     if klass == HALF:
         for i in range((count + 1) // 2):
@@ -594,20 +616,29 @@ def _unpack(words, pos, count, held, klass, split):  # pragma: no cover - compil
             if 2 * i + 1 < count:
                 held[2 * i + 1] = (t - a) >> 32
         return
-    nw = (2 * count + 2) // 3
-    lanes = held[block_scratch_lanes(held):]
+    a = np.uint64(count // 2)
+    at = np.uint64(pos)
     shift = 64 - THIRD_BITS
-    for w in range(nw):  # each lane's sum is below 2^20: sign-extend from the bottom up
-        t = words[pos + w]
-        a = (t << shift) >> shift
-        t = (t - a) >> THIRD_BITS
-        b = (t << shift) >> shift
-        lanes[w] = a
-        lanes[nw + w] = b
-        lanes[2 * nw + w] = (t - b) >> THIRD_BITS
-    scale = np.int64(1) << split
-    for j in range(count):
-        held[j] = lanes[j] + lanes[count + j] * scale
+    for w in range(a):  # each lane's sum is below 2^20: sign-extend from the bottom up
+        t = words[at + w]
+        lo0 = (t << shift) >> shift
+        t = (t - lo0) >> THIRD_BITS
+        hi0 = (t << shift) >> shift
+        held[w] = lo0 + (hi0 << split)
+        held[a + w] = (t - hi0) >> THIRD_BITS  # the low lane of element a + w; its high below
+    r, rw = _rest_lanes(count)
+    for w in range(rw):
+        t = words[at + a + w]
+        x = (t << shift) >> shift
+        t = (t - x) >> THIRD_BITS
+        y = (t << shift) >> shift
+        lanes[w] = x
+        lanes[rw + w] = y
+        lanes[2 * rw + w] = (t - y) >> THIRD_BITS
+    if count % 2:
+        held[count - 1] = lanes[r - 1]
+    for j in range(np.uint64(count) - a):
+        held[a + j] += lanes[j] << split
 
 
 # -- words ----------------------------------------------------------------------------------------
@@ -661,7 +692,7 @@ def slow_words(row, unit, lo, mag):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, inline="always")
 def _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes, lo, offsets,
-                  split, words, mag, row, held):  # fmt: skip  # pragma: no cover - compiled
+                  split, words, mag, row, held, lanes):  # fmt: skip  # pragma: no cover
     n = fast.shape[0]
     W = slow.shape[1]
     L = W - 5
@@ -683,7 +714,7 @@ def _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes,
                 if fast[i] != fast[i]:
                     w0, w1 = slow_words(slow[slow_of[i]], unit, lo[b], mag)
                     held[j] = (w1 << WIDE_LOW_BITS) + w0
-        _place(held, count, words, pos, classes[b], split)
+        _place(held, lanes, count, words, pos, classes[b], split)
         return
     if classes[b] == WIDE:  # the shared lanes are added into: zero them (``words`` is not)
         for j in range((count + 1) // 2):
@@ -725,10 +756,10 @@ def encode(fast, slow_of, slow, adds, unit, block, classes, lo, offsets, split, 
     for c in prange(CHUNKS):
         mag = np.empty(W - 5, np.int64)  # scratch once a chunk of blocks, not once a block
         row = np.empty(W, np.int64)
-        held = block_scratch(block)  # a packed block's elements (and lanes), before packing
+        held, lanes = np.empty(block, np.int64), block_lanes(block)  # a packed block's scratch
         for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
             _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes, lo,
-                          offsets, split, words, mag, row, held)  # fmt: skip
+                          offsets, split, words, mag, row, held, lanes)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -838,7 +869,7 @@ def _cast_block(words, base, i0, i1, start, scale, tiny, mean_over, precision, n
 @njit(cache=True, nogil=True, inline="always")
 def _decode_block(b, words, classes, lo, offsets, split, block, n, unit, L, negzero, signs,
                   mean_over, start, stop, out_f, out_bits, fast, target, row, quot, mag, qs,
-                  held):  # fmt: skip  # pragma: no cover - compiled
+                  held, lanes):  # fmt: skip  # pragma: no cover - compiled
     _, precision, exp_bits, subnormal_exp, nan_bits, out_shift = target
     E = QUOTIENT_EXTRA_LIMBS
     W = L + 5
@@ -847,7 +878,7 @@ def _decode_block(b, words, classes, lo, offsets, split, block, n, unit, L, negz
     count = min(n, (b + 1) * block) - b * block
     base = offsets[b]  # where the block's words start; a packed block's are unpacked first
     if c == HALF or c == THIRDS:
-        _unpack(words, base, count, held, c, split)
+        _unpack(words, base, count, held, lanes, c, split)
         words = held
         base = 0
         c = NARROW
@@ -939,11 +970,11 @@ def decode(words, classes, lo, offsets, split, block, n, unit, L, negzero, mean_
         quot = np.zeros(L + 5 + E, np.int64)
         mag = np.empty(L + E, np.int64)
         qs = np.empty(block)
-        held = block_scratch(block)  # a packed block's sums (and lanes), unpacked
+        held, lanes = np.empty(block, np.int64), block_lanes(block)  # a packed block's sums
         for b in range(b0 + B * c // CHUNKS, b0 + B * (c + 1) // CHUNKS):
             _decode_block(b, words, classes, lo, offsets, split, block, n, unit, L, negzero,
                           signs, mean_over, start, stop, out_f, out_bits, fast, target, row, quot,
-                          mag, qs, held)  # fmt: skip
+                          mag, qs, held, lanes)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
