@@ -303,3 +303,6 @@ def test_the_issue20_sweeps_run_end_to_end(tmp_path) -> None:
     assert "exact all-reduce <= 3x a float32 all_reduce" in again
     line = next(x for x in again.splitlines() if "exact all-reduce <=" in x)
     assert line.endswith("→ met") and "better.json" in line
+    rewritten = next(x for x in again.splitlines() if x.startswith("- rewritten by"))
+    assert f"--from-json {out / 'results.json'} --allreduce-json {better}" in rewritten
+    assert "rewritten by" not in summary  # a measured run says nothing of the kind

@@ -498,6 +498,12 @@ def _from_json(args: argparse.Namespace) -> int:
     folder = os.path.dirname(os.path.abspath(path))
     out = check_out_dir(args.out or folder)
     res["allreduce"] = find_allreduce(args.allreduce_json, out, folder) or res.get("allreduce")
+    parts = ["bitfold", "bench", "--from-json", path]
+    if args.allreduce_json:
+        parts += ["--allreduce-json", args.allreduce_json]
+    if args.out:
+        parts += ["--out", args.out]
+    res["rewritten_by"] = " ".join(parts)  # the summary says its figures were not measured here
     write_outputs(res, out, plots="plots" not in skip)
     return 0
 

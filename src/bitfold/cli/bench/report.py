@@ -225,6 +225,9 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         f"# bitfold bench — {res['date'][:10]}, {s['device']}",
         "",
         f"- command: `{res['command']}`",
+        *([f"- rewritten by `{res['rewritten_by']}` (measured nothing: every figure is the "
+           "command's, goal 6 read from the all-reduce results it names)"]
+          if res.get("rewritten_by") else []),
         f"- machine: {facts['cpu']}, {facts['cores']} usable cores"
         + (f", {facts['memory_bytes'] / 2**30:.0f} GiB RAM" if facts["memory_bytes"] else "")
         + (f", GPU {facts['gpu']}" if facts["gpu"] else ""),
