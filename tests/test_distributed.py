@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -256,11 +257,13 @@ def _narrow_terms(rank: int) -> np.ndarray:
     return a
 
 
-def _narrow_rank(rank: int, world: int, init: str, out: str) -> None:
+def _exact_rank(terms, options: dict, rank: int, world: int, init: str, out: str) -> None:
+    """A rank's ``exact_all_reduce(terms(rank), **options)``, saved by rank 0 (bind the first
+    two with functools.partial for :func:`_spawn_ranks`)."""
     from bitfold.distributed import exact_all_reduce
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    got = exact_all_reduce(torch.from_numpy(_narrow_terms(rank)), mean_over=3)
+    got = exact_all_reduce(torch.from_numpy(terms(rank)), **options)
     if rank == 0:
         np.save(out, got.numpy())
     dist.destroy_process_group()
@@ -273,7 +276,7 @@ def test_one_array_read_from_its_bits_or_through_a_sum_gives_the_exact_bits(tmp_
     from bitfold.dense import DenseSum
 
     out = str(tmp_path / "result.npy")
-    _spawn_ranks(_narrow_rank, 2, tmp_path, out)
+    _spawn_ranks(functools.partial(_exact_rank, _narrow_terms, {"mean_over": 3}), 2, tmp_path, out)
     want = DenseSum(700).add(_narrow_terms(0)).add(_narrow_terms(1)).result(mean_over=3)
     assert np.array_equal(np.load(out).view(np.uint32), want.view(np.uint32))
     assert np.load(out).view(np.uint32)[64] == 0x80000000  # -0.0 on every rank
@@ -284,17 +287,6 @@ def _float16_terms(rank: int) -> np.ndarray:
     a = (np.random.default_rng(30 + rank).standard_normal(1000) * 1e-2).astype(np.float16)
     a[:3] = [-0.0, 65504.0 if rank else -65504.0, 2.0**-24]  # a zero, the extremes, a subnormal
     return a
-
-
-def _float16_rank(rank: int, world: int, init: str, out: str) -> None:
-    from bitfold.distributed import exact_all_reduce
-
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    got = exact_all_reduce(torch.from_numpy(_float16_terms(rank)), out_dtype="float32")
-    if rank == 0:
-        np.save(out, got.numpy())
-    dist.destroy_process_group()
-    leave(0)
 
 
 @pytest.mark.slow
@@ -312,7 +304,8 @@ def test_half_precision_gradients_travel_two_a_word_and_sum_exactly(tmp_path):
     layout = wire_layout(bounds, 1000, world, DenseSum(1000).format.limbs)
     assert (layout.classes == kernels.HALF).sum() >= layout.classes.size - 1  # block 0 spans 2^40
     out = str(tmp_path / "result.npy")
-    _spawn_ranks(_float16_rank, world, tmp_path, out)
+    _spawn_ranks(functools.partial(_exact_rank, _float16_terms, {"out_dtype": "float32"}), world,
+                 tmp_path, out)  # fmt: skip
     want = exact_fold_oracle(np.tile(np.arange(1000), world), np.concatenate(terms), 1000)
     assert np.array_equal(np.load(out).view(np.uint32), want.view(np.uint32))
 
