@@ -567,8 +567,6 @@ def _pack(held, lanes, count, words, pos, klass, split):  # pragma: no cover - c
         if count % 2:
             words[pos + count // 2] = held[count - 1]
         return
-    # lanes L = [low parts of the elements, their high parts, zeros]; word w holds
-    # L[w] + L[w + nw]·2^21 + L[w + 2 nw]·2^42: three contiguous runs, vector loops
     # Pairs first: word w < a = count // 2 is (low of w, high of w, low of w + a), three
     # contiguous runs; the rest, R = (highs of a .. count-1, then the low of the last
     # element when count is odd), fill rw = ceil(len(R) / 3) words as three runs of R.
