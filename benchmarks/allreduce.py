@@ -98,6 +98,7 @@ def _rank(rank: int, world: int, init: str, n: int, repeats: int, out: str) -> N
     layout = wire_layout(bounds.numpy(), n, world, s.format.limbs)
     from bitfold.kernels import dense as wire
 
+    # the classes this tree has (an A/B against older code runs this script on older trees)
     codes = {name: getattr(wire, name.upper()) for name in CLASSES if hasattr(wire, name.upper())}
     counts = np.bincount(layout.classes, minlength=max(codes.values()) + 1)
     if rank == 0:

@@ -357,13 +357,7 @@ def test_packed_blocks_carry_the_exact_sum(packing, world, n):
         arrays[r][1][:4] = [-(top - 1) * unit, (top - 1) * unit, -0.0, 0.0]
         arrays[r][0][5] = arrays[r][1][5] = -0.0  # every term -0.0: its sign travels
         arrays[r][0][6], arrays[r][1][6] = unit, 0.0  # the lowest bit
-    sums, whole = [], DenseSum((n,), "float64")
-    for r in range(world):
-        s = DenseSum((n,), "float64")
-        for a in arrays[r]:
-            s.add(a)
-            whole.add(a)
-        sums.append(s)
+    sums = [DenseSum((n,), "float64").add(arrays[r][0]).add(arrays[r][1]) for r in range(world)]
     layout, words, negzero = _exchange(sums)
     klass = kernels.HALF if packing == "half" else kernels.THIRDS
     assert layout.classes[0] == klass and np.isin(layout.classes, (klass, kernels.HALF)).all()

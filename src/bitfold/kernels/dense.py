@@ -511,7 +511,7 @@ def array_words(bits, exp_bits, frac_bits, block, classes, lo, offsets, split, w
     n = bits.shape[0]
     B = lo.shape[0]
     for c in prange(CHUNKS):
-        held, lanes = np.empty(block, np.int64), block_lanes(block)  # a packed block's scratch
+        held, lanes = np.empty(block, np.int64), _lane_scratch(block)  # a packed block's scratch
         for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
             first, count = _block_span(n, b, block)
             if classes[b] == NARROW:  # straight into the words
@@ -576,8 +576,7 @@ def _pack(held, lanes, count, words, pos, klass, split):  # pragma: no cover - c
     low = (np.int64(1) << split) - 1
     for w in range(a):
         x, y = held[w], held[a + w]
-        words[at + w] = ((x & low) + ((x >> split) << THIRD_BITS)
-                         + ((y & low) << (2 * THIRD_BITS)))  # fmt: skip
+        words[at + w] = _thirds_word(x & low, x >> split, y & low)
     r, rw = _rest_lanes(count)
     for j in range(np.uint64(count) - a):
         lanes[j] = held[a + j] >> split
@@ -586,8 +585,24 @@ def _pack(held, lanes, count, words, pos, klass, split):  # pragma: no cover - c
     for j in range(r, 3 * rw):
         lanes[j] = 0
     for w in range(rw):
-        words[at + a + w] = (lanes[w] + (lanes[rw + w] << THIRD_BITS)
-                             + (lanes[2 * rw + w] << (2 * THIRD_BITS)))  # fmt: skip
+        words[at + a + w] = _thirds_word(lanes[w], lanes[rw + w], lanes[2 * rw + w])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _thirds_word(a, b, c):  # pragma: no cover - compiled
+    """Three lanes in one word, ``a + b·2^21 + c·2^42`` (each below 2^20 in magnitude)."""
+    return a + (b << THIRD_BITS) + (c << (2 * THIRD_BITS))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _thirds_lanes(t):  # pragma: no cover - compiled
+    """The three lanes of a (reduced) word of :func:`_thirds_word`'s, recovered from the bottom
+    up: each sum is below 2^20 in magnitude, so sign-extending its 21 bits gives it."""
+    shift = 64 - THIRD_BITS
+    a = (t << shift) >> shift
+    t = (t - a) >> THIRD_BITS
+    b = (t << shift) >> shift
+    return a, b, (t - b) >> THIRD_BITS
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -598,7 +613,7 @@ def _rest_lanes(count):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
-def block_lanes(block):  # pragma: no cover - compiled
+def _lane_scratch(block):  # pragma: no cover - compiled
     """A scratch for the lanes of a THIRDS block of ``block`` elements (3 ceil(2 block / 3))."""
     return np.empty(3 * ((2 * block + 2) // 3), np.int64)
 
@@ -616,23 +631,13 @@ def _unpack(words, pos, count, held, lanes, klass, split):  # pragma: no cover -
         return
     a = np.uint64(count // 2)
     at = np.uint64(pos)
-    shift = 64 - THIRD_BITS
-    for w in range(a):  # each lane's sum is below 2^20: sign-extend from the bottom up
-        t = words[at + w]
-        lo0 = (t << shift) >> shift
-        t = (t - lo0) >> THIRD_BITS
-        hi0 = (t << shift) >> shift
-        held[w] = lo0 + (hi0 << split)
-        held[a + w] = (t - hi0) >> THIRD_BITS  # the low lane of element a + w; its high below
+    for w in range(a):
+        low, high, next_low = _thirds_lanes(words[at + w])
+        held[w] = low + (high << split)
+        held[a + w] = next_low  # the low lane of element a + w; its high one below
     r, rw = _rest_lanes(count)
     for w in range(rw):
-        t = words[at + a + w]
-        x = (t << shift) >> shift
-        t = (t - x) >> THIRD_BITS
-        y = (t << shift) >> shift
-        lanes[w] = x
-        lanes[rw + w] = y
-        lanes[2 * rw + w] = (t - y) >> THIRD_BITS
+        lanes[w], lanes[rw + w], lanes[2 * rw + w] = _thirds_lanes(words[at + a + w])
     if count % 2:
         held[count - 1] = lanes[r - 1]
     for j in range(np.uint64(count) - a):
@@ -754,7 +759,7 @@ def encode(fast, slow_of, slow, adds, unit, block, classes, lo, offsets, split, 
     for c in prange(CHUNKS):
         mag = np.empty(W - 5, np.int64)  # scratch once a chunk of blocks, not once a block
         row = np.empty(W, np.int64)
-        held, lanes = np.empty(block, np.int64), block_lanes(block)  # a packed block's scratch
+        held, lanes = np.empty(block, np.int64), _lane_scratch(block)  # a packed block's scratch
         for b in range(B * c // CHUNKS, B * (c + 1) // CHUNKS):
             _encode_block(b, fast, fast_bits, slow_of, slow, adds, unit, block, classes, lo,
                           offsets, split, words, mag, row, held, lanes)  # fmt: skip
@@ -968,7 +973,7 @@ def decode(words, classes, lo, offsets, split, block, n, unit, L, negzero, mean_
         quot = np.zeros(L + 5 + E, np.int64)
         mag = np.empty(L + E, np.int64)
         qs = np.empty(block)
-        held, lanes = np.empty(block, np.int64), block_lanes(block)  # a packed block's sums
+        held, lanes = np.empty(block, np.int64), _lane_scratch(block)  # a packed block's sums
         for b in range(b0 + B * c // CHUNKS, b0 + B * (c + 1) // CHUNKS):
             _decode_block(b, words, classes, lo, offsets, split, block, n, unit, L, negzero,
                           signs, mean_over, start, stop, out_f, out_bits, fast, target, row, quot,

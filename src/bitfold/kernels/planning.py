@@ -432,7 +432,7 @@ def partition_layout(index: np.ndarray, K: int, dest: np.ndarray, local: np.ndar
     """
     n = index.shape[0]
     partitions = max(1, (K + (1 << PARTITION_BITS) - 1) >> PARTITION_BITS)
-    if partitions > 1 << RADIX_BITS:
+    if K > PARTITIONED_MAX_K:
         raise ValueError(f"K = {K:,} has more than {1 << RADIX_BITS:,} partitions")
     C = 1
     if n >= PARALLEL_MIN_POSITIONS:
