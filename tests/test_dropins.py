@@ -51,6 +51,78 @@ def test_segment_sum_is_the_exact_fold(D):
     assert bitfold.segment_sum(vals, idx, K, "ordered").shape == got.shape
 
 
+def _one_shot_problem(seed, n, K):
+    """Values that need every part of the float stream: a bucket whose float64 sum is not exact
+    (redone through the order), -0.0 buckets, an infinity, subnormal terms, empty buckets."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, K - 1, n)  # bucket K-1 stays empty
+    vals = (rng.standard_normal(n) * 2.0 ** rng.integers(-40, 40, n)).astype(np.float32)
+    idx[:3], vals[:3] = 5, [2.0**100, 1.0, -(2.0**100)]  # exact sum 1.0; float64's: 0.0
+    idx[:3] = K - 2  # its only terms
+    vals[3:6] = -0.0
+    idx[3:6] = K - 3  # -0.0 only
+    idx[6:8], vals[6:8] = K - 4, [-0.0, 0.0]
+    idx[8] = K - 4  # -0.0, +0.0 and one more term
+    vals[10] = np.inf
+    vals[20:22] = np.float32(2.0**-140) * np.float32([1, -3])
+    return idx, vals
+
+
+@pytest.mark.parametrize(("n", "K"), [(3_000, 70_000), (300_000, 70_000), (300_000, 300_000)])
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
+def test_one_shot_segment_sum_checks_its_index_as_it_folds(n, K, index_dtype):
+    """Past 2^16 buckets a one-shot fold reads the caller's index in the float stream, checking
+    each entry as it adds its value (no pass that checks and copies it first): the oracle's bits,
+    on one thread and on several; an entry outside [0, K) is refused with the plan's own error,
+    naming the first bad position, wherever it lies in the stream's chunks."""
+    import numba
+
+    from bitfold.plan import one_shot
+
+    idx, vals = _one_shot_problem(n, n, K)
+    idx = idx.astype(index_dtype)
+    plan = one_shot(idx, K)
+    assert plan.unchecked_index is not None and np.shares_memory(plan.unchecked_index, idx)
+    assert plan.route(vals).route == "float-stream"
+    want = exact_fold_oracle(idx, vals, K, "float32").view(np.uint32)
+    plain = np.random.default_rng(1).standard_normal(n).astype(np.float32)  # sums all exact
+    assert np.array_equal(plan(plain).view(np.uint32), bitfold.Fold(idx, K)(plain).view(np.uint32))
+    assert plan.unchecked_index is not None  # no bucket redone: nothing checked the index
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({1, before}):
+            numba.set_num_threads(threads)
+            assert np.array_equal(bitfold.segment_sum(vals, idx, K).view(np.uint32), want)
+            for bad_value, places in ((K, (n // 2 + 5,)), (-1, (7,)), (K, (n // 3, n - 1)),
+                                      (-1, (n - 2,))):  # fmt: skip
+                bad = idx.copy()
+                bad[list(places)] = bad_value
+                with pytest.raises(bitfold.IndexRangeError) as got:  # no bucket to redo: the
+                    bitfold.segment_sum(plain, bad, K)  # stream's own check refuses it
+                with pytest.raises(bitfold.IndexRangeError) as checked:
+                    bitfold.Fold(bad, K)
+                assert str(got.value) == str(checked.value)
+                assert got.value.position == min(places)
+    finally:
+        numba.set_num_threads(before)
+    assert plan(vals).view(np.uint32).tolist() == want.tolist()  # a bucket redone: checked
+    assert plan.unchecked_index is None and plan.index.dtype == np.int32
+    assert np.array_equal(plan.index, idx)
+
+
+def test_one_shot_plans_of_few_buckets_check_at_once():
+    """Up to 2^16 buckets the check also counts the buckets and makes the 2-byte copy the
+    stream reads fastest: a one-shot plan checks its entries at once, as Fold does."""
+    from bitfold.plan import one_shot
+
+    idx = np.array([0, 3, 65_535])
+    plan = one_shot(idx, 65_536)
+    assert plan.unchecked_index is None and plan.index.dtype == np.uint16
+    assert one_shot(idx, 65_537).unchecked_index is not None
+    with pytest.raises(bitfold.IndexRangeError, match=r"= 65536 \(flat position 2\)"):
+        one_shot(idx + 1, 65_536)
+
+
 # -- add_at ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("D", [None, 2])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])

@@ -196,3 +196,26 @@ def test_a_forced_route_refuses_a_plan_past_its_bucket_limit_by_name():
     assert starts[-1] == 2 and local.tolist() == [0, (limit - 1) & 0xFFFF]
     with pytest.raises(ValueError):
         planning.partition_layout(index, limit + 1, dest, local)
+
+
+@pytest.mark.parametrize(("n", "K", "slots"), [(50, 100, 1), (3_000, 100, 2), (3_000, 1 << 19, 2)])
+def test_the_float_stream_checks_an_unchecked_index_entry_by_entry(n, K, slots):
+    """``bounded``: every entry checked as its value is added (one slot on the calling thread,
+    private slots, the prefetching loop past 2^18 buckets): -1 at an entry outside [0, K),
+    negative ones included; in range, the same sums as without the checks."""
+    from bitfold.kernels import stream
+
+    rng = np.random.default_rng(n + K)
+    idx = rng.integers(0, K, n)
+    vals = rng.standard_normal(n).astype(np.float32)
+    sums = np.empty((slots, K))
+    plain, checked = np.empty(K, np.float32), np.empty(K, np.float32)
+    assert stream.float_sums(idx, vals, sums, plain) == 0
+    assert stream.float_sums(idx, vals, sums, checked, bounded=True) == 0
+    np.testing.assert_array_equal(checked.view(np.uint32), plain.view(np.uint32))
+    np.testing.assert_array_equal(plain.view(np.uint32),
+                                  exact_fold_oracle(idx, vals, K).view(np.uint32))  # fmt: skip
+    for bad in (K, -1, np.iinfo(np.int64).min):
+        wrong = idx.copy()
+        wrong[n // 3] = bad
+        assert stream.float_sums(wrong, vals, sums, checked, bounded=True) == -1

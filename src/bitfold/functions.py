@@ -17,7 +17,7 @@ from .arrays import family_of
 from .backends.host_buffers import share_one_shot
 from .errors import FoldTypeError, IndexRangeError, ShapeError
 from .formats import dtype_name
-from .plan import Fold
+from .plan import Fold, one_shot
 from .validate import index_range_error
 
 
@@ -33,13 +33,17 @@ def segment_sum(
     bfloat16 and float32 values, float64 for float64 values, or
     ``out_dtype``): the same bits for any order of the values. A large result's
     memory is handed to a later call once nothing holds it any more
-    (:mod:`bitfold.backends.host_buffers`).
+    (:mod:`bitfold.backends.host_buffers`). The plan is built for this one
+    fold (:func:`bitfold.plan.one_shot`): past 2^16 buckets a fold that reads
+    the index in position order checks each entry as it reads it, one pass
+    over the index fewer; an entry outside ``[0, K)`` raises the same
+    :class:`bitfold.IndexRangeError` as :class:`bitfold.Fold`.
 
     >>> import numpy as np, bitfold
     >>> bitfold.segment_sum(np.array([1.0, 2.0, 3.0], np.float32), [0, 2, 0], 3).tolist()
     [4.0, 0.0, 2.0]
     """
-    return share_one_shot(Fold(index, K))(values, strategy, out_dtype=out_dtype)
+    return share_one_shot(one_shot(index, K))(values, strategy, out_dtype=out_dtype)
 
 
 def add_at(a: Any, indices: Any, b: Any) -> None:

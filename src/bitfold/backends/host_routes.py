@@ -245,6 +245,11 @@ def _run_limbs(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name:
 FLOAT_STREAM_MAX_K = 1 << 20
 
 
+#: Index dtypes the float stream reads from a one-shot plan's caller, unchecked (each entry is
+#: checked as its value is added): a kernel is compiled for each, so only the usual ones.
+UNCHECKED_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
+
+
 def _is_float_stream(s: Shape) -> bool:
     return s.dtype != "float64" and s.K <= FLOAT_STREAM_MAX_K
 
@@ -256,6 +261,12 @@ def _run_float_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, ou
 
     def fill(out: np.ndarray) -> int:  # reads the order only to redo an inexact bucket
         sums = reused_empty(plan, (slots, plan.K), np.float64)  # each slot's state
+        raw = plan.unchecked_index  # a one-shot plan's: each entry checked as it is read
+        if raw is not None and raw.dtype in UNCHECKED_DTYPES:
+            left = stream.float_sums(raw, rows[:, 0], sums, out, bounded=True)
+            if left >= 0:
+                return left
+        # an entry outside [0, K): plan.index checks the index and raises the plan's error
         return stream.float_sums(plan.index, rows[:, 0], sums, out)
 
     return _cast_or_redo(plan, rows, fmt, out_name, fill)

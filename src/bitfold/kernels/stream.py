@@ -50,44 +50,57 @@ NEGATIVE_ZERO_BITS = 0x80000000
 
 
 @njit(cache=True, nogil=True)
-def _add_checked(ix, vs, bs, sums):  # pragma: no cover - compiled
+def _add_checked(ix, vs, bs, sums, bounded):  # pragma: no cover - compiled
+    # how many values were -0.0; with bounded, -1 at an entry of ix outside [0, len(sums))
+    K = np.uint64(sums.shape[0])
     negative_zeros = 0
     for t in range(ix.shape[0]):  # from 0: no negative-index checks in the loop
         k = ix[t]
+        if bounded and np.uint64(k) >= K:  # a negative entry wraps past K too
+            return -1
         sums[k] = checked_add_narrow(sums[k], as_double(vs[t], bs[t], 8, 23))
         negative_zeros += bs[t] == NEGATIVE_ZERO_BITS
     return negative_zeros
 
 
 @njit(cache=True, nogil=True)
-def _add_checked_far(ix, vs, bs, sums, n):  # pragma: no cover - compiled
-    negative_zeros = 0  # a state past the caches: ask for the sums ahead
+def _add_checked_far(ix, vs, bs, sums, n, bounded):  # pragma: no cover - compiled
+    K = np.uint64(sums.shape[0])
+    negative_zeros = 0  # a state past the caches: ask for the sums ahead (a prefetch never faults)
     for t in range(n):  # ix holds n + FAR_AHEAD entries
         prefetch_item(sums, ix[t + FAR_AHEAD])
         k = ix[t]
+        if bounded and np.uint64(k) >= K:
+            return -1
         sums[k] = checked_add_narrow(sums[k], as_double(vs[t], bs[t], 8, 23))
         negative_zeros += bs[t] == NEGATIVE_ZERO_BITS
     return negative_zeros
 
 
 @njit(cache=True, nogil=True)
-def _float_range(index, values, lo, hi, sums, far):  # pragma: no cover - compiled
-    """Add values ``lo .. hi-1`` into ``sums``; how many of them were -0.0."""
+def _float_range(index, values, lo, hi, sums, far, bounded):  # pragma: no cover - compiled
+    """Add values ``lo .. hi-1`` into ``sums``; how many were -0.0.
+
+    With ``bounded`` every entry is checked first: -1 at one outside ``[0, K)``.
+    """
     ix, vs, bs = index[lo:hi], values[lo:hi], values[lo:hi].view(np.uint32)
     split = max(0, (hi - lo) - FAR_AHEAD) if far else 0
-    negative_zeros = _add_checked_far(ix, vs, bs, sums, split) if split else 0
-    return negative_zeros + _add_checked(ix[split:], vs[split:], bs[split:], sums)
+    negative_zeros = _add_checked_far(ix, vs, bs, sums, split, bounded) if split else 0
+    if negative_zeros < 0:
+        return -1
+    rest = _add_checked(ix[split:], vs[split:], bs[split:], sums, bounded)
+    return -1 if rest < 0 else negative_zeros + rest
 
 
 @njit(cache=True, parallel=True)
-def _float_slots(index, values, sums, far, negative_zeros):  # pragma: no cover - compiled
+def _float_slots(index, values, sums, far, negative_zeros, bounded):  # pragma: no cover
     # slot s takes the s-th of S equal ranges (fewer slots than threads)
     n = index.shape[0]
     S = sums.shape[0]
     for s in prange(S):
         sums[s, :] = 0.0  # cleared by the thread that fills it: in parallel, its pages local
         negative_zeros[s] = _float_range(index, values, n * s // S, n * (s + 1) // S, sums[s],
-                                         far)  # fmt: skip
+                                         far, bounded)  # fmt: skip
 
 
 @njit(cache=True, parallel=True)
@@ -97,14 +110,14 @@ def _clear_slots(sums):  # pragma: no cover - compiled
 
 
 @njit(cache=True, parallel=True)
-def _float_chunks(index, values, sums, far, negative_zeros):  # pragma: no cover - compiled
+def _float_chunks(index, values, sums, far, negative_zeros, bounded):  # pragma: no cover
     # one slot a thread; equal chunks of positions handed to whichever thread is free
     n = index.shape[0]
     C = negative_zeros.shape[0]
     for c in prange(C):
         s = get_thread_id()  # this thread's own slot: no two threads share one
         negative_zeros[c] = _float_range(index, values, n * c // C, n * (c + 1) // C, sums[s],
-                                         far)  # fmt: skip
+                                         far, bounded)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -150,7 +163,7 @@ def _negative_zero_buckets(index, bits, out):  # pragma: no cover - compiled
             out[k] = -0.0
 
 
-def float_sums(index, values, sums: np.ndarray, out: np.ndarray) -> int:
+def float_sums(index, values, sums: np.ndarray, out: np.ndarray, bounded: bool = False) -> int:
     """Each bucket's float64 sum of ``values`` (float32), stored into ``out``, or NaN; how many NaN.
 
     ``sums`` (slots, K) float64, whatever it holds, gives the private states
@@ -166,14 +179,19 @@ def float_sums(index, values, sums: np.ndarray, out: np.ndarray) -> int:
     -0.0 was read, one more pass over the index finds them). Needs no
     offsets: a one-shot plan does not count its buckets. An exact sum is
     unique, so nothing depends on the number of slots.
+
+    With ``bounded`` (an index not checked yet: :attr:`bitfold.Fold.unchecked_index`)
+    every entry is checked against ``[0, K)`` as its value is added; at an
+    entry outside, the fold stops and returns -1, ``out`` meaningless.
     """
     slots, K = sums.shape
     far = K > FAR_MIN_K
     tiny = float(np.finfo(out.dtype).tiny)
-    if slots == 1 and K < PARALLEL_MIN_K:
+    one = slots == 1 and K < PARALLEL_MIN_K
+    if one:
         sums[0] = 0.0
-        negative_zeros = np.array([_float_range(index, values, 0, index.shape[0], sums[0], far)])
-        inexact = _merge_float(sums, out, tiny, 0, K)
+        negative_zeros = np.array([_float_range(index, values, 0, index.shape[0], sums[0], far,
+                                                   bounded)])  # fmt: skip
     else:
         from .cpu import DYNAMIC_CHUNKS, dynamic_schedule, thread_count
 
@@ -182,11 +200,13 @@ def float_sums(index, values, sums: np.ndarray, out: np.ndarray) -> int:
             negative_zeros = np.zeros(DYNAMIC_CHUNKS, np.int64)
             _clear_slots(sums)
             with dynamic_schedule():
-                _float_chunks(index, values, sums, far, negative_zeros)
+                _float_chunks(index, values, sums, far, negative_zeros, bounded)
         else:
             negative_zeros = np.zeros(slots, np.int64)
-            _float_slots(index, values, sums, far, negative_zeros)
-        inexact = _merge_float_parallel(sums, out, tiny)
+            _float_slots(index, values, sums, far, negative_zeros, bounded)
+    if (negative_zeros < 0).any():
+        return -1
+    inexact = _merge_float(sums, out, tiny, 0, K) if one else _merge_float_parallel(sums, out, tiny)
     if negative_zeros.any():
         _negative_zero_buckets(index, values.view(np.uint32), out)
     return int(inexact)
