@@ -68,11 +68,13 @@ def _one_shot_problem(seed, n, K):
     return idx, vals
 
 
-@pytest.mark.parametrize(("n", "K"), [(3_000, 70_000), (300_000, 70_000), (300_000, 300_000)])
+@pytest.mark.parametrize(("n", "K"), [(3_000, 70_000), (300_000, 70_000), (300_000, 300_000),
+                                      (300_000, 600_000)])  # fmt: skip
 @pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
 def test_one_shot_segment_sum_checks_its_index_as_it_folds(n, K, index_dtype):
     """Past 2^16 buckets a one-shot fold reads the caller's index in the float stream, checking
-    each entry as it adds its value (no pass that checks and copies it first): the oracle's bits,
+    each entry as it adds its value (no pass that checks and copies it first; past 2^19 buckets
+    too, where a plan kept for many folds groups its values first): the oracle's bits,
     on one thread and on several; an entry outside [0, K) is refused with the plan's own error,
     naming the first bad position, wherever it lies in the stream's chunks."""
     import numba
@@ -83,10 +85,13 @@ def test_one_shot_segment_sum_checks_its_index_as_it_folds(n, K, index_dtype):
     idx = idx.astype(index_dtype)
     plan = one_shot(idx, K)
     assert plan.unchecked_index is not None and np.shares_memory(plan.unchecked_index, idx)
-    assert plan.route(vals).route == "float-stream"
+    assert plan.once and plan.route(vals).route == "float-stream"
+    kept = bitfold.Fold(idx, K)  # a plan kept for many folds groups its values past 2^19 buckets
+    assert not kept.once
+    assert kept.route(vals).route == ("partitioned-stream" if K > 1 << 19 else "float-stream")
     want = exact_fold_oracle(idx, vals, K, "float32").view(np.uint32)
     plain = np.random.default_rng(1).standard_normal(n).astype(np.float32)  # sums all exact
-    assert np.array_equal(plan(plain).view(np.uint32), bitfold.Fold(idx, K)(plain).view(np.uint32))
+    assert np.array_equal(plan(plain).view(np.uint32), kept(plain).view(np.uint32))
     assert plan.unchecked_index is not None  # no bucket redone: nothing checked the index
     before = numba.get_num_threads()
     try:

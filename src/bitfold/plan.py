@@ -74,6 +74,7 @@ class Fold:
         self._sorted_index: np.ndarray | None = None
         self._fingerprint: str | None = None
         self._prepared: dict[Any, Any] = {}
+        self._once = False
         self.build_seconds = time.perf_counter() - t0
         return self._unchecked
 
@@ -134,6 +135,15 @@ class Fold:
         if index is None and unchecked is not None:
             index = self._check_index(unchecked)
         return index
+
+    @property
+    def once(self) -> bool:
+        """True for a plan built for one fold (:func:`one_shot`, :func:`bitfold.segment_sum`).
+
+        Routes then skip what only pays back over many folds (the partitioned
+        stream's layout).
+        """
+        return self._once
 
     @property
     def unchecked_index(self) -> np.ndarray | None:
@@ -335,7 +345,9 @@ def one_shot(index: Any, K: int) -> Fold:
     on a route that reads the index in position order, by that route as it
     adds each value (:attr:`Fold.unchecked_index`): one pass over the index
     fewer, and an entry outside ``[0, K)`` is refused with the same
-    :class:`bitfold.IndexRangeError`. The index must not change before the fold.
+    :class:`bitfold.IndexRangeError`. The index must not change before the
+    fold. Routes skip what pays back only over many folds (:attr:`Fold.once`).
+
     Up to :data:`planning.EAGER_COUNT_MAX_K` buckets the entries are checked at
     once, as by :class:`Fold`: that pass also counts the buckets, and the
     2-byte copy it makes is read about twice as fast as an int64 index by a
@@ -344,6 +356,7 @@ def one_shot(index: Any, K: int) -> Fold:
     """
     plan = Fold.__new__(Fold)
     flat = plan._begin(index, K)
+    plan._once = True
     if plan.K <= planning.EAGER_COUNT_MAX_K:
         plan._check_index(flat)
     return plan
