@@ -68,13 +68,17 @@ def _one_shot_problem(seed, n, K):
     return idx, vals
 
 
-@pytest.mark.parametrize(("n", "K"), [(3_000, 70_000), (300_000, 70_000), (300_000, 300_000),
-                                      (300_000, 600_000)])  # fmt: skip
-@pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
+@pytest.mark.parametrize(
+    ("n", "K", "index_dtype"),
+    [(n, K, dtype) for n, K in ((3_000, 70_000), (300_000, 70_000), (300_000, 300_000))
+     for dtype in (np.int64, np.int32)]
+    + [(300_000, 600_000, np.int64), (1_200_000, 1_100_000, np.int32)],
+)  # fmt: skip
 def test_one_shot_segment_sum_checks_its_index_as_it_folds(n, K, index_dtype):
     """Past 2^16 buckets a one-shot fold reads the caller's index in the float stream, checking
     each entry as it adds its value (no pass that checks and copies it first; past 2^19 buckets
-    too, where a plan kept for many folds groups its values first): the oracle's bits,
+    too, where a plan kept for many folds groups its values first, and past 2^20 up to one
+    bucket a value, where it sorts them): the oracle's bits,
     on one thread and on several; an entry outside [0, K) is refused with the plan's own error,
     naming the first bad position, wherever it lies in the stream's chunks."""
     import numba
@@ -88,7 +92,9 @@ def test_one_shot_segment_sum_checks_its_index_as_it_folds(n, K, index_dtype):
     assert plan.once and plan.route(vals).route == "float-stream"
     kept = bitfold.Fold(idx, K)  # a plan kept for many folds groups its values past 2^19 buckets
     assert not kept.once
-    assert kept.route(vals).route == ("partitioned-stream" if K > 1 << 19 else "float-stream")
+    kept_route = ("float-stream" if K <= 1 << 19 else "partitioned-stream" if K <= 1 << 20
+                  else "sorted-stream")  # fmt: skip
+    assert kept.route(vals).route == kept_route
     want = exact_fold_oracle(idx, vals, K, "float32").view(np.uint32)
     plain = np.random.default_rng(1).standard_normal(n).astype(np.float32)  # sums all exact
     assert np.array_equal(plan(plain).view(np.uint32), kept(plain).view(np.uint32))
