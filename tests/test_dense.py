@@ -243,6 +243,31 @@ def test_one_array_read_from_its_bits_travels_as_a_sum_that_took_it(dtype):
     assert bitfold.dense.array_bounds(wide) is None
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_float32_bounds_read_in_32_bit_lanes_are_a_sums_bounds(seed):
+    """array_bounds of float32 (its own 32-bit kernel) against the bounds of a DenseSum that took
+    the array, at every exponent: subnormals of every width, zeros of both signs, blocks of
+    one element's kind only, a short last block; an infinity or a NaN anywhere: None."""
+    rng = np.random.default_rng(seed)
+    n = 64 * 200 + int(rng.integers(1, 64))
+    a = np.clip(rng.standard_normal(n) * 2.0 ** rng.integers(-150, 128, n), -3e38,
+                3e38).astype(np.float32)  # fmt: skip
+    sub = rng.random(n) < 0.2
+    a[sub] = (rng.integers(-(2**23), 2**23, sub.sum()) * 2.0**-149).astype(np.float32)
+    a[rng.random(n) < 0.1] = 0.0
+    a[rng.random(n) < 0.05] = -0.0
+    a[:64] = -0.0  # -0.0 only: the signs travel
+    a[64:128] = 0.0  # +0.0 only
+    a[128:192] = np.float32(2.0**-149)  # the least subnormal only
+    a[192:256] = np.float32(3.0 * 2.0**126)  # near the largest only
+    assert np.isfinite(a).all()
+    assert np.array_equal(bitfold.dense.array_bounds(a), DenseSum((n,)).add(a).bounds())
+    for special in (np.inf, -np.inf, np.nan):
+        b = a.copy()
+        b[int(rng.integers(0, n))] = special
+        assert bitfold.dense.array_bounds(b) is None
+
+
 def test_the_limb_rows_grow_when_many_elements_need_them():
     n = 5000
     s = DenseSum((n,))

@@ -112,10 +112,12 @@ def array_bounds(flat: np.ndarray, block: int = BLOCK) -> np.ndarray | None:
     out = np.empty(((flat.size + block - 1) // block, 3), np.int32)
     f = FLOATS[flat.dtype.name]
     start_thread_pool()
-    bits = flat.view(np.int64 if flat.dtype == np.float64 else np.uint32)
-    if not kernels.array_bounds(bits, f.exponent_bits, f.fraction_bits, block, out):
-        return None
-    return out
+    if flat.dtype == np.float32:
+        done = kernels.array_bounds_narrow(flat.view(np.uint32), block, out)
+    else:
+        done = kernels.array_bounds(flat.view(np.int64), f.exponent_bits, f.fraction_bits,
+                                    block, out)  # fmt: skip
+    return out if done else None
 
 
 def array_words(
