@@ -56,7 +56,7 @@ bench: $(VENV)/.installed-test
 
 # Copy a run's generated summary into the README's performance block.
 readme-perf: $(PY)
-	$(PY) benchmarks/readme_performance.py $(or $(RESULTS),benchmarks/results/2026-12-04-r7-final-cpu-2core)
+	$(PY) benchmarks/readme_performance.py $(or $(RESULTS),benchmarks/results/2026-12-04-r7-summary-cpu-2core)
 
 # On a machine with an NVIDIA GPU, with the python3 already there (no venv, no install, works
 # offline; ARGS=--install to pip-install first): the GPU benchmark and the GPU tests in at most
