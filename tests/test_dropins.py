@@ -57,8 +57,8 @@ def _one_shot_problem(seed, n, K):
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, K - 1, n)  # bucket K-1 stays empty
     vals = (rng.standard_normal(n) * 2.0 ** rng.integers(-40, 40, n)).astype(np.float32)
-    idx[:3], vals[:3] = 5, [2.0**100, 1.0, -(2.0**100)]  # exact sum 1.0; float64's: 0.0
-    idx[:3] = K - 2  # its only terms
+    idx[:3], vals[:3] = K - 2, [2.0**100, 1.0, -(2.0**100)]  # its only terms: exact sum 1.0,
+    # float64's 0.0
     vals[3:6] = -0.0
     idx[3:6] = K - 3  # -0.0 only
     idx[6:8], vals[6:8] = K - 4, [-0.0, 0.0]
@@ -78,9 +78,9 @@ def test_one_shot_segment_sum_checks_its_index_as_it_folds(n, K, index_dtype):
     """Past 2^16 buckets a one-shot fold reads the caller's index in the float stream, checking
     each entry as it adds its value (no pass that checks and copies it first; past 2^19 buckets
     too, where a plan kept for many folds groups its values first, and past 2^20 up to one
-    bucket a value, where it sorts them): the oracle's bits,
-    on one thread and on several; an entry outside [0, K) is refused with the plan's own error,
-    naming the first bad position, wherever it lies in the stream's chunks."""
+    bucket a value, where it sorts them): the oracle's bits, on one thread and on several; an
+    entry outside [0, K) is refused with the plan's own error, naming the first bad position,
+    wherever it lies in the stream's chunks."""
     import numba
 
     from bitfold.plan import one_shot

@@ -172,15 +172,13 @@ class Fold:
         Made when the plan is built for up to :data:`planning.EAGER_COUNT_MAX_K`
         buckets, else on first use (one parallel counting pass).
         """
-        offsets = self._offsets
-        if offsets is None:
-            index = self.index  # a one-shot plan checks (and counts few buckets) here
-            offsets = self._offsets
-        if offsets is None:
-            with _bucket_memory(self._K, self.size):
-                offsets = planning.bucket_offsets(index, self._K, self._positions)
-            self._offsets = offsets = _frozen(offsets)
-        return offsets
+        if self._offsets is None:
+            index = self.index  # a one-shot plan checks here (and counts few buckets)
+            if self._offsets is None:
+                with _bucket_memory(self._K, self.size):
+                    offsets = planning.bucket_offsets(index, self._K, self._positions)
+                self._offsets = _frozen(offsets)
+        return self._offsets
 
     @property
     def order(self) -> np.ndarray:

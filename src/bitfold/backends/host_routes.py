@@ -272,7 +272,7 @@ def _run_float_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, ou
             left = stream.float_sums(raw, rows[:, 0], sums, out, bounded=True)
             if left >= 0:
                 return left
-        # an entry outside [0, K): plan.index checks the index and raises the plan's error
+        # a checked plan; or an entry outside [0, K), and plan.index raises the plan's error
         return stream.float_sums(plan.index, rows[:, 0], sums, out)
 
     return _cast_or_redo(plan, rows, fmt, out_name, fill)
