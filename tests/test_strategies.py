@@ -1,11 +1,16 @@
 """Every registered strategy against its reference, on hand tables and random data.
 
-``exact`` is compared bitwise with the Fraction oracle, ``ordered`` bitwise
-with a plain Python loop in its documented order, ``atomic`` with a float64
-reference and a tolerance (it promises no order).
+How a strategy is checked follows what its registry entry guarantees
+(:class:`bitfold.strategies.Strategy`): ``exact`` bitwise against the Fraction
+oracle, ``ordered`` bitwise against a plain Python loop in its documented order;
+only a strategy whose guarantee is "none" (``atomic``) is compared with a
+float64 sum within a tolerance. A strategy that guarantees anything else and has
+no bitwise reference here fails every test that runs it.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 import pytest
@@ -24,11 +29,27 @@ HAND_TABLES = [
 ]
 
 
+#: The bitwise reference of every strategy that guarantees bits.
+BITWISE_REFERENCES = {"exact": exact_fold_oracle, "ordered": ordered_fold_reference}
+
+
+def _bitwise(strategy):
+    """True when ``strategy`` is checked bit for bit, False for a tolerance; a test failure
+    for a strategy whose registry guarantee is not "none" and that has no bitwise reference."""
+    guarantee = bitfold.get_strategy(strategy).guarantee
+    if strategy in BITWISE_REFERENCES:
+        return True
+    if guarantee.startswith("none"):
+        return False
+    pytest.fail(
+        f"strategy {strategy!r} guarantees {guarantee!r} but has no bitwise reference in "
+        "BITWISE_REFERENCES: add one (only a guarantee of 'none' is checked with a tolerance)"
+    )
+
+
 def _reference(strategy, idx, vals, K, out="float32"):
-    if strategy == "exact":
-        return exact_fold_oracle(idx, vals, K, out)
-    if strategy == "ordered":
-        return ordered_fold_reference(idx, vals, K, out)
+    if _bitwise(strategy):
+        return BITWISE_REFERENCES[strategy](idx, vals, K, out)
     ref = np.zeros(K)
     np.add.at(ref, np.asarray(idx).reshape(-1), np.asarray(vals, np.float64).reshape(-1))
     return ref
@@ -36,10 +57,27 @@ def _reference(strategy, idx, vals, K, out="float32"):
 
 def _check(strategy, got, ref):
     uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}[got.dtype.itemsize]
-    if strategy in ("exact", "ordered"):
+    if _bitwise(strategy):
         np.testing.assert_array_equal(got.view(uint), np.asarray(ref, got.dtype).view(uint))
     else:
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * (1 + np.abs(ref).max()))
+
+
+def test_every_registered_strategy_is_checked_as_its_guarantee_says():
+    for name in STRATEGIES:
+        guarantee = bitfold.get_strategy(name).guarantee
+        assert _bitwise(name) == (not guarantee.startswith("none")), (name, guarantee)
+
+
+def test_a_new_strategy_without_a_bitwise_reference_fails_the_checks(monkeypatch):
+    registry = importlib.import_module("bitfold.strategies")  # bitfold.strategies: the function
+    new = registry.Strategy("fastest", "same bits on every run", ("float32",))
+    monkeypatch.setitem(registry._REGISTRY, "fastest", new)
+    with pytest.raises(pytest.fail.Exception, match="'fastest' guarantees 'same bits"):
+        _check("fastest", np.zeros(1, np.float32), np.zeros(1))
+    loose = registry.Strategy("loose", "none: any order", ("float32",))
+    monkeypatch.setitem(registry._REGISTRY, "loose", loose)
+    assert not _bitwise("loose")  # a declared "none" is the only way to a tolerance
 
 
 def test_registry_lists_exact_first_and_refuses_unknown_names():
