@@ -8,6 +8,7 @@ import pytest
 import bitfold
 from bitfold import plan as plan_module
 from bitfold.backends import host_buffers, host_routes
+from bitfold.kernels import cpu
 
 
 @pytest.mark.parametrize(
@@ -99,16 +100,48 @@ def test_the_plan_keeps_its_index_in_the_narrowest_type_that_holds_K(K, dtype):
     assert plan_module.planning.index_dtype(K) == dtype
 
 
-@pytest.mark.parametrize("K", [3, 433, 50_000, 3_000_000])
-def test_the_parallel_plan_passes_give_the_stable_order_and_counts(K):
-    """Over 786,432 positions (2^17 with few buckets) the scan and the sort run in position
-    chunks; same result as argsort."""
+def _chunks_of_the_plan_passes(monkeypatch):
+    """Record the position chunks the plan's passes run in: ``{"scan": C, "counting": C}`` or
+    ``{"scan": C, "radix": C}`` (the rows of the per-chunk counts and cursors each pass gets)."""
+    planning = plan_module.planning
+    used = {}
+
+    def spy(name, what, rows):
+        real = getattr(planning, name)
+
+        def recording(*args):
+            used[what] = rows(args)
+            return real(*args)
+
+        monkeypatch.setattr(planning, name, recording)
+
+    spy("scan_index", "scan", lambda a: a[2].shape[0])  # (index, compact, counts, K)
+    spy("_place_chunks", "counting", lambda a: a[1].shape[0])  # (index, cursors, order)
+    spy("_digit_place_chunks", "radix", lambda a: a[3].shape[0])  # (keys, positions, shift, ...)
+    return used
+
+
+@pytest.mark.parametrize(
+    ("K", "chunks"),
+    [
+        (3, {"scan": 64, "counting": 64}),  # few buckets: MAX_CHUNKS chunks
+        (433, {"scan": 64, "counting": 64}),
+        (50_000, {"scan": 3, "counting": 3}),  # 64 x K counts > N / 8: one chunk a thread
+        (3_000_000, {"scan": 64, "radix": 3}),  # K > N: not counted in the scan; radix sort
+    ],
+)
+def test_the_parallel_plan_passes_give_the_stable_order_and_counts(K, chunks, monkeypatch):
+    """Over 786,432 positions the scan and the sort run in the position chunks the plan's rules
+    give (three threads here), with the result of argsort: the order first, as a route asks for
+    it, then the counts."""
+    monkeypatch.setattr(cpu, "thread_count", lambda: 3)
+    used = _chunks_of_the_plan_passes(monkeypatch)
     rng = np.random.default_rng(K)
     idx = (rng.zipf(1.3, 800_001) % K).astype(np.int64)
     plan = bitfold.Fold(idx, K)
-    assert plan_module.planning.chunk_count(idx.size, K) > 1 or K > 800_001
-    np.testing.assert_array_equal(plan.counts, np.bincount(idx, minlength=K))
     np.testing.assert_array_equal(plan.order, np.argsort(idx, kind="stable"))
+    assert used == chunks
+    np.testing.assert_array_equal(plan.counts, np.bincount(idx, minlength=K))
     np.testing.assert_array_equal(plan.index, idx)
 
 
