@@ -14,6 +14,7 @@ import doctest
 import numpy as np
 import oracle
 import pytest
+import torch_oracle as to
 from oracle import bucket_oracle, exact_fold_oracle
 
 import bitfold
@@ -405,10 +406,19 @@ def test_embedding_bag_is_nn_embedding_bag_with_exact_sums(case):
         if psw is not None:
             psw_grads.append(psw.grad.clone())
             psw.grad = None
-    close(outs[1], outs[0])
+    close(outs[1], outs[0])  # torch's module computes the same thing, its own way
     close(mine.weight.grad, theirs.weight.grad)
-    close(mine.weight.detach(), theirs.weight.detach())
-    if psw is not None:
+    assert same_bits(mine.weight.detach(), theirs.weight.detach())  # max_norm: torch's renorm
+    # the sums and the weight gradient are the oracle's, bit for bit (from the renormed weights)
+    options = {k: v for k, v in case.items() if k != "max_norm"}
+    weight = mine.weight.detach()
+    psw_arg = None if psw is None else psw.detach()
+    want_out = to.embedding_bag(ids, weight, *args[1:], per_sample_weights=psw_arg, **options)
+    assert same_bits(outs[1], want_out)
+    want_grad = to.embedding_bag_weight_grad(grad, ids, weight, *args[1:],
+                                             per_sample_weights=psw_arg, **options)  # fmt: skip
+    assert same_bits(mine.weight.grad, want_grad)
+    if psw is not None:  # a dot product of a gradient row and a weight row: no fold, no bits
         close(psw_grads[1], psw_grads[0])
 
 
