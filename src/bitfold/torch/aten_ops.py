@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from .handlers import Leave, bind
 from .rules import COMPILED, Rule, op_name
@@ -60,15 +60,29 @@ def _aten_call(overload: Any, values: tuple[Any, ...]) -> Any:
     return overload(*pos, **kw)
 
 
-def _fresh(result: torch.Tensor, inputs: tuple[Any, ...]) -> torch.Tensor:
-    """``result`` as a new contiguous tensor that shares no storage with an input."""
+def _fresh(result: Any, inputs: tuple[Any, ...]) -> Any:
+    """``result`` (a tensor or a tuple of them) as new contiguous tensors sharing no storage
+    with an input."""
+    if isinstance(result, tuple | list):
+        outs: list[torch.Tensor] = []
+        for r in result:  # none shares storage with an input or an earlier output
+            outs.append(_fresh(r, (*inputs, *outs)))
+        return tuple(outs)
     out = result.contiguous()
-    for t in inputs:
+    for t in tree_leaves(inputs):
         if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == (
             out.untyped_storage().data_ptr()
         ):
             return out.clone()
     return out
+
+
+def _dynamic_fake(overload: Any, args: tuple[Any, ...]) -> torch.Tensor:
+    """The fake result of ``bincount``, whose length depends on the ids' values."""
+    weights = args[1]
+    dtype = torch.float32 if weights.dtype == torch.float32 else torch.float64
+    size = torch.library.get_ctx().new_dynamic_size(min=int(args[2]) if args[2] else 0)
+    return weights.new_empty((size,), dtype=dtype)
 
 
 def _define(overload: Any, rule: Rule) -> Any:
@@ -79,14 +93,14 @@ def _define(overload: Any, rule: Rule) -> Any:
         got = dict(zip((a.name for a in schema), args, strict=False)) | kwargs
         return tuple(got[a.name] if a.name in got else a.default_value for a in schema)
 
-    def impl(*args: Any, **kwargs: Any) -> torch.Tensor:
+    def impl(*args: Any, **kwargs: Any) -> Any:
         values = full(args, kwargs)
         result = rule.handler({a.name: v for a, v in zip(schema, values, strict=True)})
         if isinstance(result, Leave):
             result = _aten_call(overload, values)
         return _fresh(result, values)
 
-    def fake(*args: Any, **kwargs: Any) -> torch.Tensor:
+    def fake(*args: Any, **kwargs: Any) -> Any:
         args = full(args, kwargs)
         first = next(a for a in args if isinstance(a, torch.Tensor))
 
@@ -95,8 +109,10 @@ def _define(overload: Any, rule: Rule) -> Any:
                 return t.to(first.dtype)
             return t
 
+        if torch.Tag.dynamic_output_shape in overload.tags:
+            return _dynamic_fake(overload, args)
         shaped = _aten_call(overload, tree_map(narrow, args))
-        return shaped.new_empty(shaped.shape)
+        return tree_map(lambda t: t.new_empty(t.shape), shaped)
 
     op = torch.library.custom_op(
         f"bitfold::{op_name(overload)}", impl, mutates_args=(), schema=_schema_of(overload)

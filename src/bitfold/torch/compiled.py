@@ -47,10 +47,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from ..errors import FoldError
+from . import extension_ops
+from .aten_ops import EXACT_OPS
 from .graph_pass import CompileReport, ExactFoldPass
+from .handlers import Leave
 from .mode import COMPILED_NODE, EXACT_GRAPH, active_exact_mode, autograd_nodes
 
 _PASS_KEY = "post_grad_custom_post_pass"
@@ -100,6 +104,50 @@ def _fold_error_in(exc: BaseException) -> FoldError | None:
     return None
 
 
+_BINCOUNTS = (torch.bincount, torch.Tensor.bincount)
+
+
+def _bincount(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``torch.bincount(input, weights, minlength)`` through bitfold's exact op when weighted."""
+    x = args[0] if args else kwargs.get("input", kwargs.get("self"))
+    weights = args[1] if len(args) > 1 else kwargs.get("weights")
+    minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
+    if not isinstance(weights, torch.Tensor) or not weights.is_floating_point():
+        return torch.bincount(*args, **kwargs)
+    return EXACT_OPS[torch.ops.aten.bincount.default](x, weights, int(minlength))
+
+
+class _ExactCalls(TorchFunctionMode):
+    """Active around every call of a function compiled by :func:`compile`, traced by Dynamo.
+
+    Two kinds of fold never reach inductor's graphs as ATen fold nodes: a
+    weighted ``torch.bincount`` (its output length depends on the ids, so
+    Dynamo would run it outside any graph) and the ops of extension packages
+    (``torch_scatter``, ``torch_sparse``, ``pyg_lib``), whose sums run inside the
+    extension. This mode routes the first to bitfold's exact ``bincount`` op
+    (an output of data-dependent length, inside the graph) and translates the
+    second into ATen folds (:mod:`bitfold.torch.extension_ops`), which the
+    graph pass then makes exact. Everything else is called as it is.
+    """
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func in _BINCOUNTS:
+            return _bincount(args, kwargs)
+        name = extension_ops.qualified_name(func)
+        if name is not None:
+            result = extension_ops.run(name, func, args, kwargs)
+            if not isinstance(result, Leave):
+                return result
+        return func(*args, **kwargs)
+
+
 def _guarded(compiled: Callable[..., Any], eager: Callable[..., Any]) -> Callable[..., Any]:
     """``compiled``, except that inside ``exact_mode()`` it runs ``eager`` under the mode."""
 
@@ -109,7 +157,8 @@ def _guarded(compiled: Callable[..., Any], eager: Callable[..., Any]) -> Callabl
             return eager(*args, **kwargs)
         since = _sequence_now()
         try:
-            out = compiled(*args, **kwargs)
+            with _ExactCalls():
+                out = compiled(*args, **kwargs)
         except Exception as exc:
             refusal = _fold_error_in(exc)
             if refusal is None:

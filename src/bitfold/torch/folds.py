@@ -465,6 +465,68 @@ def embedding_bag_backward(
     return fold_rows(ids, terms, num_weights)
 
 
+def divide_by_counts(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``sums / counts``, each quotient rounded once to ``sums``' dtype (a mean's one division).
+
+    ``counts`` are integers, broadcast against ``sums``. The quotient is formed
+    in float64 (every count below 2^53 is exact there) and rounded to the dtype:
+    float64 carries more than twice the precision of float32, float16 and
+    bfloat16 plus two bits, so the two roundings give the correctly rounded
+    quotient; a count is never rounded to a narrow dtype first (bfloat16 holds
+    integers exactly only up to 256).
+    """
+    if sums.dtype == torch.float64:
+        return sums / counts.to(torch.float64)
+    return (sums.to(torch.float64) / counts.to(torch.float64)).to(sums.dtype)
+
+
+def embedding_bag_forward(
+    weight: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    mode: int,
+    per_sample_weights: torch.Tensor | None,
+    include_last_offset: bool,
+    padding_idx: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward of ``embedding_bag`` (modes 0 sum, 1 mean), exact: (bag rows, bag sizes).
+
+    Bags start at ``offsets`` (with ``include_last_offset`` the last offset
+    ends the last bag, and ids from it on belong to no bag). Position i of bag
+    b contributes the term ``weight[indices[i]]``, ``+0.0`` where the id is
+    ``padding_idx`` (>= 0), times ``per_sample_weights[i]`` (rounded once to
+    the dtype, as torch rounds the product). Each bag row is the correctly
+    rounded sum of its terms (an empty bag gives ``+0.0``); for mean it is
+    then divided once by the bag's size (:func:`divide_by_counts`): its ids
+    other than ``padding_idx``, at least 1. The sizes (int64, one a bag) are
+    returned too: the mean's divisors, as the backward reads them.
+    """
+    ids = indices.reshape(-1)
+    num_bags = offsets.numel() - 1 if include_last_offset else offsets.numel()
+    end = int(offsets[num_bags]) if include_last_offset and offsets.numel() > num_bags else None
+    bags = bag_of_positions(offsets, num_bags, ids.numel(), end)
+    psw = None if per_sample_weights is None else per_sample_weights.reshape(-1)
+    inside = bags >= 0
+    if not bool(inside.all()):
+        ids, bags = ids[inside], bags[inside]
+        psw = None if psw is None else psw[inside]
+    terms = weight.index_select(0, ids.to(torch.int64))
+    kept = torch.ones_like(bags) if padding_idx < 0 else (ids != padding_idx).to(torch.int64)
+    if padding_idx >= 0:
+        terms = terms.masked_fill((ids == padding_idx).view(-1, 1), 0)
+    if psw is not None:
+        terms = terms * psw.view(-1, 1)
+    if num_bags == 0:
+        sums = weight.new_zeros((0, weight.shape[1]))
+    else:
+        sums = fold_rows(bags, terms, num_bags)
+    sizes = torch.zeros(num_bags, dtype=torch.int64, device=weight.device)
+    sizes.index_add_(0, bags, kept)
+    if mode == 1:
+        sums = divide_by_counts(sums, sizes.clamp(min=1).view(-1, 1))
+    return sums, sizes
+
+
 def bincount(input: torch.Tensor, weights: torch.Tensor, minlength: int = 0) -> torch.Tensor:
     """``torch.bincount(input, weights, minlength)``, exact.
 
@@ -484,8 +546,10 @@ __all__ = [
     "bag_of_positions",
     "bincount",
     "check_range",
+    "divide_by_counts",
     "embedding_backward",
     "embedding_bag_backward",
+    "embedding_bag_forward",
     "embedding_terms",
     "fold_positions",
     "fold_rows",

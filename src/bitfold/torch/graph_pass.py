@@ -75,6 +75,10 @@ class CompileReport:
     graphs: int = 0
 
 
+#: bitfold's exact op -> the kind of fold it stands for
+_EXACT_KINDS = {op: COMPILED[overload].kind for overload, op in EXACT_OPS.items()}
+
+
 def _val(x: Any) -> Any:
     """A graph argument as the pass sees it: a node's fake tensor, lists element by element."""
     if isinstance(x, torch.fx.Node):
@@ -121,6 +125,9 @@ def rewrite(graph: torch.fx.Graph, report: CompileReport) -> None:
     report.graphs += 1
     for node in list(graph.nodes):
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if node.target in _EXACT_KINDS:  # put in the graph by bitfold.torch.compile's call mode
+            report.counts[_EXACT_KINDS[node.target]] += 1
             continue
         rule = COMPILED.get(node.target)
         if rule is None:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from . import folds, segment, sparse
+from . import folds, histograms, segment, sparse
 from .folds import FLOATING
 
 aten = torch.ops.aten
@@ -86,12 +86,14 @@ def plain_index(t: Any) -> Any:
     return t
 
 
-def written(func: Any) -> str | None:
-    """The argument an in-place or ``out=`` overload writes (``self``, ``out``), or None."""
-    for arg in func._schema.arguments:
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            return str(arg.name)
-    return None
+def written(func: Any) -> tuple[str, ...]:
+    """The arguments an in-place or ``out=`` overload writes (``self``; ``out``; ``hist`` and
+    ``bin_edges``, ...), in the order of its results; empty for a functional overload."""
+    return tuple(
+        str(arg.name)
+        for arg in func._schema.arguments
+        if arg.alias_info is not None and arg.alias_info.is_write
+    )
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -332,18 +334,114 @@ def embedding_bag_backward(a: dict[str, Any]) -> torch.Tensor | Leave:
     )  # fmt: skip
 
 
-def bincount(a: dict[str, Any]) -> torch.Tensor | Leave:
+def embedding_bag_verdict(a: dict[str, Any]) -> Leave | None:
+    if int(a["mode"]) == 2:
+        return UNTOUCHED  # a bag's maximum is exact in any order
+    weight, psw = a["weight"], a.get("per_sample_weights")
+    leave = check_fold(weight, a["indices"], a["offsets"], psw)
+    if leave is None and (weight.dim() != 2 or (psw is not None and not same_dtype(weight, psw))):
+        return UNTOUCHED  # ATen raises its own error
+    return leave
+
+
+def _embedding_bag_forward(op: Any) -> Handler:
+    """The exact handler of ``op`` (``_embedding_bag`` or ``_embedding_bag_forward_only``).
+
+    The bag rows are :func:`bitfold.torch.folds.embedding_bag_forward`'s.
+    ``offset2bag`` and ``max_indices`` are ATen's, from the same op run on the
+    table's first column (it checks the arguments as torch does); for mode
+    mean, ``bag_size`` holds the divisors the exact rows were divided by, so
+    that the backward divides each bag's gradient by the same count.
+    """
+
+    def handler(a: dict[str, Any]) -> tuple[torch.Tensor, ...] | Leave:
+        leave = embedding_bag_verdict(a)
+        if leave is not None:
+            return leave
+        weight, mode = a["weight"], int(a["mode"])
+        first = weight if weight.shape[1] <= 1 else weight[:, :1]
+        aten_args = {**a, "weight": first}
+        _, offset2bag, bag_size, max_indices = op(*(aten_args[arg.name] for arg in
+                                                    op._schema.arguments))  # fmt: skip
+        psw = a.get("per_sample_weights")
+        rows, sizes = folds.embedding_bag_forward(
+            weight, a["indices"], a["offsets"], mode, psw, bool(a["include_last_offset"]),
+            int(a.get("padding_idx", -1)),
+        )  # fmt: skip
+        if mode == 1 and sizes.shape == bag_size.shape:
+            bag_size = sizes.to(bag_size.dtype)
+        return rows, offset2bag, bag_size, max_indices
+
+    return handler
+
+
+embedding_bag = _embedding_bag_forward(aten._embedding_bag.default)
+embedding_bag_forward_only = _embedding_bag_forward(aten._embedding_bag_forward_only.default)
+
+
+def bincount_verdict(a: dict[str, Any]) -> Leave | None:
     x, weights = a["self"], a.get("weights")
     if weights is None:
         return UNTOUCHED  # integer counts
     leave = check_fold(weights, x)
+    if leave is None and (x.dim() != 1 or x.dtype not in INTEGER or weights.shape != x.shape):
+        return UNTOUCHED  # ATen raises its own error
+    return leave
+
+
+def bincount(a: dict[str, Any]) -> torch.Tensor | Leave:
+    x, weights = a["self"], a.get("weights")
+    leave = bincount_verdict(a)
     if leave is not None:
         return leave
-    if x.dim() != 1 or x.dtype not in INTEGER or weights.shape != x.shape:
-        return UNTOUCHED
     if x.numel() and int(x.min()) < 0:
         return UNTOUCHED
     return folds.bincount(x, weights, int(a.get("minlength", 0)))
+
+
+def histogram_verdict(a: dict[str, Any]) -> Leave | None:
+    x, weight = a["self"], a.get("weight")
+    if weight is None:
+        return UNTOUCHED  # counts: every term is 1
+    bins = a["bins"]
+    edges = [b for b in (bins if isinstance(bins, list | tuple) else [bins])
+             if isinstance(b, torch.Tensor)]  # fmt: skip
+    leave = check_fold(x, weight, *edges)
+    if leave is None and not same_dtype(x, weight):
+        return UNTOUCHED  # ATen raises its own error
+    return leave
+
+
+def histogram(a: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | Leave:
+    """``histogram.bin_ct`` / ``.bins_tensor`` with ``weight``: exact bins, ATen's edges."""
+    leave = histogram_verdict(a)
+    if leave is not None:
+        return leave
+    x, bins, weight = a["self"], a["bins"], a["weight"]
+    if weight.shape != x.shape:
+        return UNTOUCHED
+    if isinstance(bins, torch.Tensor):
+        _, edges = aten.histogram.bins_tensor(x, bins)
+    else:
+        _, edges = aten.histogram.bin_ct(x, bins, range=a.get("range"))
+    hist = histograms.weighted_histogram(x.reshape(-1, 1), [edges], weight, bool(a["density"]))
+    return hist, edges
+
+
+def histogramdd(a: dict[str, Any]) -> torch.Tensor | Leave:
+    """``_histogramdd_from_bin_cts`` / ``_from_bin_tensors`` with ``weight``: exact bins."""
+    leave = histogram_verdict(a)
+    if leave is not None:
+        return leave
+    x, bins, weight = a["self"], a["bins"], a["weight"]
+    if x.dim() < 1 or weight.shape != x.shape[:-1]:
+        return UNTOUCHED
+    if all(isinstance(b, torch.Tensor) for b in bins):
+        edges = list(bins)
+    else:
+        edges = aten._histogramdd_bin_edges(x, bins, range=a.get("range"))
+    coords = x.reshape(-1, x.shape[-1])
+    return histograms.weighted_histogram(coords, edges, weight, bool(a["density"]))
 
 
 def segment_reduce_verdict(a: dict[str, Any]) -> Leave | None:

@@ -101,6 +101,8 @@ custom operators that ``torch.compile`` keeps whole.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -111,7 +113,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import FoldError
-from . import sparse
+from . import extension_ops, sparse
 from .handlers import UNTOUCHED, Leave, bind, plain_index, written
 from .rules import rule_for
 
@@ -263,7 +265,8 @@ class _CompiledBackwardGuard(TorchFunctionMode):
     no ATen op of the mode would see.
 
     It also runs the sparse products (``_SPARSE_CALLS``) as exact autograd
-    functions, counted in ``mode``.
+    functions, counted in ``mode``, and the ops of extension packages
+    (:mod:`bitfold.torch.extension_ops`) through :meth:`ExactMode.extension`.
     """
 
     def __init__(self, mode: ExactMode) -> None:
@@ -287,6 +290,9 @@ class _CompiledBackwardGuard(TorchFunctionMode):
                     "would not be exact); run the forward inside exact_mode() too (torch.compile "
                     "then runs it op by op), or use bitfold.torch's drop-in functions and modules"
                 )
+        name = extension_ops.qualified_name(func)
+        if name is not None:
+            return self.mode.extension(name, func, args, kwargs)
         result = _sparse_call(func, args, kwargs)
         if isinstance(result, Leave):
             if result.reason is not None:
@@ -311,6 +317,7 @@ class ExactMode(TorchDispatchMode):
         self.counts: Counter[str] = Counter()
         self.passed: Counter[str] = Counter()
         self._guards: list[_CompiledBackwardGuard] = []
+        self._extension = threading.local()  # .running: an extension op left to its package runs
 
     def __enter__(self) -> ExactMode:
         guard = _CompiledBackwardGuard(self)
@@ -339,6 +346,9 @@ class ExactMode(TorchDispatchMode):
         kwargs = kwargs or {}
         rule = rule_for(func)
         if rule is None:
+            name = extension_ops.qualified_name(func)
+            if name is not None and not self._extension_running():
+                return self.extension(name, func, args, kwargs)
             return func(*args, **kwargs)
         kind = rule.kind
         bound = {k: plain_index(v) for k, v in bind(func, args, kwargs).items()}
@@ -348,13 +358,50 @@ class ExactMode(TorchDispatchMode):
                 self.leave(str(func), kind, result.reason)
             return func(*args, **kwargs)
         self.counts[kind] += 1
-        name = written(func)
-        if name is None:
+        names = written(func)
+        if not names:
             return result
-        target = bound[name]
-        if target.shape != result.shape:
-            target.resize_(result.shape)
-        return target.copy_(result)
+        results = result if isinstance(result, tuple) else (result,)
+        targets = tuple(bound[name] for name in names)
+        for target, value in zip(targets, results, strict=True):
+            if target.shape != value.shape:
+                target.resize_(value.shape)
+            target.copy_(value)
+        return targets if isinstance(result, tuple) else targets[0]
+
+    def _extension_running(self) -> bool:
+        return bool(getattr(self._extension, "running", False))
+
+    def extension(
+        self, name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """An extension package's op (``name``): its exact translation, or the op itself.
+
+        Above autograd (the function-level guard) the translation's ATen ops run
+        under this mode and are made exact there; below it (an op that reached
+        the dispatcher without passing the guard: from TorchScript, from C++) the
+        translation runs under a nested mode that shares ``counts`` and
+        ``passed``. An op left to its package runs with extension lookups off,
+        so that the ops it calls are not counted twice.
+        """
+        if self._extension_running():
+            return func(*args, **kwargs)
+        nested = None
+        if active_exact_mode() is not self:  # below autograd: this mode is off while we run
+            nested = ExactMode(strict=self.strict)
+            nested.counts, nested.passed = self.counts, self.passed
+        with nested if nested is not None else contextlib.nullcontext():
+            result = extension_ops.run(name, func, args, kwargs)
+        if isinstance(result, Leave):
+            if result.reason is not None:
+                self.leave(name, name, result.reason)
+            self._extension.running = True
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self._extension.running = False
+        self.counts[name] += 1
+        return result
 
     def leave(self, func: str, kind: str, reason: str) -> None:
         """Record a fold left to torch (``passed``), or refuse it with ``strict=True``."""

@@ -114,8 +114,22 @@ RULES: tuple[Rule, ...] = (
          "padding_idx; sparse=True passed", h.embedding_bag_backward_verdict,
          _present("_embedding_bag_backward", "_embedding_bag_dense_backward"),
          "bitfold.torch.embedding_bag"),
+    Rule("embedding_bag", (aten._embedding_bag,), h.embedding_bag,
+         "the forward's bag sums exact: modes sum and mean (one division by the bag's size), "
+         "per_sample_weights (each product rounded as torch), padding_idx, include_last_offset; "
+         "max exact already", h.embedding_bag_verdict, _present("_embedding_bag"),
+         "bitfold.torch.embedding_bag"),
+    Rule("embedding_bag", (aten._embedding_bag_forward_only,), h.embedding_bag_forward_only,
+         "as _embedding_bag", h.embedding_bag_verdict, _present("_embedding_bag_forward_only"),
+         "bitfold.torch.embedding_bag"),
     Rule("bincount", (aten.bincount,), h.bincount, "floating weights exact (float32 or "
-         "float64, as torch)"),
+         "float64, as torch)", h.bincount_verdict, _present("bincount")),
+    Rule("histogram", (aten.histogram,), h.histogram, "with weight: each bin the correctly "
+         "rounded sum of its weights (torch's edges; density normalised as torch)",
+         h.histogram_verdict, _present("histogram.bin_ct", "histogram.bins_tensor")),
+    Rule("histogram", (aten._histogramdd_from_bin_cts, aten._histogramdd_from_bin_tensors),
+         h.histogramdd, "histogramdd with weight: as histogram", h.histogram_verdict,
+         _present("_histogramdd_from_bin_cts", "_histogramdd_from_bin_tensors")),
     Rule("coalesce", (aten._coalesce,), h.coalesce, "each repeated coordinate's values "
          "folded once"),
     Rule("coalesce", (aten._to_sparse_csr,), h.to_sparse_csr, "an uncoalesced COO tensor "
