@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -365,3 +366,74 @@ def test_digest_model_prints_the_digest_train_reports(tmp_path, capsys):
     torch.save({"weights": sd}, tmp_path / "other.pt")
     assert cli.main(["digest", "--model", str(tmp_path / "other.pt")]) == 2
     assert "not a checkpoint of `bitfold train --save`" in capsys.readouterr().err
+
+
+def _train_checkpoint(torch, path: Path) -> bytes:
+    """A file shaped like ``bitfold train --save``'s, large enough to be cut inside its data."""
+    model = {"w": torch.arange(20_000, dtype=torch.float32), "b": torch.ones(3)}
+    torch.save({"format": "bitfold-train-checkpoint/1", "model": model, "step": 3}, path)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("model", [True, False], ids=["--model", "every-tensor"])
+@pytest.mark.parametrize("cut", [1000, 0.5, -10], ids=["head", "middle", "tail"])
+def test_cli_names_a_truncated_pytorch_file_as_damaged_or_truncated(tmp_path, torch, capsys,
+                                                                    model, cut):  # fmt: skip
+    data = _train_checkpoint(torch, tmp_path / "good.pt")
+    n = int(len(data) * cut) if isinstance(cut, float) else cut
+    bad = tmp_path / "cut.pt"
+    bad.write_bytes(data[:n])
+    assert cli.main(["digest", *(["--model"] if model else []), str(bad)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err
+    assert err.count("\n") == 1 and err.startswith("bitfold digest: error: ")
+    assert f"{bad}: damaged or truncated" in err
+    assert "Errno" not in err and "miniz" not in err and "Traceback" not in captured.out + err
+
+
+def test_cli_names_a_truncated_legacy_pytorch_file(tmp_path, torch, capsys):
+    torch.save({"model": {"w": torch.ones(2000)}}, tmp_path / "old.pt",
+               _use_new_zipfile_serialization=False)  # fmt: skip
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes((tmp_path / "old.pt").read_bytes()[:4000])
+    for flags in (["--model"], []):
+        assert cli.main(["digest", *flags, str(cut)]) == 2
+        err = capsys.readouterr().err
+        assert f"{cut}: damaged or truncated PyTorch file" in err and "Traceback" not in err
+
+
+def _npy_bytes(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda p: p.write_bytes(b""), "empty file"),
+        (lambda p: p.mkdir(), "is a directory"),
+        (lambda p: None, "cannot read: No such file or directory"),
+        (lambda p: p.write_bytes(_npy_bytes(np.ones(3))), "a NumPy .npy file, not a PyTorch file"),
+        (lambda p: p.write_bytes(pickle.dumps({"a": 1})), "refused: a Python pickle"),
+        (lambda p: p.write_text("hello, world\n"), "not a checkpoint"),
+    ],
+    ids=["empty", "directory", "missing", "npy", "pickle", "text"],
+)
+def test_cli_model_refuses_what_is_not_a_pytorch_file_naming_it(tmp_path, capsys, make, words):
+    path = tmp_path / "thing.pt"
+    make(path)
+    assert cli.main(["digest", "--model", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bitfold digest: error: {path}") and words in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_json_refusals_are_on_stderr_too(tmp_path, capsys):
+    (tmp_path / "junk.bin").write_bytes(b"hello, world, not weights")
+    for flags in (["--json"], ["--json", "--model"]):
+        assert cli.main(["digest", *flags, str(tmp_path / "junk.bin")]) == 2
+        captured = capsys.readouterr()
+        (r,) = json.loads(captured.out)
+        assert "not a checkpoint" in r["error"]
+        assert "junk.bin: not a checkpoint" in captured.err

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FoldError
+from ..repro.checkpoint import load_torch_file
 
 #: The checkpoint's file name inside DIR.
 FILE = "checkpoint.pt"
@@ -76,21 +77,31 @@ def save(torch: Any, directory: str | os.PathLike[str], state: dict[str, Any]) -
 
 
 def load(torch: Any, directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read the checkpoint of ``directory`` (``weights_only``); refuse anything else clearly."""
+    """Read the checkpoint of ``directory`` (``weights_only``); refuse anything else clearly.
+
+    The file is read by :func:`bitfold.repro.checkpoint.load_torch_file`, the one
+    reader that decides, for every command, what is damaged or truncated (it imports
+    torch itself; ``torch`` is taken for symmetry with :func:`save`).
+    """
     path = checkpoint_path(directory)
-    if not path.is_file():
+    if not path.exists():
         raise FoldError(
             f"--resume {str(directory)!r}: no checkpoint there (expected {str(path)!r}, written "
             "by bitfold train --save)"
         )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # damaged, truncated or foreign files
-        raise FoldError(f"--resume: cannot read {str(path)!r}: {err}") from None
+        state = load_torch_file(path)
+    except FoldError as err:
+        raise FoldError(f"--resume: {err}") from err
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise FoldError(
             f"--resume: {str(path)!r} is not a bitfold train checkpoint (format "
             f"{state.get('format') if isinstance(state, dict) else None!r}, expected {FORMAT!r})"
+        )
+    if not isinstance(state.get("config"), dict) or not isinstance(state.get("step"), int):
+        raise FoldError(
+            f"--resume: {str(path)!r} is not a whole bitfold train checkpoint (its 'config' or "
+            "'step' is missing); resume from a checkpoint written by bitfold train --save"
         )
     return state
 

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from ..errors import FoldError
-from ..repro.checkpoint import read_checkpoint
+from ..repro.checkpoint import load_torch_file, read_checkpoint
 
 HELP = (
     "print the canonical digest of checkpoints (.npy/.npz, safetensors, PyTorch): of every "
@@ -34,7 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="for a checkpoint of `bitfold train --save`: the digest of the model's state dict "
         "alone, the one train reports (default: every tensor in the file)",
     )
-    parser.epilog = "exit status: 0 all digested, 2 when any file was refused"
+    parser.epilog = ("exit status: 0 all digested, 2 when any file was refused (each refusal "
+                     "is on stderr; with --json also in the file's entry)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -49,8 +50,7 @@ def main(args: argparse.Namespace) -> int:
         except FoldError as err:
             failed += 1
             results.append({"path": path, "error": str(err)})
-            if not args.json:
-                print(f"bitfold digest: error: {err}", file=sys.stderr)
+            print(f"bitfold digest: error: {err}", file=sys.stderr)
             continue
         results.append(info.as_dict(per_tensor=args.per_tensor))
         if args.json:
@@ -69,28 +69,30 @@ def main(args: argparse.Namespace) -> int:
     return 2 if failed else 0
 
 
-def _model_digests(args: argparse.Namespace) -> int:
-    """``--model``: each training checkpoint's model digest (refusals give exit status 2)."""
+def _model_digest(path: str) -> dict[str, Any]:
+    """The model digest of one checkpoint of ``bitfold train --save`` (a FoldError otherwise)."""
     from ..repro.digest import digest
 
+    state = load_torch_file(path)
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise FoldError(
+            f"{path} is not a checkpoint of `bitfold train --save` (no 'model' state "
+            "dict in it); drop --model to digest every tensor in the file"
+        )
+    return {"path": path, "digest": digest(state["model"]), "covers": "model"}
+
+
+def _model_digests(args: argparse.Namespace) -> int:
+    """``--model``: each training checkpoint's model digest (refusals give exit status 2)."""
     results: list[dict[str, Any]] = []
     failed = 0
     for path in args.paths:
         try:
-            import torch
-
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-                raise FoldError(
-                    f"{path} is not a checkpoint of `bitfold train --save` (no 'model' state "
-                    "dict in it); drop --model to digest every tensor in the file"
-                )
-            results.append({"path": path, "digest": digest(state["model"]), "covers": "model"})
-        except (FoldError, OSError, RuntimeError) as err:
+            results.append(_model_digest(path))
+        except FoldError as err:
             failed += 1
             results.append({"path": path, "error": str(err)})
-            if not args.json:
-                print(f"bitfold digest: error: {err}", file=sys.stderr)
+            print(f"bitfold digest: error: {err}", file=sys.stderr)
             continue
         if not args.json:
             print(f"{results[-1]['digest']}  {path}  (model)")

@@ -257,28 +257,48 @@ def _flatten_torch(torch: Any, obj: Any, prefix: str, out: list, ignored: list) 
         ignored.append(prefix or "(top level)")
 
 
-def _read_torch(path: str) -> CheckpointDigest:
+def _reason(err: BaseException) -> str:
+    """The first line of a loader's error, without PyTorch's advice about corrupted files."""
+    lines = str(err).strip().splitlines()
+    text = lines[0] if lines else ""
+    text = re.split(r"\.? (?:This is an internal miniz error|The file might be corrupted)", text)[0]
+    return text.strip() or type(err).__name__
+
+
+def _torch_load(torch: Any, path: str) -> Any:
+    """``torch.load`` with ``weights_only=True`` on the CPU; every failure a :class:`FoldError`."""
+    import pickle
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        m = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.? Please use|\n|$)", str(err))
+        if m is None and "Weights only load failed" not in str(err):
+            raise FoldError(f"{path}: damaged or truncated PyTorch file ({_reason(err)})") from err
+        why = m.group(1).strip() if m else "weights only load failed"
+        raise FoldError(
+            f"{path}: refused: loading it with weights_only=True failed ({why}); it holds "
+            "objects other than tensors and plain containers, and bitfold never unpickles them"
+        ) from err
+    except Exception as err:  # EOFError, RuntimeError, OSError ...: the bytes are not whole
+        raise FoldError(f"{path}: damaged or truncated PyTorch file ({_reason(err)})") from err
+
+
+def _import_torch(path: str) -> Any:
     try:
         import torch
     except ImportError as err:
         raise FoldError(
             f"{path}: a PyTorch checkpoint; reading it needs torch (pip install 'bitfold[torch]')"
         ) from err
-    import pickle
+    return torch
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            obj = torch.load(path, weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as err:
-        m = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\.? Please use|\n|$)", str(err))
-        why = m.group(1).strip() if m else str(err).splitlines()[0]
-        raise FoldError(
-            f"{path}: refused: loading it with weights_only=True failed ({why}); it holds "
-            "objects other than tensors and plain containers, and bitfold never unpickles them"
-        ) from err
-    except Exception as err:
-        raise FoldError(f"{path}: damaged or unreadable PyTorch file: {err}") from err
+
+def _read_torch(path: str) -> CheckpointDigest:
+    torch = _import_torch(path)
+    obj = _torch_load(torch, path)
     found: list[tuple[str, Any]] = []
     ignored: list[str] = []
     _flatten_torch(torch, obj, "", found, ignored)
@@ -302,32 +322,61 @@ def _read_torch(path: str) -> CheckpointDigest:
     )
 
 
-def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointDigest:
-    """Digest a checkpoint file, per tensor and as a whole (see the module docstring)."""
-    p = os.fspath(path)
-    if os.path.isdir(p):
-        raise FoldError(f"{p}: is a directory; give checkpoint files")
+#: What each format of :func:`file_format` is called in messages.
+FORMAT_NAMES = {
+    "npy": "a NumPy .npy file",
+    "npz": "a NumPy .npz archive",
+    "torch": "a PyTorch file",
+    "safetensors": "a safetensors file",
+}
+
+
+def _head(path: str) -> tuple[bytes, int]:
+    """The first 16 bytes and the size of ``path``; refuses directories, missing, unreadable
+    and empty files."""
+    if os.path.isdir(path):
+        raise FoldError(f"{path}: is a directory; give checkpoint files")
     try:
-        size = os.path.getsize(p)
-        with open(p, "rb") as fh:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
             head = fh.read(16)
     except OSError as err:
-        raise FoldError(f"{p}: cannot read: {err.strerror or err}") from err
+        raise FoldError(f"{path}: cannot read: {err.strerror or err}") from err
     if not head:
-        raise FoldError(f"{p}: empty file; not a checkpoint")
+        raise FoldError(f"{path}: empty file; not a checkpoint")
+    return head, size
+
+
+def _zip_members(path: str) -> list[str]:
+    """The member names of a zip archive (a PyTorch file or an .npz); a cut one is refused."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return zf.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        why = "" if isinstance(err, zipfile.BadZipFile) else f" ({err})"
+        raise FoldError(
+            f"{path}: damaged or truncated: it starts as a zip archive (a PyTorch or .npz file) "
+            f"but the archive's directory, at its end, is missing or unreadable{why}"
+        ) from err
+
+
+def file_format(path: str | os.PathLike[str]) -> str:
+    """The format of a checkpoint file, from its first bytes: a key of :data:`FORMAT_NAMES`.
+
+    The one place that decides what a file is: directories, missing, unreadable,
+    empty, damaged or truncated zip archives, pickles and unknown bytes are refused
+    with a :class:`FoldError` naming the file. Reading the file past this may still
+    find it damaged (each reader says so in the same words).
+    """
+    p = os.fspath(path)
+    head, _ = _head(p)
     if head.startswith(b"\x93NUMPY"):
-        return _read_npy(p)
+        return "npy"
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
-        try:
-            with zipfile.ZipFile(p) as zf:
-                names = zf.namelist()
-        except (zipfile.BadZipFile, OSError) as err:
-            raise FoldError(f"{p}: damaged or truncated zip archive (.npz or .pt): {err}") from err
-        if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
-            return _read_torch(p)
-        return _read_npz(p, names)
+        names = _zip_members(p)
+        return "torch" if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names) else "npz"
     if head.startswith(_TORCH_LEGACY_MAGIC):
-        return _read_torch(p)
+        return "torch"
     if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
         raise FoldError(
             f"{p}: refused: a Python pickle, not a checkpoint format; bitfold never unpickles "
@@ -335,11 +384,38 @@ def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointDigest:
             "state dict)"
         )
     if len(head) >= 9 and head[8:9] == b"{":
-        return _read_safetensors(p, size)
+        return "safetensors"
     raise FoldError(
         f"{p}: not a checkpoint: not a NumPy .npy/.npz, safetensors or PyTorch file "
         f"(first bytes {head[:8]!r})"
     )
+
+
+def load_torch_file(path: str | os.PathLike[str]) -> Any:
+    """The contents of a PyTorch file, loaded with ``weights_only=True`` onto the CPU.
+
+    Every way the file can be wrong (see :func:`file_format`; another checkpoint
+    format; damaged or truncated bytes; objects ``weights_only`` refuses) is a
+    :class:`FoldError` that names the file.
+    """
+    p = os.fspath(path)
+    kind = file_format(p)
+    if kind != "torch":
+        raise FoldError(f"{p}: {FORMAT_NAMES[kind]}, not a PyTorch file")
+    return _torch_load(_import_torch(p), p)
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointDigest:
+    """Digest a checkpoint file, per tensor and as a whole (see the module docstring)."""
+    p = os.fspath(path)
+    kind = file_format(p)
+    if kind == "npy":
+        return _read_npy(p)
+    if kind == "npz":
+        return _read_npz(p, _zip_members(p))
+    if kind == "torch":
+        return _read_torch(p)
+    return _read_safetensors(p, os.path.getsize(p))
 
 
 @overload
@@ -364,10 +440,13 @@ def checkpoint_digest(
 
 
 __all__ = [
+    "FORMAT_NAMES",
     "SAFETENSORS_DTYPES",
     "CheckpointDigest",
     "TensorDigest",
     "checkpoint_digest",
     "combine",
+    "file_format",
+    "load_torch_file",
     "read_checkpoint",
 ]
