@@ -69,6 +69,9 @@ def test_json_to_stdout_is_the_json_alone(capsys):
     "extra, message",
     [
         (["--strategies", "exact,fast"], "unknown strategy 'fast'"),
+        (["--strategies", "bogus"], "choose from: exact, atomic, ordered, autograd"),
+        (["--strategies", ","], "--strategies is empty"),
+        (["--lr", "inf"], "--lr must be positive and finite; got inf"),
         (["--epochs", "0"], "--epochs must be a positive integer"),
         (["--seed", "-1"], "--seed must be an integer"),
         (["--lr", "-1"], "--lr must be positive"),
@@ -78,7 +81,8 @@ def test_json_to_stdout_is_the_json_alone(capsys):
 )
 def test_bad_options_are_refused(extra, message, capsys):
     assert cli.main([*TINY, *extra]) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_cuda_without_a_gpu_is_refused(capsys):

@@ -379,6 +379,33 @@ def test_cli_resume_refuses_missing_and_foreign_files(tmp_path, capsys):
     assert "is not a bitfold train checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("cut", [1000, 0.5], ids=["head", "middle"])
+@pytest.mark.parametrize("as_dir", [True, False], ids=["DIR", "FILE"])
+def test_cli_resume_names_a_truncated_checkpoint(tmp_path, capsys, cut, as_dir):
+    """A checkpoint cut short: one line naming the file, before any process starts."""
+    from bitfold.cli import checkpoints
+
+    model = {"w": torch.arange(20_000, dtype=torch.float32)}
+    good = checkpoints.save(torch, tmp_path / "good", {"step": 1, "config": {}, "model": model})
+    data = good.read_bytes()
+    (tmp_path / "cut").mkdir()
+    bad = tmp_path / "cut" / "checkpoint.pt"
+    bad.write_bytes(data[: int(len(data) * cut) if isinstance(cut, float) else cut])
+    assert cli.main([*TINY, "--resume", str(bad.parent if as_dir else bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bitfold train: error: --resume: {bad}: damaged or truncated")
+    assert err.count("\n") == 1 and "Errno" not in err and "Traceback" not in err
+
+
+def test_cli_resume_refuses_an_empty_or_foreign_file_naming_it(tmp_path, capsys):
+    (tmp_path / "empty.pt").write_bytes(b"")
+    np.savez(tmp_path / "w.npz", w=np.ones(3))
+    for name, words in (("empty.pt", "empty file"), ("w.npz", "a NumPy .npz archive")):
+        assert cli.main([*TINY, "--resume", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert f"--resume: {tmp_path / name}: {words}" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
@@ -387,7 +414,8 @@ def test_cli_resume_refuses_missing_and_foreign_files(tmp_path, capsys):
         (["--world-size", "2", "--micro-batch", "5"], "must be a multiple of --micro-batch 5"),
         (["--world-size", "1,2", "--save", "d"], "--save takes one --world-size"),
         (["--world-size", "2", "--record", "d"], "--record belongs to the strategy comparison"),
-        (["--world-size", "2", "--timeout", "0"], "--timeout must be a positive number"),
+        (["--world-size", "2", "--timeout", "0"], "--timeout must be a positive finite number"),
+        (["--world-size", "2", "--timeout", "inf"], "--timeout must be a positive finite number"),
         (["--world-size", "2", "--fault", "1:x:kill"], "--fault takes RANK:STEP:kill"),
         (["--world-size", "2", "--save-every", "0"], "--save-every must be a positive integer"),
     ],

@@ -96,8 +96,10 @@ def _check(args: argparse.Namespace, worlds: list[int]) -> None:
     if args.record:
         raise FoldError("--record belongs to the strategy comparison; leave it out with "
                         "--world-size, --save or --resume")  # fmt: skip
-    if not args.timeout > 0:
-        raise FoldError(f"--timeout must be a positive number of seconds; got {args.timeout}")
+    if not 0 < args.timeout < float("inf"):
+        raise FoldError(
+            f"--timeout must be a positive finite number of seconds; got {args.timeout}"
+        )
     if args.save and len(worlds) > 1:
         raise FoldError("--save takes one --world-size (the checkpoint of one run)")
     if args.fault:

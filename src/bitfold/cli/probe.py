@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -87,8 +88,8 @@ class ProbeConfig:
             raise FoldError(f"--steps must be at least 1; got {self.steps}")
         if not 0 <= self.seed < 2**63:
             raise FoldError(f"--seed must be an integer in [0, 2**63); got {self.seed}")
-        if not self.lr > 0:
-            raise FoldError(f"--lr must be positive; got {self.lr}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise FoldError(f"--lr must be positive and finite; got {self.lr}")
 
 
 # --------------------------------------------------------------------------- helpers

@@ -176,12 +176,29 @@ def _check_positive(args: argparse.Namespace, *names: str) -> None:
             raise FoldError(f"--{name.replace('_', '-')} must be a positive integer; got {val}")
 
 
+def _strategies(text: str) -> list[str]:
+    """The names ``--strategies`` lists, each a bitfold strategy or the baseline; else refused."""
+    from ..strategies import strategies as known
+
+    valid = (*known(), BASELINE)
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise FoldError(f"--strategies is empty; name at least one of: {', '.join(valid)}")
+    for s in names:
+        if s not in valid:
+            raise FoldError(
+                f"--strategies: unknown strategy {s!r}; choose from: {', '.join(valid)} "
+                f"('{BASELINE}' is PyTorch's own fold)"
+            )
+    return names
+
+
 def _check_inputs(args: argparse.Namespace) -> None:
     """Refuse a bad seed, learning rate or output path before any training starts."""
     if not 0 <= args.seed < 2**31:
         raise FoldError(f"--seed must be an integer in [0, 2**31); got {args.seed}")
-    if args.lr is not None and not args.lr > 0:
-        raise FoldError(f"--lr must be positive; got {args.lr}")
+    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
+        raise FoldError(f"--lr must be positive and finite; got {args.lr}")
     if args.json and args.json != "-":
         try:
             with open(args.json, "a", encoding="utf-8"):
@@ -382,6 +399,7 @@ def main(args: argparse.Namespace) -> int:
     _check_positive(args, "epochs", "steps", "hidden", "buckets", "batch", "repeats", "threads",
                     "micro_batch", "save_every")
     _check_inputs(args)
+    strategies = _strategies(args.strategies)
     # PyTorch's OpenMP workers spin after every parallel region; on a small machine they take
     # the cores from bitfold's Numba kernels (about 10 ms lost per fold on 2 cores). Passive
     # waiting changes no result, only the time; an explicit setting is kept.
@@ -394,14 +412,6 @@ def main(args: argparse.Namespace) -> int:
         import torch
     except ImportError:
         raise FoldError("bitfold train needs PyTorch (pip install 'bitfold[torch]')") from None
-    from ..strategies import get_strategy
-
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    if not strategies:
-        raise FoldError("--strategies is empty; name at least one strategy")
-    for s in strategies:
-        if s != BASELINE:
-            get_strategy(s)  # unknown names list the valid ones
     threads_before = torch.get_num_threads()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
