@@ -235,6 +235,7 @@ def _no_work(*args, **kwargs):
         (["--repeats", "0"], ["--repeats", "0"]),
         (["--scale", "2"], ["--scale", "2"]),
         (["--memory-limit", "-1"], ["--memory-limit"]),
+        (["--memory-limit", "inf"], ["--memory-limit", "finite", "inf"]),
         (["--device", "tpu"], ["'tpu'", "cpu", "cuda"]),
     ],
 )
@@ -249,6 +250,37 @@ def test_bad_input_is_refused_before_any_work(
     for w in words:
         assert w in err, (w, err)
     assert not out.exists()  # nothing written either
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('{"schema": "bitfold-bench/1"}', ["damaged or incomplete", "'machine'", "'results'"]),
+        ("{not json", ["is not JSON"]),
+        ("[1, 2]", ["is not a bitfold bench results file"]),
+    ],
+    ids=["incomplete", "not-json", "foreign"],
+)
+def test_a_bad_from_json_file_is_refused_by_name(text, words, tmp_path, monkeypatch,
+                                                 capsys) -> None:  # fmt: skip
+    monkeypatch.setattr(bench, "run", _no_work)
+    path = tmp_path / "results.json"
+    path.write_text(text)
+    assert cli.main(["bench", "--from-json", str(path), "--skip", "plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"bitfold bench: error: --from-json {str(path)!r}")
+    assert all(w in err for w in words) and "Traceback" not in err
+    assert not (tmp_path / "summary.md").exists()
+
+
+def test_a_damaged_allreduce_json_in_the_output_folder_is_refused_before_any_work(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setattr(bench, "run", _no_work)
+    (tmp_path / "allreduce.json").write_text("{not json")
+    assert cli.main(["bench", "--quick", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the all-reduce results" in err and "allreduce.json" in err
 
 
 def test_unwritable_output_folder_is_refused(tmp_path, monkeypatch, capsys) -> None:

@@ -54,6 +54,8 @@ LIBRARIES = {
     "matplotlib": ("matplotlib",),
     "tqdm": ("tqdm",),
 }
+#: What the table and summary of ``--from-json`` read from a saved ``results.json``.
+RESULT_KEYS = ("date", "command", "settings", "machine", "sweeps", "cases", "results")
 #: The seed configuration is the headline number: it gets this many times the repeats and time.
 SEED_EXTRA = 3
 
@@ -195,21 +197,21 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     from ...repro.fingerprint import physical_memory, usable_cores
     from .cases import ALL_SWEEPS, check_sweeps
     from .contenders import baseline_for, resolve
-    from .issue20 import read_allreduce
+    from .issue20 import find_allreduce
 
     if args.repeats is not None and args.repeats < 1:
         raise FoldError(f"--repeats must be at least 1; got {args.repeats}")
     if not 0 < args.scale <= 1:
         raise FoldError(f"--scale must satisfy 0 < S <= 1; got {args.scale}")
-    if args.memory_limit is not None and not args.memory_limit > 0:
-        raise FoldError(f"--memory-limit must be a positive number of GiB; got {args.memory_limit}")
+    if args.memory_limit is not None and not 0 < args.memory_limit < float("inf"):
+        raise FoldError(
+            f"--memory-limit must be a positive finite number of GiB; got {args.memory_limit}"
+        )
     skip = _names(args.skip) or []
     for phase in skip:
         if phase not in PHASES:
             raise FoldError(f"unknown phase {phase!r} for --skip; choose from: {', '.join(PHASES)}")
     sweeps = check_sweeps(_names(args.sweeps) or list(ALL_SWEEPS))
-    if args.allreduce_json:
-        read_allreduce(args.allreduce_json)  # refused now if it cannot be read
     check_device(args.device)
     contenders = resolve(_names(args.contenders) or ["all"], args.device)
     if "plots" not in skip and importlib.util.find_spec("matplotlib") is None:
@@ -220,6 +222,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     ram = physical_memory() or 8 << 30
     limit = int(args.memory_limit * 2**30) if args.memory_limit else min(2 << 30, ram // 4)
     out = check_out_dir(args.out or _default_out(args.device, usable_cores() or 1))
+    find_allreduce(args.allreduce_json, out)  # a bad one (given or in --out) is refused now
     return {
         "quick": bool(args.quick),
         "device": args.device,
@@ -481,15 +484,30 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     return res
 
 
-def _from_json(args: argparse.Namespace) -> int:
-    path = args.from_json
+def _read_results(path: str) -> dict[str, Any]:
+    """A saved ``results.json`` of this command, or a FoldError naming the file and the fault."""
     try:
         with open(path) as f:
             res = json.load(f)
-    except (OSError, ValueError) as err:
-        raise FoldError(f"cannot read --from-json {path!r}: {err}") from None
+    except OSError as err:
+        raise FoldError(f"cannot read --from-json {path!r}: {err.strerror or err}") from None
+    except ValueError as err:
+        raise FoldError(f"--from-json {path!r} is not JSON ({err}); give a results.json that "
+                        "bitfold bench wrote") from None  # fmt: skip
     if not isinstance(res, dict) or res.get("schema") != SCHEMA:
         raise FoldError(f"--from-json {path!r} is not a bitfold bench results file ({SCHEMA})")
+    missing = [k for k in RESULT_KEYS if k not in res]
+    if missing:
+        raise FoldError(
+            f"--from-json {path!r}: a damaged or incomplete bitfold bench results file (no "
+            f"{', '.join(map(repr, missing))}); give a results.json that bitfold bench wrote"
+        )
+    return res
+
+
+def _from_json(args: argparse.Namespace) -> int:
+    path = args.from_json
+    res = _read_results(path)
     skip = _names(args.skip) or []
     if "plots" not in skip and importlib.util.find_spec("matplotlib") is None:
         raise FoldError("the plots need matplotlib: pip install 'bitfold[plot]', or --skip plots")
@@ -504,7 +522,13 @@ def _from_json(args: argparse.Namespace) -> int:
     if args.out:
         parts += ["--out", args.out]
     res["rewritten_by"] = " ".join(parts)  # the summary says its figures were not measured here
-    write_outputs(res, out, plots="plots" not in skip)
+    try:
+        write_outputs(res, out, plots="plots" not in skip)
+    except (KeyError, TypeError, AttributeError, IndexError) as err:
+        raise FoldError(
+            f"--from-json {path!r}: a damaged bitfold bench results file (its entry {err} is "
+            "missing or malformed); rewrite from a results.json that bitfold bench wrote"
+        ) from None
     return 0
 
 

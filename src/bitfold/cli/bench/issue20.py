@@ -122,8 +122,11 @@ def read_allreduce(path: str) -> dict[str, Any]:
     try:
         with open(path) as f:
             data = json.load(f)
-    except (OSError, ValueError) as err:
-        raise FoldError(f"cannot read the all-reduce results {path!r}: {err}") from None
+    except OSError as err:
+        raise FoldError(f"cannot read the all-reduce results {path!r}: {err.strerror or err}"
+                        ) from None  # fmt: skip
+    except ValueError as err:
+        raise FoldError(f"cannot read the all-reduce results {path!r}: not JSON ({err})") from None
     if not isinstance(data, dict) or not any(
         isinstance(data.get(k), list) for k in ("allreduce", "step", "records")
     ):
