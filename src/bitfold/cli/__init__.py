@@ -18,11 +18,16 @@ The tools import the engine and :mod:`bitfold.repro`, never the reverse.
 
 from __future__ import annotations
 
+import _thread
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import os
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from .._version import __version__
 from ..errors import FoldError
@@ -56,22 +61,68 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.configure(p)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, _parser=p)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (2 for refused input)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; a flag the subcommand does not know is refused with its own usage."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+@contextlib.contextmanager
+def _interrupts_reach_main() -> Iterator[None]:
+    """Deliver a Ctrl-C that Python would drop.
+
+    A Ctrl-C that lands while C code has called back into Python (Numba's
+    compiler does, through ctypes) cannot leave the callback: Python prints it
+    as "Exception ignored ... KeyboardInterrupt" and carries on. Here it is
+    silenced and raised again in the main thread a moment later.
+    """
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            timer = threading.Timer(0.05, _thread.interrupt_main)
+            timer.daemon = True
+            timer.start()
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
     try:
-        return int(args._module.main(args) or 0)
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``bitfold ... | head``): exit quietly, as Unix tools do."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail
+    return 141  # 128 + SIGPIPE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2 for refused input, 130 on Ctrl-C)."""
+    name = "bitfold"
+    try:
+        with _interrupts_reach_main():
+            args = _parse(build_parser(), argv)
+            name = f"bitfold {args.command}"
+            return int(args._module.main(args) or 0)
     except FoldError as err:
-        print(f"bitfold {args.command}: error: {err}", file=sys.stderr)
+        print(f"{name}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"bitfold {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
 
 
 if __name__ == "__main__":  # pragma: no cover
