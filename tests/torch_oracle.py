@@ -39,10 +39,11 @@ def _elementwise(op, a, b, dtype):
     a, b = torch.broadcast_tensors(torch.as_tensor(a).double(), torch.as_tensor(b).double())
     out = []
     for x, y in zip(a.reshape(-1).tolist(), b.reshape(-1).tolist(), strict=True):
-        if math.isfinite(x) and math.isfinite(y):
-            out.append(round_fraction(op(Fraction(x), Fraction(y)), NAME[dtype]))
+        exact = op(Fraction(x), Fraction(y)) if math.isfinite(x) and math.isfinite(y) else None
+        if exact is None or exact == 0:
+            out.append(op(x, y))  # infinities, NaN and zeros (with IEEE's sign): float64's
         else:
-            out.append(op(x, y))
+            out.append(round_fraction(exact, NAME[dtype]))
     return _tensor(out, torch.empty(a.shape, dtype=dtype))
 
 

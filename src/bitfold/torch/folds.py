@@ -454,8 +454,11 @@ def embedding_bag_backward(
         full = (bag_size > 0).view(-1, 1).expand(num_bags, width)
         cols = torch.arange(width, device=grad.device)
         positions = (maximum_indices.to(torch.int64) * width + cols)[full]
-        target = grad.new_zeros((num_weights, width))
-        return fold_positions(positions, grad[full], target)
+        out = grad.new_zeros(num_weights * width)
+        if positions.numel():  # the sums of the terms alone (all -0.0 terms: -0.0), no old value
+            targets, inverse = torch.unique(positions, return_inverse=True)
+            out[targets] = fold_rows(inverse, grad[full], targets.numel())
+        return out.view(num_weights, width)
     terms = grad[bags]
     if mode == 1:
         terms = terms / bag_size[bags].clamp(min=1).to(grad.dtype).view(-1, 1)
