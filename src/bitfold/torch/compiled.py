@@ -73,15 +73,35 @@ def _options(
     return merged
 
 
-def _mark(outputs: Any, since: int | None) -> None:
+def _mark(outputs: Any, since: int | None, report: CompileReport, watch: bool) -> None:
     """Mark the compiled graphs' autograd nodes behind ``outputs`` as exact (for the mode's guard).
 
     Only nodes created by this call (sequence number ``>= since``) are marked.
+    With ``watch`` (the forward compiled or loaded a graph), the first backward
+    through each node is watched for a backward graph loaded from inductor's
+    caches (compiled lazily, at the first backward), whose rewrites ``report``
+    then counts.
     """
     keep = None if since is None else (lambda node: node._sequence_nr() >= since)
     for node in autograd_nodes(tree_leaves(outputs), keep):
         if node.name().startswith(COMPILED_NODE):
             node.metadata[EXACT_GRAPH] = True
+            if watch:
+                _watch_backward(node, report)
+
+
+def _watch_backward(node: Any, report: CompileReport) -> None:
+    marks: list[Any] = []
+
+    def begin(*_: Any) -> None:
+        marks.append(report.begin())
+
+    def end(*_: Any) -> None:
+        if marks:
+            report.end(marks.pop())
+
+    node.register_prehook(begin)
+    node.register_hook(end)
 
 
 def _sequence_now() -> int | None:
@@ -148,7 +168,9 @@ class _ExactCalls(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _guarded(compiled: Callable[..., Any], eager: Callable[..., Any]) -> Callable[..., Any]:
+def _guarded(
+    compiled: Callable[..., Any], eager: Callable[..., Any], report: CompileReport
+) -> Callable[..., Any]:
     """``compiled``, except that inside ``exact_mode()`` it runs ``eager`` under the mode."""
 
     @functools.wraps(eager)
@@ -156,8 +178,9 @@ def _guarded(compiled: Callable[..., Any], eager: Callable[..., Any]) -> Callabl
         if active_exact_mode() is not None:
             return eager(*args, **kwargs)
         since = _sequence_now()
+        graphs = report.graphs + report.cached
         try:
-            with _ExactCalls():
+            with _ExactCalls(), report.watch():
                 out = compiled(*args, **kwargs)
         except Exception as exc:
             refusal = _fold_error_in(exc)
@@ -165,7 +188,7 @@ def _guarded(compiled: Callable[..., Any], eager: Callable[..., Any]) -> Callabl
                 raise
             raise refusal from exc
         if torch.is_grad_enabled():
-            _mark(out, since)
+            _mark(out, since, report, report.graphs + report.cached != graphs)
         return out
 
     return call
@@ -221,10 +244,10 @@ def compile(
         **kwargs,
     )
     if isinstance(model, torch.nn.Module):
-        compiled.forward = _guarded(compiled.forward, model.__call__)
+        compiled.forward = _guarded(compiled.forward, model.__call__, report)
         compiled.bitfold = report
         return compiled
-    call = _guarded(compiled, model)
+    call = _guarded(compiled, model, report)
     call.bitfold = report  # type: ignore[attr-defined]
     return call
 

@@ -496,13 +496,13 @@ def embedding_bag_forward(
 
     Bags start at ``offsets`` (with ``include_last_offset`` the last offset
     ends the last bag, and ids from it on belong to no bag). Position i of bag
-    b contributes the term ``weight[indices[i]]``, ``+0.0`` where the id is
-    ``padding_idx`` (>= 0), times ``per_sample_weights[i]`` (rounded once to
-    the dtype, as torch rounds the product). Each bag row is the correctly
-    rounded sum of its terms (an empty bag gives ``+0.0``); for mean it is
-    then divided once by the bag's size (:func:`divide_by_counts`): its ids
-    other than ``padding_idx``, at least 1. The sizes (int64, one a bag) are
-    returned too: the mean's divisors, as the backward reads them.
+    b contributes the term ``weight[indices[i]]`` times ``per_sample_weights[i]``
+    (rounded once to the dtype, as torch rounds the product); ids equal to
+    ``padding_idx`` (>= 0) are left out. Each bag row is the correctly rounded
+    sum of its terms (an empty bag gives ``+0.0``); for mean it is then divided
+    once by the bag's size (:func:`divide_by_counts`): the number of its terms,
+    at least 1. The sizes (int64, one a bag) are returned too: the mean's
+    divisors, as the backward reads them.
     """
     ids = indices.reshape(-1)
     num_bags = offsets.numel() - 1 if include_last_offset else offsets.numel()
@@ -510,13 +510,12 @@ def embedding_bag_forward(
     bags = bag_of_positions(offsets, num_bags, ids.numel(), end)
     psw = None if per_sample_weights is None else per_sample_weights.reshape(-1)
     inside = bags >= 0
+    if padding_idx >= 0:
+        inside &= ids != padding_idx
     if not bool(inside.all()):
         ids, bags = ids[inside], bags[inside]
         psw = None if psw is None else psw[inside]
     terms = weight.index_select(0, ids.to(torch.int64))
-    kept = torch.ones_like(bags) if padding_idx < 0 else (ids != padding_idx).to(torch.int64)
-    if padding_idx >= 0:
-        terms = terms.masked_fill((ids == padding_idx).view(-1, 1), 0)
     if psw is not None:
         terms = terms * psw.view(-1, 1)
     if num_bags == 0:
@@ -524,7 +523,7 @@ def embedding_bag_forward(
     else:
         sums = fold_rows(bags, terms, num_bags)
     sizes = torch.zeros(num_bags, dtype=torch.int64, device=weight.device)
-    sizes.index_add_(0, bags, kept)
+    sizes.index_add_(0, bags, torch.ones_like(bags))
     if mode == 1:
         sums = divide_by_counts(sums, sizes.clamp(min=1).view(-1, 1))
     return sums, sizes

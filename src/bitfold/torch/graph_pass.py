@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +60,16 @@ _SUMS_INTO_SELF = frozenset(
 )  # fmt: skip
 
 
+#: the prefix of the keys bitfold adds to inductor's counters (``torch._dynamo.utils.counters``)
+COUNTER_PREFIX = "bitfold:"
+
+
+def _inductor_counters() -> Counter[str]:
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]
+
+
 @dataclass
 class CompileReport:
     """What the pass did to the graphs it rewrote (forward and backward graphs alike).
@@ -65,14 +77,63 @@ class CompileReport:
     ``counts``: fold nodes made exact, by kind (as ``exact_mode().counts``);
     ``passed``: fold nodes left to inductor that are not exact, keyed
     ``"kind: reason"`` (as ``exact_mode().passed``); ``graphs``: graphs the
-    pass ran on. A graph that inductor loads from its FX graph cache was
-    rewritten when it was first compiled and is not counted again.
+    pass ran on in this process; ``cached``: graphs inductor loaded from its
+    caches instead (FX graph or AOT autograd cache), rewritten when they were
+    first compiled, whose rewrites are counted in ``counts`` and ``passed`` too.
+
+    Each rewrite also adds one to a ``"bitfold:..."`` key of inductor's
+    counters, which inductor stores with the compiled graph and adds again when
+    it loads the graph from a cache: :meth:`watch` reads those back.
     """
 
     strict: bool = False
     counts: Counter[str] = field(default_factory=Counter)
     passed: Counter[str] = field(default_factory=Counter)
     graphs: int = 0
+    cached: int = 0
+    _direct: Counter[str] = field(default_factory=Counter, repr=False)
+
+    def record(self, key: str) -> None:
+        """One rewrite (``"exact:<kind>"``, ``"passed:<kind>: <reason>"`` or ``"graph"``)."""
+        self._apply(key, 1)
+        self._direct[key] += 1
+        _inductor_counters()[COUNTER_PREFIX + key] += 1
+
+    def _apply(self, key: str, n: int) -> None:
+        what, _, rest = key.partition(":")
+        if what == "exact":
+            self.counts[rest] += n
+        elif what == "passed":
+            self.passed[rest] += n
+
+    def begin(self) -> tuple[Counter[str], Counter[str]]:
+        """Start watching for graphs loaded from inductor's caches (see :meth:`end`)."""
+        return self._snapshot(), Counter(self._direct)
+
+    def end(self, mark: tuple[Counter[str], Counter[str]]) -> None:
+        """Count the rewrites of the graphs inductor loaded from its caches since ``mark``."""
+        before, direct = mark
+        replayed = self._snapshot() - before - (self._direct - direct)
+        for key, n in replayed.items():
+            if key == "graph":
+                self.cached += n
+            else:
+                self._apply(key, n)
+
+    @contextmanager
+    def watch(self) -> Iterator[None]:
+        """:meth:`begin` ... :meth:`end` around a block."""
+        mark = self.begin()
+        try:
+            yield
+        finally:
+            self.end(mark)
+
+    @staticmethod
+    def _snapshot() -> Counter[str]:
+        found = _inductor_counters()
+        return Counter({k[len(COUNTER_PREFIX) :]: v for k, v in found.items()
+                        if k.startswith(COUNTER_PREFIX)})  # fmt: skip
 
 
 #: bitfold's exact op -> the kind of fold it stands for
@@ -123,11 +184,12 @@ def _fake_call(op: Any, args: tuple[Any, ...]) -> Any:
 def rewrite(graph: torch.fx.Graph, report: CompileReport) -> None:
     """Replace every fold node of ``graph`` that can be made exact (module docstring)."""
     report.graphs += 1
+    report.record("graph")
     for node in list(graph.nodes):
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         if node.target in _EXACT_KINDS:  # put in the graph by bitfold.torch.compile's call mode
-            report.counts[_EXACT_KINDS[node.target]] += 1
+            report.record(f"exact:{_EXACT_KINDS[node.target]}")
             continue
         rule = COMPILED.get(node.target)
         if rule is None:
@@ -144,7 +206,7 @@ def rewrite(graph: torch.fx.Graph, report: CompileReport) -> None:
             continue
         _replace(graph, node, EXACT_OPS[node.target], call_args(node.target, node.args,
                                                                  node.kwargs))  # fmt: skip
-        report.counts[rule.kind] += 1
+        report.record(f"exact:{rule.kind}")
 
 
 def _replace(graph: torch.fx.Graph, node: torch.fx.Node, op: Any, args: tuple[Any, ...]) -> None:
@@ -178,7 +240,7 @@ def _leave(report: CompileReport, kind: str, func: str, reason: str) -> None:
         raise FoldError(
             f"bitfold.torch.compile(strict=True): {func} cannot be made exact ({reason})"
         )
-    report.passed[f"{kind}: {reason}"] += 1
+    report.record(f"passed:{kind}: {reason}")
 
 
 #: the files whose code decides a rewrite: their hash keys the FX graph cache
