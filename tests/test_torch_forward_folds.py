@@ -1,6 +1,7 @@
-"""Forward folds made exact: embedding-bag sums, weighted bincount and histograms, under
-``exact_mode()`` and ``bitfold.torch.compile``, compared bit for bit with the Fraction oracle
-(tests/torch_oracle.py), and the same bits for any order of the terms."""
+"""Folds beyond the scatter family made exact: embedding-bag forward sums, weighted bincount and
+histograms, max-pooling gradients, under ``exact_mode()`` and ``bitfold.torch.compile``,
+compared bit for bit with the Fraction oracle (tests/torch_oracle.py), and the same bits for
+any order of the terms; and the reports of graphs compiled from inductor's caches."""
 
 from __future__ import annotations
 
@@ -283,6 +284,36 @@ def test_forward_fold_rules_are_in_the_table():
     compiled = {str(op) for op in rules.COMPILED}
     assert {"aten._embedding_bag.default", "aten._embedding_bag_forward_only.default",
             "aten.bincount.default", "aten.histogram.bin_ct"} <= compiled  # fmt: skip
+
+
+# -- max-pooling gradients -----------------------------------------------------------------------
+POOLS = {
+    "max_pool2d-overlapping": lambda x: torch.nn.functional.max_pool2d(
+        x, 3, 1, padding=1, return_indices=True),
+    "max_pool2d-dilated-ceil": lambda x: torch.nn.functional.max_pool2d(
+        x, 2, 1, dilation=2, ceil_mode=True, return_indices=True),
+    "adaptive_max_pool2d": lambda x: torch.nn.functional.adaptive_max_pool2d(
+        x, 5, return_indices=True),
+    "max_pool3d": lambda x: torch.nn.functional.max_pool3d(
+        x.view(2, 1, 3, 9, 9), (2, 3, 3), 1, return_indices=True),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("pool", list(POOLS))
+def test_max_pool_gradient_is_the_oracle(pool):
+    """Overlapping windows send several gradients to one element: each element's gradient is
+    the exact sum of what its windows send it."""
+    x = spread((2, 3, 9, 9), torch.float32, 21).requires_grad_(True)
+    with bt.exact_mode(strict=True) as mode:
+        out, indices = POOLS[pool](x)
+        grad = spread(out.shape, out.dtype, 22)
+        (out * grad).sum().backward()
+    planes = indices.shape[0] * indices.shape[1]
+    size = x.numel() // planes
+    positions = indices.reshape(planes, -1) + torch.arange(planes).view(-1, 1) * size
+    want = to.fold_into(torch.zeros(x.shape), positions.view(indices.shape), grad)
+    assert same_bits(x.grad, want)
+    assert mode.counts["max_pool_backward"] == 1
 
 
 # -- reports of graphs loaded from inductor's caches ---------------------------------------------

@@ -529,6 +529,28 @@ def embedding_bag_forward(
     return sums, sizes
 
 
+def max_pool_backward(
+    grad: torch.Tensor, input: torch.Tensor, indices: torch.Tensor, spatial: int
+) -> torch.Tensor:
+    """The input gradient of a max pooling with ``indices`` over ``spatial`` (2 or 3) dims, exact.
+
+    ``indices`` (the shape of ``grad``) holds, for every output element, the
+    flat position in its plane (the last ``spatial`` dims of ``input``) of the
+    element it took; that element gets the output's gradient. Every element of
+    the result (``input``'s shape and dtype) is the correctly rounded sum of
+    the gradients sent to it (overlapping windows may send several), ``+0.0``
+    where none is.
+    """
+    size = math.prod(input.shape[-spatial:])
+    target = torch.zeros(input.shape, dtype=grad.dtype, device=grad.device)
+    if grad.numel() == 0 or size == 0:
+        return target
+    planes = input.numel() // size
+    base = torch.arange(planes, device=indices.device, dtype=torch.int64).view(-1, 1) * size
+    positions = indices.reshape(planes, -1).to(torch.int64) + base
+    return fold_positions(positions.reshape(-1), grad.reshape(-1), target)
+
+
 def bincount(input: torch.Tensor, weights: torch.Tensor, minlength: int = 0) -> torch.Tensor:
     """``torch.bincount(input, weights, minlength)``, exact.
 
@@ -559,6 +581,7 @@ __all__ = [
     "index_add_shape_problem",
     "index_put",
     "index_reduce_mean",
+    "max_pool_backward",
     "put",
     "scatter_add",
     "scatter_reduce",

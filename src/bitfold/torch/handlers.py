@@ -399,6 +399,30 @@ def bincount(a: dict[str, Any]) -> torch.Tensor | Leave:
     return folds.bincount(x, weights, int(a.get("minlength", 0)))
 
 
+def max_pool_backward_verdict(a: dict[str, Any]) -> Leave | None:
+    grad, x, indices = a["grad_output"], a["self"], a["indices"]
+    leave = check_fold(grad, x, indices)
+    if leave is None and (not same_dtype(grad, x) or indices.shape != grad.shape):
+        return UNTOUCHED  # ATen raises its own error
+    return leave
+
+
+def _max_pool_backward(spatial: int) -> Handler:
+    """The exact handler of the input gradient of a max pooling over ``spatial`` dims."""
+
+    def handler(a: dict[str, Any]) -> torch.Tensor | Leave:
+        leave = max_pool_backward_verdict(a)
+        if leave is not None:
+            return leave
+        return folds.max_pool_backward(a["grad_output"], a["self"], a["indices"], spatial)
+
+    return handler
+
+
+max_pool2d_backward = _max_pool_backward(2)
+max_pool3d_backward = _max_pool_backward(3)
+
+
 def histogram_verdict(a: dict[str, Any]) -> Leave | None:
     x, weight = a["self"], a.get("weight")
     if weight is None:

@@ -122,6 +122,17 @@ RULES: tuple[Rule, ...] = (
     Rule("embedding_bag", (aten._embedding_bag_forward_only,), h.embedding_bag_forward_only,
          "as _embedding_bag", h.embedding_bag_verdict, _present("_embedding_bag_forward_only"),
          "bitfold.torch.embedding_bag"),
+    Rule("max_pool_backward", (aten.max_pool2d_with_indices_backward,
+         aten.adaptive_max_pool2d_backward, aten.fractional_max_pool2d_backward),
+         h.max_pool2d_backward, "exact: each output's gradient into the element its window took "
+         "(overlapping windows summed once)", h.max_pool_backward_verdict,
+         _present("max_pool2d_with_indices_backward", "adaptive_max_pool2d_backward",
+                  "fractional_max_pool2d_backward")),
+    Rule("max_pool_backward", (aten.max_pool3d_with_indices_backward,
+         aten.adaptive_max_pool3d_backward, aten.fractional_max_pool3d_backward),
+         h.max_pool3d_backward, "as the 2-D poolings", h.max_pool_backward_verdict,
+         _present("max_pool3d_with_indices_backward", "adaptive_max_pool3d_backward",
+                  "fractional_max_pool3d_backward")),
     Rule("bincount", (aten.bincount,), h.bincount, "floating weights exact (float32 or "
          "float64, as torch)", h.bincount_verdict, _present("bincount")),
     Rule("histogram", (aten.histogram,), h.histogram, "with weight: each bin the correctly "
