@@ -160,12 +160,22 @@ class _ExactCalls(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _BINCOUNTS:
             return _bincount(args, kwargs)
-        name = extension_ops.qualified_name(func)
+        name = _translated(func)
         if name is not None:
-            result = extension_ops.run(name, func, args, kwargs)
+            result = extension_ops.TRANSLATIONS[name](*args, **kwargs)
             if not isinstance(result, Leave):
                 return result
         return func(*args, **kwargs)
+
+
+@torch._dynamo.assume_constant_result
+def _translated(func: Any) -> str | None:
+    """The name of ``func``'s translation when it is an extension package's op that bitfold
+    translates (``"scatter_sum"``), or None: a constant while Dynamo traces."""
+    name = extension_ops.qualified_name(func)
+    if name is None or extension_ops.rule_for(name).translate is None:
+        return None
+    return name.split("::")[-1]
 
 
 def _guarded(

@@ -193,7 +193,7 @@ def gather_csr(src: torch.Tensor, indptr: torch.Tensor, out: Any = None) -> Any:
 
 def gather_coo(src: torch.Tensor, index: torch.Tensor, out: Any = None) -> torch.Tensor:
     """``gather_coo``: ``src`` read at ``index`` along its last dim (its backward: a sum)."""
-    index, dim = _coo_index(src, index)
+    dim = index.dim() - 1
     shape = list(src.shape)
     shape[dim] = index.shape[dim]
     full = index
@@ -228,7 +228,8 @@ def spmm_mean(row: Any, rowptr: torch.Tensor, col: torch.Tensor, value: Any, row
 
 
 # -- the table ------------------------------------------------------------------------------------
-_EXACT: dict[str, Callable[..., Any]] = {
+#: an op's name in its namespace -> its translation into ATen folds
+TRANSLATIONS: dict[str, Callable[..., Any]] = {
     "scatter_sum": scatter_sum,
     "scatter_mean": scatter_mean,
     "segment_sum_csr": segment_sum_csr,
@@ -270,8 +271,8 @@ _PASSED = {
 def rule_for(name: str) -> ExtensionRule:
     """The rule of the extension op ``name`` (``"pyg::scatter_sum"``); unknown ones are passed."""
     op = name.split("::")[-1]
-    if op in _EXACT:
-        return ExtensionRule(_EXACT[op])
+    if op in TRANSLATIONS:
+        return ExtensionRule(TRANSLATIONS[op])
     if op in _ORDER_FREE or op in _NOT_FOLDS:
         return ExtensionRule()
     return ExtensionRule(reason=_PASSED.get(op, "an op of an extension package bitfold does "
@@ -286,4 +287,4 @@ def run(name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return rule.translate(*args, **kwargs)
 
 
-__all__ = ["NAMESPACES", "ExtensionRule", "qualified_name", "rule_for", "run"]
+__all__ = ["NAMESPACES", "TRANSLATIONS", "ExtensionRule", "qualified_name", "rule_for", "run"]
