@@ -421,6 +421,19 @@ def test_a_fold_it_cannot_make_exact_is_reported_or_refused(no_cache):
     assert ints(torch.zeros(1, dtype=torch.int64), torch.tensor([1, 2, 3])).item() == 6
 
 
+def test_an_id_out_of_range_in_a_compiled_fold_is_one_bitfold_error():
+    """Raised as bitfold's own error, alone: no chain, none of torch's frames in between."""
+    import traceback
+
+    fn = bt.compile(lambda x, i, v: x.index_add(0, i, v))
+    fn(torch.zeros(3), torch.tensor([0, 1]), torch.ones(2))
+    with pytest.raises(bitfold.IndexRangeError, match=r"index\[1\] = 5 .* out of range") as info:
+        fn(torch.zeros(3), torch.tensor([0, 5]), torch.ones(2))
+    err = info.value
+    assert err.__cause__ is None and err.__suppress_context__
+    assert len(traceback.extract_tb(err.__traceback__)) <= 2
+
+
 def test_options_mode_and_the_users_own_pass_are_kept(no_cache):
     seen = []
 

@@ -110,7 +110,8 @@ def _sequence_now() -> int | None:
 
 
 def _fold_error_in(exc: BaseException) -> FoldError | None:
-    """The FoldError (``strict=True``) that inductor wrapped in its own errors, or None."""
+    """The FoldError (a ``strict=True`` refusal at compile time, an index out of range when a
+    compiled fold runs) in ``exc`` or in the errors it wraps, or None."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -196,7 +197,9 @@ def _guarded(
             refusal = _fold_error_in(exc)
             if refusal is None:
                 raise
-            raise refusal from exc
+            # bitfold's own error, alone: not inside inductor's wrappers, without the frames of
+            # torch's machinery between the call and the check that refused it
+            raise refusal.with_traceback(None) from None
         if torch.is_grad_enabled():
             _mark(out, since, report, report.graphs + report.cached != graphs)
         return out
