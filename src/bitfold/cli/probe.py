@@ -148,13 +148,24 @@ def make_device(name: str, with_torch: bool) -> CpuDevice | CudaDevice:
     return CpuDevice(_torch_or_none(with_torch))
 
 
-def repeat_outcome(make: Callable[[], Any], reps: int) -> dict[str, Any]:
-    """Run ``make`` once plus ``reps`` times; count repeats whose bits differ from the first."""
+def _no_tick(n: int = 1) -> None:
+    """A progress callback that shows nothing."""
+
+
+def repeat_outcome(
+    make: Callable[[], Any], reps: int, tick: Callable[[], None] = _no_tick
+) -> dict[str, Any]:
+    """Run ``make`` once plus ``reps`` times; count repeats whose bits differ from the first.
+
+    ``tick`` is called after every call (``reps + 1`` times), for a progress bar.
+    """
     first = np.array(to_numpy(make()), copy=True)
+    tick()
     diffs = []
     seen = {digest(first)}
     for _ in range(reps):
         r = np.array(to_numpy(make()), copy=True)
+        tick()
         seen.add(digest(r))
         diffs.append(0.0 if bits_equal(first, r) else _max_abs_diff(first, r))
     differed = sum(1 for d in diffs if d or np.isnan(d))
@@ -186,6 +197,7 @@ class Probe:
         self.values: Any = device.array(self.g)  # what the bitfold strategies fold
         self.inputs = Inputs(self.idx, self.g, cfg.K, device.name)  # what the baselines fold
         self.atomic_baseline = CONTENDERS[baseline_for(device.name)].title
+        self.usual_results: dict[str, np.ndarray] = {}  # question 1's first result of each
 
     def _chosen_baselines(self) -> list[Contender]:
         """The contenders questions 1 and 3 run here, the device's atomic baseline first."""
@@ -220,45 +232,76 @@ class Probe:
             found[c.title] = runner.call
         return found
 
+    def _bar(self, total: int, desc: str) -> Any:
+        """A progress bar on stderr for one question (shown only on a terminal)."""
+        return progress_bar(total, desc, enabled=self.show_progress)
+
     def question1(self) -> dict[str, Any]:
         """Non-determinism of each usual fold, over ``reps`` repeats."""
         out: dict[str, Any] = {}
-        notes = {c.title: self.dev.baseline_note(c) for c in self._chosen_baselines()}
-        for name, fn in self.baselines().items():
-            res = repeat_outcome(fn, self.cfg.reps)
-            res.pop("result")
-            res["note"] = notes[name]
-            out[name] = res
+        chosen = self._chosen_baselines()
+        notes = {c.title: self.dev.baseline_note(c) for c in chosen}
+        with self._bar(len(chosen) * (self.cfg.reps + 1), "1/4 the usual folds") as bar:
+            for name, fn in self.baselines().items():
+                bar.note(name)
+                res = repeat_outcome(fn, self.cfg.reps, bar.tick)
+                self.usual_results[name] = res.pop("result")
+                res["note"] = notes[name]
+                out[name] = res
         return out
 
     # -- bitfold -----------------------------------------------------------------------
     def question2(self) -> dict[str, Any]:
-        """Plan preparation, repeat identity, memory and distance from the atomic result."""
-        sync = self.dev.sync
-        cold = time_call(lambda: Fold(self.idx, self.cfg.K), repeats=1)
-        plan, _ = peak_bytes(lambda: Fold(self.idx, self.cfg.K))
-        self.plan = plan
-        atomic = to_numpy(plan(self.values, "atomic"))
-        out: dict[str, Any] = {
-            "plan_build_s_first": cold.first_s,
-            "plan_build_s": plan.build_seconds,
-            "plan_bytes": plan.nbytes,
-        }
-        for name in BIT_STRATEGIES:
-            # the first call compiles (or loads Numba's on-disk cache): timed apart from the rest
-            first = time_call(lambda name=name: plan(self.values, name), repeats=1, sync=sync)
-            res = repeat_outcome(lambda name=name: plan(self.values, name), self.cfg.reps)
-            result = res.pop("result")
-            fold_peak = self.dev.fold_memory(lambda name=name: plan(self.values, name))
-            out[name] = {
-                "first_call_s": first.first_s,
-                "bit_identical": res["differed"] == 0,
-                **res,
-                "fold_peak_bytes": fold_peak,
-                "extra_bytes": plan.nbytes + fold_peak,
-                "max_difference_from_atomic": _max_abs_diff(result, atomic),
-                "digest": digest(result),
+        """Plan preparation, repeat identity, memory, and every fold's distance from the exact
+        sum (``differences_from_exact``: bitfold's folds and question 1's usual folds)."""
+        steps = 3 + len(BIT_STRATEGIES) * (self.cfg.reps + 3)
+        with self._bar(steps, "2/4 bitfold's folds") as bar:
+            bar.note("building the plan")
+            cold = time_call(lambda: Fold(self.idx, self.cfg.K), repeats=1)
+            bar.tick()
+            plan, _ = peak_bytes(lambda: Fold(self.idx, self.cfg.K))
+            self.plan = plan
+            bar.tick()
+            atomic = to_numpy(plan(self.values, "atomic"))
+            bar.tick()
+            out: dict[str, Any] = {
+                "plan_build_s_first": cold.first_s,
+                "plan_build_s": plan.build_seconds,
+                "plan_bytes": plan.nbytes,
             }
+            results = {"atomic": atomic}
+            for name in BIT_STRATEGIES:
+                bar.note(name)
+                out[name], results[name] = self._bit_strategy(name, atomic, bar.tick)
+        out["differences_from_exact"] = self._differences_from_exact(results)
+        return out
+
+    def _bit_strategy(self, name: str, atomic: Any, tick: Callable[[], None]) -> tuple[dict, Any]:
+        """One fixed fold of question 2: first call, repeats, memory, digest; and its result."""
+        plan, sync = self.plan, self.dev.sync
+        assert plan is not None
+        # the first call compiles (or loads Numba's on-disk cache): timed apart from the rest
+        first = time_call(lambda: plan(self.values, name), repeats=1, sync=sync)
+        tick()
+        res = repeat_outcome(lambda: plan(self.values, name), self.cfg.reps, tick)
+        result = res.pop("result")
+        fold_peak = self.dev.fold_memory(lambda: plan(self.values, name))
+        tick()
+        return {
+            "first_call_s": first.first_s,
+            "bit_identical": res["differed"] == 0,
+            **res,
+            "fold_peak_bytes": fold_peak,
+            "extra_bytes": plan.nbytes + fold_peak,
+            "max_difference_from_atomic": _max_abs_diff(result, atomic),
+            "digest": digest(result),
+        }, result
+
+    def _differences_from_exact(self, results: dict[str, Any]) -> dict[str, float]:
+        """The largest difference of each fold's result from the exact (correctly rounded) sum."""
+        exact = results["exact"]
+        out = {f"bitfold {s}": _max_abs_diff(results[s], exact) for s in ("ordered", "atomic")}
+        out.update({name: _max_abs_diff(r, exact) for name, r in self.usual_results.items()})
         return out
 
     def question3(self) -> dict[str, Any]:
@@ -271,14 +314,20 @@ class Probe:
         }
         contenders.update(self.baselines())
         rows: dict[str, Any] = {}
-        for name, fn in contenders.items():
-            t = time_call(fn, repeats=max(5, self.cfg.reps), sync=sync)
-            rows[name] = {"median_ms": t.median_s * 1e3, "first_call_ms": t.first_s * 1e3}
+        repeats = max(5, self.cfg.reps)
+        with self._bar(len(contenders) + 1, "3/4 the cost of each fold") as bar:
+            for name, fn in contenders.items():
+                bar.note(name)
+                t = time_call(fn, repeats=repeats, sync=sync)
+                rows[name] = {"median_ms": t.median_s * 1e3, "first_call_ms": t.first_s * 1e3}
+                bar.tick()
+            bar.note("a forward matrix product, for scale")
+            x, w = self.dev.array(self.matmul_x), self.dev.array(self.matmul_w)
+            matmul = time_call(lambda: x @ w, repeats=repeats, sync=sync)
+            bar.tick()
         base = rows[self.atomic_baseline]["median_ms"]
         for row in rows.values():
             row["ratio_to_atomic"] = row["median_ms"] / base if base else float("nan")
-        x, w = self.dev.array(self.matmul_x), self.dev.array(self.matmul_w)
-        matmul = time_call(lambda: x @ w, repeats=max(5, self.cfg.reps), sync=sync)
         return {
             "atomic_baseline": self.atomic_baseline,
             "per_call": rows,
@@ -317,8 +366,9 @@ class Probe:
         runs = self.training_runs()
         total = 2 * len(runs) * self.cfg.steps
         out: dict[str, Any] = {}
-        with progress_bar(total, "training", enabled=self.show_progress) as bar:
+        with self._bar(total, "4/4 training twice with each fold") as bar:
             for name, run in runs:
+                bar.note(name)
                 r1 = to_numpy(run(bar.tick))
                 r2 = to_numpy(run(bar.tick))
                 same = bits_equal(r1, r2)
