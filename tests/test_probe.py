@@ -122,8 +122,8 @@ def _report(noisy: tuple[str, ...] = (), parted: tuple[str, ...] = (), exact_ms:
 def test_readout_names_the_folds_that_were_identical_when_none_differed():
     head, training, *_ = readout(_report())
     assert head.startswith("NONE OF THE USUAL FOLDS GAVE DIFFERENT BITS HERE")
-    assert ("the same bits in all 5 repeats: np.add.at, torch autograd v[idx], torch index_add_ "
-            "and torch scatter_add_") in head  # fmt: skip
+    assert ("HERE: np.add.at, torch autograd v[idx], torch index_add_ and torch scatter_add_ gave "
+            "identical bits in all 5 repeats.") in head  # fmt: skip
     assert "two training runs of 10 steps" in training and "ended bit-identical" in training
     assert "nothing for bitfold to fix on this machine" in training
 
@@ -133,7 +133,7 @@ def test_readout_names_which_folds_differed_and_which_did_not():
                                          parted=("torch autograd",)))  # fmt: skip
     assert head.startswith("SOME USUAL FOLDS GIVE DIFFERENT BITS FROM CALL TO CALL HERE")
     assert "torch autograd v[idx] (in 5 of 5 repeats, by up to 2.500e-04)" in head
-    assert ("The same bits in all 5 repeats: np.add.at, torch index_add_ and torch scatter_add_"
+    assert ("Identical bits in all 5 repeats: np.add.at, torch index_add_ and torch scatter_add_."
             in head)  # fmt: skip
     assert "ended with different weights when folding with torch autograd" in training
     assert "bit-identical with bitfold atomic, bitfold ordered and bitfold exact" in training

@@ -32,7 +32,7 @@ def _headline(rep: dict[str, Any]) -> str:
     noisy = [k for k, v in q1.items() if v["differed"]]
     steady = [k for k, v in q1.items() if not v["differed"]]
     reps = max((v["repeats"] for v in q1.values()), default=0)
-    same = f"the same bits in all {reps} repeats: {_join(steady)}"
+    same = f"{_join(steady)} gave identical bits in all {reps} repeats"
     if noisy:
         detail = _join(
             f"{k} (in {q1[k]['differed']} of {q1[k]['repeats']} repeats, by up to "
@@ -43,8 +43,8 @@ def _headline(rep: dict[str, Any]) -> str:
             return (f"EVERY USUAL FOLD MEASURED HERE GAVE DIFFERENT BITS FROM CALL TO CALL: "
                     f"{detail}; the same additions, in another order.")  # fmt: skip
         return (f"SOME USUAL FOLDS GIVE DIFFERENT BITS FROM CALL TO CALL HERE. Different bits, "
-                f"from the same additions in another order: {detail}. "
-                f"{same.capitalize()}.")  # fmt: skip
+                f"from the same additions in another order: {detail}. Identical bits in all "
+                f"{reps} repeats: {_join(steady)}.")  # fmt: skip
     if rep.get("skipped_baselines"):
         return (f"NONE OF THE FOLDS MEASURED HERE GAVE DIFFERENT BITS ({same}), but PyTorch's "
                 "were not measured (see question 1): install torch and rerun before concluding "
