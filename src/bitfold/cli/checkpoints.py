@@ -98,11 +98,6 @@ def load(torch: Any, directory: str | os.PathLike[str]) -> dict[str, Any]:
             f"--resume: {str(path)!r} is not a bitfold train checkpoint (format "
             f"{state.get('format') if isinstance(state, dict) else None!r}, expected {FORMAT!r})"
         )
-    if not isinstance(state.get("config"), dict) or not isinstance(state.get("step"), int):
-        raise FoldError(
-            f"--resume: {str(path)!r} is not a whole bitfold train checkpoint (its 'config' or "
-            "'step' is missing); resume from a checkpoint written by bitfold train --save"
-        )
     return state
 
 
@@ -123,7 +118,12 @@ def check_config(saved: dict[str, Any], current: dict[str, Any], where: str) -> 
 def resume_state(torch: Any, where: str, config: dict[str, Any], steps: int) -> dict[str, Any]:
     """The checkpoint of ``where``, checked: same configuration, not past ``steps``."""
     state = load(torch, where)
-    check_config(state.get("config", {}), config, where)
+    if not isinstance(state.get("config"), dict) or not isinstance(state.get("step"), int):
+        raise FoldError(
+            f"--resume {where!r}: not a whole bitfold train checkpoint (its 'config' or 'step' "
+            "is missing); resume from a checkpoint written by bitfold train --save"
+        )
+    check_config(state["config"], config, where)
     if int(state["step"]) > steps:
         raise FoldError(
             f"--resume {where!r}: the checkpoint is at step {state['step']}, past --steps {steps}; "
