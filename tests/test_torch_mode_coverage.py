@@ -416,3 +416,20 @@ def test_gcn_conv_step_has_one_digest_for_any_edge_order_under_exact_mode(kind):
     assert mode.counts[expected] >= 1, mode.counts
     plain = [_gcn_step(kind, o, False, deterministic=kind == "segment")[0] for o in orders]
     assert plain[0] != plain[1]  # plain torch: the edge order changes the bits
+
+
+def test_a_module_traced_outside_the_mode_folds_exactly_inside_it():
+    """The documented way around torch.jit.trace's check: trace outside, run inside."""
+
+    class Messages(torch.nn.Module):
+        def forward(self, x, dst):
+            return torch.zeros(1, x.shape[1]).index_add(0, dst, x)
+
+    x = torch.tensor([[1.0], [2.0**-24], [2.0**-24]])
+    dst = torch.zeros(3, dtype=torch.int64)
+    traced = torch.jit.trace(Messages(), (x, dst))
+    assert traced(x, dst).item() == 1.0  # torch's sum: 1 + 2^-24 rounds to 1, twice
+    with bt.exact_mode() as mode:
+        got = traced(x, dst)
+    assert got.item() == round_fraction(Fraction(1) + Fraction(2, 2**24), "float32")
+    assert mode.counts["index_add"] == 1

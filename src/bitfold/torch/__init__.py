@@ -9,10 +9,12 @@ order their threads or atomics finish.
 * ``exact_mode()`` (:mod:`bitfold.torch.mode`): a ``TorchDispatchMode``
   inside which every fold that reaches ATen — ``scatter_add``,
   ``index_add``, ``index_put(accumulate=True)`` (the backward of
-  ``x[idx]``), the embedding and embedding-bag backwards, ``scatter_reduce``
-  and ``segment_reduce`` sum/mean, products with a sparse COO/CSR/CSC factor
-  — is exact, in the forward and the backward; ``mode.counts`` says what it
-  saw.
+  ``x[idx]``), the embedding-bag forward and the embedding and embedding-bag
+  backwards, ``scatter_reduce`` and ``segment_reduce`` sum/mean, weighted
+  ``bincount`` and histograms, max-pooling gradients, products with a sparse
+  COO/CSR/CSC factor, and the sums of ``torch_scatter``, ``torch_sparse`` and
+  ``pyg_lib`` ops — is exact, in the forward and the backward;
+  ``mode.counts`` says what it saw.
 * ``compile(model, **kwargs)`` (:mod:`bitfold.torch.compiled`):
   ``torch.compile`` whose folds reaching inductor, forward and backward, are
   rewritten into exact custom ops by a post-grad graph pass; the same bits
@@ -55,6 +57,7 @@ CUDA tensors on their device; other devices get a
 
 from __future__ import annotations
 
+from ..validate import checked_options
 from .compiled import compile
 from .functional import embedding, embedding_bag, index_add, scatter_add, segment_sum
 from .layers import Embedding, EmbeddingBag, FoldedLinear
@@ -63,6 +66,7 @@ from .ops import expand, fold, plan_key
 from .plan_cache import PLANS as _PLANS
 
 
+@checked_options
 def clear_plan_cache() -> None:
     """Forget the plans kept for index tensors met again (:mod:`bitfold.torch.plan_cache`)."""
     _PLANS.clear()

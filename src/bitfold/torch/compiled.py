@@ -6,10 +6,15 @@ or an ``OptimizedModule`` for a module), with one difference: inductor's
 post-grad graphs, forward and backward, go through
 :class:`bitfold.torch.graph_pass.ExactFoldPass`, which rewrites every fold
 node (``index_put`` / ``_unsafe_index_put`` with ``accumulate``,
-``scatter_add``, ``scatter_reduce`` sum/mean, ``index_add``, the embedding
-and embedding-bag backwards) into bitfold's exact custom ops. Everything
-else compiles as usual; the graphs really compile (the custom ops are
-extern calls inside inductor's generated code, no graph break).
+``scatter_add``, ``scatter_reduce`` sum/mean, ``index_add``, the embedding-bag
+forward, the embedding and embedding-bag backwards, weighted histograms,
+max-pooling gradients) into bitfold's exact custom ops. While the compiled
+function runs, a function mode sends a weighted ``torch.bincount`` to an exact
+op inside the graph (Dynamo would run it outside any graph) and translates the
+sums of extension packages (``torch_scatter``, ``torch_sparse``, ``pyg_lib``)
+into ATen folds the pass then rewrites. Everything else compiles as usual; the
+graphs really compile (the custom ops are extern calls inside inductor's
+generated code, no graph break).
 
 The numeric contract:
 
@@ -30,8 +35,9 @@ user's inductor options are kept; a ``post_grad_custom_post_pass`` of the
 user's (in ``options`` or in ``torch._inductor.config`` when ``compile`` is
 called) runs before bitfold's. The returned object carries a
 :class:`~bitfold.torch.graph_pass.CompileReport` as ``.bitfold``
-(``counts``, ``passed``); ``strict=True`` raises :class:`bitfold.FoldError`
-at compile time for a fold that cannot be made exact.
+(``counts``, ``passed``, also for graphs inductor loads from its caches, which
+``cached`` counts); ``strict=True`` raises :class:`bitfold.FoldError` at compile
+time for a fold that cannot be made exact.
 
 Inside :func:`bitfold.torch.exact_mode` the compiled callable runs the
 original model op by op, under the mode (Dynamo compiles nothing while a

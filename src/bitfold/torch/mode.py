@@ -13,51 +13,41 @@ times its per-sample weight); a mean is that sum divided once by the count.
 In-place (``index_add_``) and ``out=`` forms write their result where ATen
 would. Every other op runs untouched.
 
-============================================  ===========================================
-ATen op (and its ``_`` / ``out=`` forms)       inside ``exact_mode()``
-============================================  ===========================================
-``scatter_add``                                exact (any dim; an index expanded along
-                                               the trailing dims folds whole rows)
-``scatter(..., reduce="add")``                 exact (tensor or scalar ``src``)
-``scatter_reduce`` "sum", "mean"               exact (``include_self`` either way)
-``index_add``                                  exact (any dim, ``alpha``)
-``index_reduce`` "mean"                        exact (``include_self`` either way)
-``index_put`` / ``_index_put_impl_`` /         exact with ``accumulate=True`` (the
-``_unsafe_index_put``                          backward of ``x[idx]``); without it, not
-                                               a sum: untouched
-``put`` with ``accumulate=True``               exact (the backward of ``x.take(idx)``)
-``embedding_dense_backward``                   exact (``padding_idx``,
-                                               ``scale_grad_by_freq``)
-``_embedding_bag_backward`` (dense),           exact (modes sum, mean and max,
-``_embedding_bag_dense_backward``              ``per_sample_weights``, ``padding_idx``)
-``bincount`` with floating ``weights``         exact (float32 or float64, as torch)
-``segment_reduce`` "sum", "mean"               exact (``lengths`` or ``offsets``, any
-                                               ``axis``, ``initial``; :mod:`.segment`);
-                                               its backward is a gather: untouched
-``mm``, ``addmm``, ``_sparse_addmm``,          exact when one factor is a COO, CSR or
-``_sparse_mm``, ``_sparse_mm_reduce_impl``     CSC matrix (:mod:`.sparse`): the correctly
-("sum", "mean"); and above autograd            rounded sum of the exact products, for
-``A @ X``, ``X @ A``, ``torch.mm``,            ``addmm`` of ``beta * C + alpha * sum``
-``torch.sparse.mm``, ``addmm``,                (one rounding); the public calls run as an
-``torch.sparse.addmm``                         autograd function whose backward (dense
-                                               operand, sparse values) is exact too
-``sparse_sampled_addmm``                       exact (the CSR backward's sampled product)
-``_coalesce``; ``_to_sparse_csr`` /            exact: each repeated coordinate's values
-``_to_sparse_csc`` / ``_to_sparse`` of an      folded once (coalesced first, then
-uncoalesced COO tensor                         converted)
-the same ops on integer or bool tensors        untouched: integer sums are exact already
-``scatter_reduce`` / ``index_reduce`` /        untouched: exact in any order already
-``segment_reduce`` "amax", "amin", "max",
-"min"
-"prod" reductions, ``scatter(reduce=           untouched and recorded in ``mode.passed``:
-"multiply")``, complex dtypes, sparse          not sums of reals, or not on a plain CPU /
-gradients (``_embedding_bag_backward(sparse=   CUDA tensor; ``strict=True`` raises
-True)``), sparse @ sparse, BSR/BSC, hybrid     :class:`bitfold.FoldError` instead
-or batched sparse factors, ``out_dtype``
-products, other devices, floating tensor
-subclasses
-everything else (``sum``, dense ``mm``, ...)   untouched
-============================================  ===========================================
+Every op it makes exact, and what it leaves, is one row of
+:data:`bitfold.torch.rules.RULES` (a rule's ``description`` says what is
+exact; the README's table lists them): in short,
+
+* the scatter family: ``scatter_add``, ``scatter(reduce="add")``,
+  ``scatter_reduce`` and ``index_reduce`` "sum"/"mean", ``index_add``,
+  ``index_put`` / ``put`` with ``accumulate=True`` (the backward of ``x[idx]``);
+* embeddings: the backward of ``embedding`` (``padding_idx``,
+  ``scale_grad_by_freq``) and of ``embedding_bag`` (modes sum, mean, max), and
+  the *forward* of ``embedding_bag``: each bag the correctly rounded sum of its
+  rows (times ``per_sample_weights``, each product rounded as torch rounds it;
+  ids equal to ``padding_idx`` left out), a mean that sum divided once by the
+  bag's size; mode max is exact already;
+* weighted counts: ``bincount`` with floating ``weights``, ``histogram`` and
+  ``histogramdd`` with ``weight`` (torch's bin edges; :mod:`.histograms`);
+* max-pooling gradients (``max_pool2d/3d_with_indices_backward``, adaptive and
+  fractional): each element the exact sum of what the windows that took it
+  send back;
+* ``segment_reduce`` "sum"/"mean" (:mod:`.segment`), products with a sparse
+  COO/CSR/CSC factor (:mod:`.sparse`), ``coalesce`` and conversions of an
+  uncoalesced COO tensor;
+* the ops of extension packages (``torch_scatter``, ``torch_sparse``,
+  ``pyg_lib``), seen above autograd by name: sums, means and gathers
+  translated into exact ATen folds (:mod:`.extension_ops`); their other folds
+  and unknown ops recorded in ``passed``.
+
+Untouched: integer tensors and maxima/minima (exact in any order already),
+writes (``index_put`` without accumulate, ``index_copy``, ``scatter``),
+unweighted counts (``histc``), and reductions over fixed windows or dims that
+no index drives (``sum``, dense products, convolutions, average pooling,
+interpolation and padding backwards, ``col2im``): deterministic from run to run
+on one machine, not folds through an index. Recorded in ``passed`` and refused
+by ``strict=True``: "prod" reductions, complex dtypes, sparse gradients, sparse
+@ sparse, BSR/BSC or hybrid sparse tensors, other devices, floating tensor
+subclasses.
 
 Integer index tensors of a subclass that wraps one plain tensor through
 ``__tensor_flatten__`` (torch_geometric's ``Index`` and ``EdgeIndex``) are
@@ -70,19 +60,18 @@ torch 2.13's CPU kernel: with ``scale_grad_by_freq`` the embedding-bag
 gradient divides each term by the frequency of *its* id (torch's CUDA kernel
 does; the CPU one divides some terms by another id's count,
 pytorch/pytorch#190063), and with ``include_last_offset`` the ids after the
-last offset belong to no bag and get no gradient (the CPU kernel, whose
-forward leaves them out, gives their rows values anyway).
-
-The forward sums of ``embedding_bag`` (``_embedding_bag``) and plain
-reductions (``sum``, ``mean``, dense matrix products) are not folds through an
-index: they are untouched, deterministic from run to run on one machine but
-not independent of the order of their terms. Use
-:class:`bitfold.torch.EmbeddingBag` for exact bag sums.
+last offset belong to no bag: left out of the forward's sums and given no
+gradient (torch 2.13's CPU kernel counts them in the last bag).
 
 ``mode.counts`` counts the ops made exact by kind (``"index_put"``,
-``"embedding_dense_backward"``, ...), so a test can check that the mode saw
-a model's folds; ``mode.passed`` counts the folds left to ATen that are not
-exact (kind and reason).
+``"embedding_dense_backward"``, an extension op's name, ...), so a test can
+check that the mode saw a model's folds; ``mode.passed`` counts the folds left
+to ATen that are not exact (kind and reason).
+
+``torch.jit.trace`` inside the mode: its default ``check_trace`` reruns the
+function and compares, which a dispatch mode can upset; trace outside the mode
+(or pass ``check_trace=False``) and run the traced module inside it, where its
+folds reach ATen and are made exact.
 
 ``torch.compile``: while a ``TorchDispatchMode`` is active, Dynamo compiles
 nothing (PyTorch 2.13 skips every frame while a non-infra dispatch mode is
