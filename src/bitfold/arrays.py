@@ -23,8 +23,39 @@ from typing import Any
 
 import numpy as np
 
-from .errors import FoldTypeError
+from .errors import DeviceError, FoldTypeError
 from .formats import dtype_name
+
+#: Devices whose arrays hold shapes but no data (torch's ``meta``): nothing can be read or folded.
+NO_DATA_DEVICES = ("meta",)
+
+
+def type_label(x: Any) -> str:
+    """``x``'s type as a user knows it: ``torch.Tensor``, ``numpy.ndarray``, ``jax.Array``, ..."""
+    kind = type(x)
+    module = kind.__module__.split(".")[0]
+    if module == "jaxlib" or (module == "jax" and hasattr(x, "devices")):
+        return "jax.Array"
+    if module == "torch" and kind.__name__ in ("Tensor", "Parameter"):
+        return f"torch.{'Tensor' if kind.__name__ == 'Tensor' else 'nn.Parameter'}"
+    return f"{kind.__module__}.{kind.__qualname__}" if module != "builtins" else kind.__qualname__
+
+
+def check_has_data(x: Any, what: str) -> None:
+    """Refuse an array on a device that holds no data (torch's ``meta``), naming ``what`` it is.
+
+    Such an array has a shape and a dtype but no values, so nothing can be
+    read from it or folded; the refusal comes before any work, from every
+    entry point that takes an index or values.
+    """
+    device = getattr(x, "device", None)
+    kind = getattr(device, "type", device)
+    if isinstance(kind, str) and kind in NO_DATA_DEVICES:
+        raise DeviceError(
+            f"{what} is a {type_label(x)} on the {kind!r} device, which holds shapes but no "
+            f"data: bitfold reads and folds arrays with data (CPU, CUDA and other devices); "
+            f"make it on a real device, e.g. .to('cpu')"
+        )
 
 
 class ArrayFamily:
@@ -656,6 +687,7 @@ def raw_bits(x: Any) -> tuple[str, tuple[int, ...], bytes]:
     This is the canonical encoding behind :func:`bitfold.digest`: it keeps
     bfloat16 as bfloat16 (two bytes an element) whatever library holds it.
     """
+    check_has_data(x, "the array to digest")
     if not hasattr(x, "dtype"):
         raise FoldTypeError(
             f"digests are of arrays (NumPy, PyTorch, CuPy, JAX) or mappings of them; got "
@@ -690,7 +722,9 @@ def raw_bits(x: Any) -> tuple[str, tuple[int, ...], bytes]:
 
 
 __all__ = [
+    "NO_DATA_DEVICES",
     "ArrayFamily",
+    "check_has_data",
     "device_of",
     "dtype_name",
     "family_of",
@@ -701,4 +735,5 @@ __all__ = [
     "raw_bits",
     "shape_of",
     "to_numpy",
+    "type_label",
 ]

@@ -19,10 +19,15 @@ import numpy as np
 from .arrays import family_of
 from .backends import registry
 from .backends.registry import Backend, check_options
-from .errors import DeviceError, FoldError, FoldTypeError
+from .errors import DeviceError, FoldError, FoldTypeError, UnknownOptionError
 from .formats import LimbFormat, resolve_out_dtype
 from .strategies import get_strategy
-from .validate import Values, check_expand_input, check_init, check_values
+from .validate import Values, check_expand_input, check_has_data, check_init, check_values
+
+#: The keywords of a plan call (``plan(values, ...)``) besides the backend's options.
+FOLD_KEYWORDS = ("strategy", "out_dtype", "init", "backend")
+#: The keywords of ``plan.route(values, ...)`` besides the backend's options.
+ROUTE_KEYWORDS = ("strategy", "backend")
 
 if TYPE_CHECKING:
     from .plan import Fold
@@ -35,7 +40,9 @@ def backend_for(values: Any, what: str = "values", backend: str | None = None) -
     numba-cuda loads, else the portable path; values on any other device (MPS,
     XPU, ROCm, TPU, JAX on a GPU) the portable path. ``backend`` (a name of
     :func:`bitfold.backend_names`) forces one, refused unless it serves them.
+    Values on a device without data (torch's ``meta``) are refused by name.
     """
+    check_has_data(values, what)
     family = family_of(values)
     return registry.backend_for(family.name, family.device(values), what, backend)
 
@@ -112,7 +119,7 @@ def fold(
     values = _as_array(values)
     spec = validate(plan, values)
     chosen = backend_for(values, backend=backend)
-    check_options(chosen, strat.name, options)
+    check_options(chosen, strat.name, options, FOLD_KEYWORDS, "plan(values)")
     if init is not None:
         init = _as_array(init)
         init_name = _check_init(plan, chosen, strat.name, spec, init)
@@ -172,7 +179,7 @@ def check_accumulator_options(options: dict[str, Any]) -> None:
     valid = (*registry.known_options("add_to_state"), "backend")
     bad = sorted(set(options) - set(valid))
     if bad:
-        raise FoldError(
+        raise UnknownOptionError(
             f"the accumulator takes no option {', '.join(f'{o}=' for o in bad)}; valid "
             f"options: {', '.join(f'{o}=' for o in valid)} (each backend uses its own: "
             + "; ".join(f"{b.name}: {', '.join(b.options.get('add_to_state', ())) or 'none'}"
@@ -209,7 +216,7 @@ def route(
     values = _as_array(values)
     spec = validate(plan, values)
     chosen = backend_for(values, backend=backend)
-    check_options(chosen, strat.name, options)
+    check_options(chosen, strat.name, options, ROUTE_KEYWORDS, "plan.route(values)")
     if chosen.explain is None or strat.name != "exact":
         return Route(chosen.name, strat.name, f"the {chosen.name} backend's {strat.name} fold")
     name, reason = chosen.explain(plan, values, spec, **options)

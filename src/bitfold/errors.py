@@ -37,6 +37,14 @@ class UnknownStrategyError(FoldError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class UnknownOptionError(FoldError, TypeError):
+    """A keyword argument (an option) that the call does not take; the message lists those it does.
+
+    Also a ``TypeError``, what Python raises for an unexpected keyword argument,
+    so that code written for the function a drop-in replaces still catches it.
+    """
+
+
 class DeviceError(FoldError):
     """Values live on a device the plan cannot serve (or the device is unavailable)."""
 

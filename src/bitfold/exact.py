@@ -69,7 +69,7 @@ from .arrays import family_of, from_numpy, place_of, to_numpy
 from .backends.registry import Backend, get_backend
 from .errors import FoldError, FoldTypeError, ShapeError
 from .formats import dtype_name, limb_format_for, resolve_out_dtype
-from .validate import check_trailing
+from .validate import check_has_data, check_trailing, checked_options, type_label
 
 if TYPE_CHECKING:
     from .plan import Fold
@@ -109,6 +109,10 @@ class ExactAccumulator:
     def __init__(
         self, plan: Fold, dtype: Any = "float32", trailing: Any = (), **options: Any
     ) -> None:
+        if not hasattr(plan, "same_map") or not hasattr(plan, "K"):  # a Fold (no import cycle)
+            raise FoldTypeError(
+                f"an accumulator sums into the buckets of a bitfold.Fold; got a {type_label(plan)}"
+            )
         self.plan = plan
         self.format = limb_format_for(_dtype_label(dtype))
         self.trailing = check_trailing(trailing)
@@ -135,12 +139,14 @@ class ExactAccumulator:
         return view
 
     @classmethod
+    @checked_options
     def from_state(cls, plan: Fold, state: Any, dtype: Any = "float32") -> ExactAccumulator:
         """Rebuild an accumulator of ``plan`` from a state array (e.g. after an all-reduce).
 
         The trailing (row) shape is read from the state's shape,
         ``(K,) + trailing + (L + 5,)``. The state is kept on the host (a copy).
         """
+        check_has_data(state, "state")
         arr = to_numpy(state) if hasattr(state, "dtype") else np.asarray(state)
         acc = cls(plan, dtype, trailing=tuple(arr.shape[1:-1]) if arr.ndim > 2 else ())
         want = (plan.K, *acc.trailing, acc.format.width)
@@ -173,6 +179,7 @@ class ExactAccumulator:
         return self
 
     # -- adding and merging ------------------------------------------------------
+    @checked_options
     def add(self, values: Any, start: int | None = None) -> ExactAccumulator:
         """Add values: for every position, or positions ``start .. start + len(values)``.
 
@@ -207,6 +214,7 @@ class ExactAccumulator:
             other = from_numpy(to_numpy(other), like=self._state)
         self._state = self._keeper.merge_states(self._state, other, self.format)
 
+    @checked_options
     def merge(self, other: ExactAccumulator) -> ExactAccumulator:
         """Add ``other``'s sums into this accumulator (``other`` is unchanged).
 
@@ -245,6 +253,7 @@ class ExactAccumulator:
         return self.merge(other)
 
     # -- result --------------------------------------------------------------------
+    @checked_options
     def result(self, out_dtype: Any = None) -> Any:
         """The K correctly rounded sums: float32 (float64 for float64 values) or ``out_dtype``.
 

@@ -13,10 +13,18 @@ import numpy as np
 
 from . import dispatch
 from .backends import host_buffers
-from .errors import FoldError
+from .errors import FoldError, FoldTypeError
 from .exact import ExactAccumulator
 from .kernels import planning
-from .validate import check_K, check_K_fits, index_range_error, read_index
+from .validate import (
+    check_has_data,
+    check_K,
+    check_K_fits,
+    checked_options,
+    index_range_error,
+    read_index,
+    type_label,
+)
 
 _INT32_MAX = np.iinfo(np.int32).max
 T = TypeVar("T")
@@ -54,6 +62,7 @@ class Fold:
     [[10.0, 30.0], [30.0, 20.0]]
     """
 
+    @checked_options
     def __init__(self, index: Any, K: int) -> None:
         self._check_index(self._begin(index, K))
 
@@ -257,6 +266,10 @@ class Fold:
 
     def same_map(self, other: Fold) -> bool:
         """True when ``other`` folds the same positions into the same buckets."""
+        if not isinstance(other, Fold):
+            raise FoldTypeError(
+                f"same_map compares two bitfold.Fold plans; got a {type_label(other)}"
+            )
         if other is self:
             return True
         return (
@@ -273,6 +286,7 @@ class Fold:
         this check instead of building a new one: the check reads the index,
         building a plan also sorts it.
         """
+        check_has_data(index, "index")
         arr = np.asarray(index)
         if arr.dtype.kind not in "iu" or arr.shape != self._shape:
             return False
@@ -294,14 +308,27 @@ class Fold:
 
     # -- folding ----------------------------------------------------------------
     def __call__(
-        self, values: Any, strategy: str = "exact", *, out_dtype: Any = None, backend: Any = None
+        self,
+        values: Any,
+        strategy: str = "exact",
+        *,
+        out_dtype: Any = None,
+        backend: Any = None,
+        **options: Any,
     ) -> Any:
         """Fold ``values`` into K sums with ``strategy`` (see :func:`bitfold.dispatch.fold`).
 
         ``backend`` (``"host"``, ``"cuda"``, ``"portable"``) forces a backend; by
-        default the values' family and device choose it.
+        default the values' family and device choose it. ``options`` are
+        ``init=`` (an array of shape ``(K,) + trailing`` the values are added
+        into) and the backend's tuning options (host ``exact``: ``route=``,
+        ``kernel=``, ``carry_every=``), which never change an ``exact`` result;
+        any other keyword is a :class:`bitfold.errors.UnknownOptionError` (a
+        :class:`bitfold.FoldError`) listing the valid ones, raised before any work.
         """
-        return dispatch.fold(self, values, strategy, out_dtype=out_dtype, backend=backend)
+        return dispatch.fold(
+            self, values, strategy, out_dtype=out_dtype, backend=backend, **options
+        )
 
     def route(self, values: Any, strategy: str = "exact", **options: Any) -> dispatch.Route:
         """Which backend and which of its routes would fold ``values``, and why (folds nothing).
@@ -323,6 +350,7 @@ class Fold:
         """
         return ExactAccumulator(self, dtype, trailing, **options)
 
+    @checked_options
     def expand(self, v: Any) -> Any:
         """``v[index]``: the forward of a folded layer (or of an embedding lookup).
 

@@ -23,6 +23,7 @@ from typing import Any
 from .backends.registry import FOLDS, get_backend
 from .errors import FoldTypeError, UnknownStrategyError
 from .formats import OUT_DTYPES
+from .validate import checked_options
 
 Impl = Callable[..., Any]  # (plan, values, spec, out_name, **options) -> K sums
 
@@ -80,6 +81,7 @@ if set(_REGISTRY) != set(FOLDS):  # the backends implement exactly the registere
     raise ImportError(f"strategies {sorted(_REGISTRY)} but backends implement {sorted(FOLDS)}")
 
 
+@checked_options
 def get_strategy(name: str) -> Strategy:
     """The strategy called ``name``; an unknown name lists the valid ones."""
     try:
@@ -90,6 +92,7 @@ def get_strategy(name: str) -> Strategy:
         ) from None
 
 
+@checked_options
 def strategies() -> tuple[str, ...]:
     """Names of the registered strategies, the default (``exact``) first."""
     return tuple(sorted(_REGISTRY, key=lambda n: (n != "exact", n)))

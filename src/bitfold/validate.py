@@ -10,26 +10,98 @@ allowed.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from .arrays import to_numpy
-from .errors import FoldError, FoldTypeError, IndexRangeError, ShapeError
+from .arrays import NO_DATA_DEVICES, check_has_data, family_of, to_numpy, type_label
+from .errors import (
+    FoldError,
+    FoldTypeError,
+    IndexRangeError,
+    ShapeError,
+    UnknownOptionError,
+)
 from .formats import check_value_dtype, dtype_name
 
+F = TypeVar("F", bound=Callable[..., Any])
 
-def check_K(K: Any) -> int:
-    """Return ``K`` as an int, or refuse it: it must be an integer >= 1."""
+
+def check_K(K: Any, name: str = "K") -> int:
+    """Return ``K`` as an int, or refuse it: it must be an integer >= 1.
+
+    ``name`` is the parameter as the caller's user wrote it (``"num_segments"``,
+    ``"buckets"``): the message names it, not bitfold's ``K``.
+    """
     if isinstance(K, bool) or not isinstance(K, numbers.Integral):
-        raise FoldTypeError(f"K must be a positive integer; got {K!r} ({type(K).__name__})")
+        raise FoldTypeError(f"{name} must be a positive integer; got {K!r} ({type(K).__name__})")
     if K < 1:
-        raise FoldError(f"K must be a positive integer (K >= 1); got K = {int(K)}")
+        raise FoldError(f"{name} must be a positive integer ({name} >= 1); got {name} = {int(K)}")
     return int(K)
+
+
+def _short(x: Any, width: int = 60) -> str:
+    """``repr(x)``, cut to ``width`` characters."""
+    text = repr(x)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def unknown_option_error(
+    call: str, given: Iterable[str], valid: Iterable[str], note: str = ""
+) -> UnknownOptionError:
+    """The refusal of the keywords ``given`` that ``call`` does not take, listing ``valid``."""
+    bad = ", ".join(f"{o}=" for o in sorted(given))
+    allowed = ", ".join(f"{o}=" for o in valid) or "none"
+    return UnknownOptionError(f"{call} takes no option {bad}; valid options: {allowed}{note}")
+
+
+def refuse_unknown_options(call: str, options: dict[str, Any], valid: Iterable[str]) -> None:
+    """Raise :func:`unknown_option_error` unless every key of ``options`` is in ``valid``."""
+    valid = tuple(valid)
+    bad = [o for o in options if o not in valid]
+    if bad:
+        raise unknown_option_error(call, bad, valid)
+
+
+def checked_options(func: F) -> F:
+    """``func`` that refuses an unknown keyword argument with a bitfold error, before any work.
+
+    Python would raise a bare ``TypeError`` ("got an unexpected keyword
+    argument"); the wrapped function raises :class:`bitfold.errors.UnknownOptionError`
+    (a :class:`~bitfold.FoldError` and a ``TypeError``) that names the keyword and
+    lists the ones ``func`` takes, and a :class:`~bitfold.FoldTypeError` for
+    more positional arguments than it has. ``inspect.signature`` of the wrapper is
+    ``func``'s; a method's ``self`` (or ``cls``) is not listed.
+    """
+    params = list(inspect.signature(func).parameters.values())
+    bound = 1 if params and params[0].name in ("self", "cls") else 0
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = tuple(p.name for p in params[bound:] if p.kind in named)
+    positional = [p.name for p in params[bound:] if p.kind == named[0]]
+    many = any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params)
+    call = f"{func.__qualname__.removesuffix('.__init__')}()"
+    most = len(positional) + bound
+
+    @functools.wraps(func)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        for name in kwargs:
+            if name not in names:
+                raise unknown_option_error(call, [o for o in kwargs if o not in names], names)
+        if len(args) > most and not many:
+            raise FoldTypeError(
+                f"{call} takes at most {len(positional)} positional arguments "
+                f"({', '.join(positional)}); got {len(args) - bound}"
+            )
+        return func(*args, **kwargs)
+
+    return checked  # type: ignore[return-value]
 
 
 #: Bytes a plan keeps per bucket at most (int64 offsets).
@@ -63,28 +135,46 @@ def check_K_fits(K: int) -> None:
         )
 
 
-def read_index(index: Any) -> np.ndarray:
+def read_index(index: Any, name: str = "index") -> np.ndarray:
     """The index as a host NumPy integer array, or a refusal naming what is wrong.
 
-    Arrays of any library are copied to the host once. An empty Python
-    sequence is an empty index; an empty *array* must still have an integer dtype.
+    Arrays of any library are copied to the host once; one on a device without
+    data (torch's ``meta``) is refused first. An empty Python sequence is an
+    empty index; an empty *array* must still have an integer dtype. ``name``
+    is the argument as the caller's user knows it (``"indices"``,
+    ``"segment_ids"``).
     """
     if isinstance(index, list | tuple) and len(index) == 0:
         return np.zeros(0, np.int64)
-    arr = to_numpy(index) if hasattr(index, "dtype") else np.asarray(index)
+    check_has_data(index, name)
+    if hasattr(index, "dtype"):
+        family_of(index)  # an array of no known library: a FoldTypeError naming its type
+        arr = to_numpy(index)
+    else:
+        try:
+            arr = np.asarray(index)
+        except (TypeError, ValueError):  # a ragged list, an object NumPy cannot read
+            arr = np.asarray(None, dtype=object)
+    if not hasattr(index, "dtype") and arr.size == 0 and arr.dtype.kind == "f":
+        return np.zeros(arr.shape, np.int64)  # nested empty sequences: NumPy reads float64
     if arr.dtype == object or arr.dtype.kind not in "iu":
-        name = dtype_name(index) if hasattr(index, "dtype") else str(arr.dtype)
+        dtype = dtype_name(index) if hasattr(index, "dtype") else str(arr.dtype)
         if not hasattr(index, "dtype") and arr.dtype.kind == "f":
             flat = arr.reshape(-1)
             odd = flat[~np.isfinite(flat) | (flat != np.round(flat))]
             example = (odd if odd.size else flat)[0].item()
             raise FoldTypeError(
-                f"the index must hold integers (int8 .. int64, uint8 .. uint64); the sequence "
-                f"given holds non-integer numbers (read as {name}): e.g. {example!r}"
+                f"{name} must hold integers (int8 .. int64, uint8 .. uint64); the sequence "
+                f"given holds non-integer numbers (read as {dtype}): e.g. {example!r}"
+            )
+        if not hasattr(index, "dtype") and arr.dtype == object:
+            raise FoldTypeError(
+                f"{name} must be an array of integers (int8 .. int64, uint8 .. uint64); got "
+                f"{_short(index)} ({type_label(index)}), which is no array of numbers"
             )
         raise FoldTypeError(
-            f"the index must be an array of integers (int8 .. int64, uint8 .. uint64); "
-            f"got dtype {name}"
+            f"{name} must be an array of integers (int8 .. int64, uint8 .. uint64); "
+            f"got dtype {dtype}"
         )
     flat = np.ravel(arr, order="C")
     if not flat.dtype.isnative:
@@ -117,7 +207,7 @@ def index_range_error(
     allowed = f"-{K} <= {name} < {limit}" if negative else f"0 <= {name} < {limit}"
     err = IndexRangeError(
         f"{name}{where} = {value} (flat position {position}) is out "
-        f"of range: every {name} must satisfy {allowed}"
+        f"of range: every entry of {name} must satisfy {allowed}"
     )
     err.position, err.value, err.K = position, value, K
     return err
@@ -235,12 +325,13 @@ def check_init(K: int, values: Values, init_shape: tuple[int, ...], dtype: Any) 
 
 def check_trailing(trailing: Any) -> tuple[int, ...]:
     """A trailing (row) shape as a tuple of non-negative ints, or a refusal."""
+    shape = None
     try:
         shape = tuple(int(s) for s in trailing)
-    except TypeError:
-        raise FoldTypeError(
-            f"trailing must be a shape (a tuple of ints); got {trailing!r}"
-        ) from None
+    except (TypeError, ValueError):  # refused below, outside this block: one error
+        pass
+    if shape is None:
+        raise FoldTypeError(f"trailing must be a shape (a tuple of ints); got {trailing!r}")
     if any(s < 0 for s in shape):
         raise ShapeError(f"trailing must be a shape of non-negative sizes; got {shape}")
     return shape
@@ -257,14 +348,20 @@ def check_expand_input(K: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 __all__ = [
+    "NO_DATA_DEVICES",
     "Values",
     "check_K",
     "check_K_fits",
     "check_expand_input",
+    "check_has_data",
     "check_init",
     "check_start",
     "check_trailing",
     "check_values",
+    "checked_options",
     "index_range_error",
     "read_index",
+    "refuse_unknown_options",
+    "type_label",
+    "unknown_option_error",
 ]

@@ -31,13 +31,22 @@ from ..validate import Values
 from . import host_routes
 from .host_arrays import canonicalise_nans, frozen, host_rows, host_values, result
 from .host_routes import ROUTES, fold_buckets
-from .host_state import add_to_state, merge_states, new_state, round_state, slots_for
+from .host_state import (
+    add_to_state,
+    check_tuning,
+    merge_states,
+    new_state,
+    round_state,
+    slots_for,
+)
 from .registry import Backend, InitRule
 
 if TYPE_CHECKING:
     from ..plan import Fold
 
 NAME = "host"
+#: NumPy's floating-point warnings silenced where a fold's IEEE arithmetic makes NaN and infinities
+_IEEE_QUIET = {"over": "ignore", "invalid": "ignore"}
 
 
 # -- the strategies ----------------------------------------------------------------------------
@@ -57,8 +66,11 @@ def fold_exact(
     whose test holds) or one of :data:`ROUTES`; ``options`` (``kernel=``,
     ``carry_every=``) tune the ``"limbs"`` route. None of them changes the
     result. With ``init`` ((K,) + trailing) each bucket's sum has that array's
-    entry as one more term (the ``"buckets"`` route).
+    entry as one more term (the ``"buckets"`` route). Options are checked
+    before any value is read.
     """
+    check_tuning(**options)
+    chosen = None if route == "auto" else host_routes.get(route)
     if init is not None:
         rows = host_rows(values, spec)
         start = host_rows(init, Values(spec.dtype, (), plan.K, 0, spec.trailing))
@@ -68,7 +80,7 @@ def fold_exact(
         return result(fold_buckets(plan, rows, fmt, out_name, start), values, out_name, spec)
     # rows of one element are scalars: the scalar routes are much faster than bucket by bucket
     one = replace(spec, trailing=()) if spec.row_size == 1 else spec
-    chosen = host_routes.choose(plan, spec) if route == "auto" else host_routes.get(route)
+    chosen = chosen or host_routes.choose(plan, spec)
     out = host_routes.run(chosen, plan, values, one, out_name, **options)
     return result(out, values, out_name, spec)
 
@@ -81,7 +93,10 @@ def choose_route(plan: Fold, spec: Values) -> str:
 def explain_route(
     plan: Fold, values: Any, spec: Values, *, route: str = "auto", **options: Any
 ) -> tuple[str, str]:
-    """``(route, reason)``: the exact route ``fold_exact`` takes (or the forced one), and why."""
+    """``(route, reason)``: the exact route ``fold_exact`` takes (or the forced one), and why.
+
+    The options are checked as ``fold_exact`` checks them."""
+    check_tuning(**options)
     chosen = host_routes.choose(plan, spec) if route == "auto" else host_routes.get(route)
     reason = host_routes.explain(chosen, plan, spec)
     return chosen.name, reason if route == "auto" else f"forced (route={route!r}); {reason}"
@@ -96,8 +111,9 @@ def fold_ordered(
     starts as zeros, or as ``init``.
     """
     dtype = np.dtype(out_name)
-    rows = host_values(values).reshape(spec.positions, spec.row_size).astype(dtype, copy=False)
-    out = _start(plan, spec, dtype, init)
+    with np.errstate(**_IEEE_QUIET):
+        rows = host_values(values).reshape(spec.positions, spec.row_size).astype(dtype, copy=False)
+        out = _start(plan, spec, dtype, init)
     if dtype == np.float16:  # Numba has no float16 arithmetic: NumPy's add.at, in order
         _add_at(out, _index64(plan), rows)
     elif spec.row_size == 1:  # the one-dimensional loop: about 3x the speed of rows of one
@@ -111,19 +127,23 @@ def fold_ordered(
 def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None) -> Any:
     """``np.add.at`` into zeros (or ``init``) of ``out_name``, values cast to it first."""
     dtype = np.dtype(out_name)
-    rows = host_values(values).reshape(spec.positions, spec.row_size).astype(dtype, copy=False)
-    out = _start(plan, spec, dtype, init)
+    with np.errstate(**_IEEE_QUIET):
+        rows = host_values(values).reshape(spec.positions, spec.row_size).astype(dtype, copy=False)
+        out = _start(plan, spec, dtype, init)
     _add_at(out, _index64(plan), rows)
     return result(out, values, out_name, spec)
 
 
 def _add_at(out: np.ndarray, index: np.ndarray, rows: np.ndarray) -> None:
     """``np.add.at(out, index, rows)``; one-dimensional when rows have one element (NumPy's
-    fast path: about 7x faster than the same call on (K, 1) and (N, 1) arrays)."""
-    if out.shape[1] == 1:
-        np.add.at(out.reshape(-1), index, rows.reshape(-1))
-    else:
-        np.add.at(out, index, rows)
+    fast path: about 7x faster than the same call on (K, 1) and (N, 1) arrays). NaN,
+    infinities and overflow follow IEEE arithmetic, with no NumPy warning (none of the
+    other strategies warns either)."""
+    with np.errstate(**_IEEE_QUIET):
+        if out.shape[1] == 1:
+            np.add.at(out.reshape(-1), index, rows.reshape(-1))
+        else:
+            np.add.at(out, index, rows)
 
 
 def _start(plan: Fold, spec: Values, dtype: np.dtype, init: Any) -> np.ndarray:

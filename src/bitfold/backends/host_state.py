@@ -16,6 +16,7 @@ for how many private copies of a sum a host kernel splits its values over
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,6 +52,25 @@ def new_state(
     return np.zeros((K, *trailing, fmt.width), np.int64)
 
 
+def check_tuning(kernel: Any = "auto", carry_every: Any = None) -> None:
+    """Refuse a ``kernel=`` or ``carry_every=`` the host's exact kernels do not take, by name.
+
+    ``kernel`` is one of :data:`KERNELS`; ``carry_every`` is ``None`` (the
+    format's own) or a positive integer (a fraction of a value or a count below
+    one would add nothing, or never carry). Called before any value is read.
+    """
+    if not isinstance(kernel, str) or kernel not in KERNELS:
+        raise FoldError(f"unknown exact kernel {kernel!r}; choose 'auto', 'binned' or 'limbs'")
+    if carry_every is not None and (
+        isinstance(carry_every, bool) or not isinstance(carry_every, numbers.Integral)
+        or carry_every < 1
+    ):  # fmt: skip
+        raise FoldError(
+            f"carry_every must be a positive integer (how many values the limbs take between "
+            f"carries) or None (the format's own); got carry_every={carry_every!r}"
+        )
+
+
 def exact_kernel(kernel: str, dtype: str, K: int) -> str:
     """The kernel that adds scalars of ``dtype`` into K buckets: ``"binned"`` or ``"limbs"``.
 
@@ -82,6 +102,7 @@ def add_to_state(
     carries. Neither changes the state's value. The term counts are added
     too, so the state is complete when this returns. Returns ``state``.
     """
+    check_tuning(kernel, carry_every)
     if spec.trailing:
         rows = host_rows(values, spec)
         index = plan.index[spec.start : spec.start + rows.shape[0]]
@@ -212,6 +233,7 @@ __all__ = [
     "BINNED_MAX_K",
     "KERNELS",
     "add_to_state",
+    "check_tuning",
     "exact_kernel",
     "merge_states",
     "new_state",

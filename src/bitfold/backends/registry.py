@@ -49,7 +49,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DeviceError, FoldError
+from ..errors import DeviceError, FoldError, UnknownOptionError
+from ..validate import checked_options
 
 #: The strategies every backend implements (the strategy registry holds the same names).
 FOLDS: tuple[str, ...] = ("exact", "ordered", "atomic")
@@ -158,6 +159,7 @@ def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
+@checked_options
 def backend_names() -> tuple[str, ...]:
     """Names of the registered backends, in the order they are asked."""
     return tuple(_REGISTRY)
@@ -209,15 +211,27 @@ def backend_for(
     )
 
 
-def check_options(backend: Backend, operation: str, options: Mapping[str, Any]) -> None:
-    """Refuse an option ``backend`` does not take for ``operation``, listing the valid ones."""
+def check_options(
+    backend: Backend,
+    operation: str,
+    options: Mapping[str, Any],
+    own: tuple[str, ...] = (),
+    call: str = "",
+) -> None:
+    """Refuse an option ``backend`` does not take for ``operation``, listing the valid ones.
+
+    The refusal is a :class:`bitfold.errors.UnknownOptionError` (a ``FoldError``
+    and a ``TypeError``). ``own`` are the keywords the public ``call`` takes
+    itself (``strategy=``, ``out_dtype=``, ...): the message lists them too.
+    """
     valid = backend.options.get(operation, ())
     bad = sorted(set(options) - set(valid))
     if bad:
         allowed = ", ".join(f"{o}=" for o in valid) or "none"
-        raise FoldError(
+        besides = f" (besides {call}'s own: {', '.join(f'{o}=' for o in own)})" if own else ""
+        raise UnknownOptionError(
             f"the {backend.name} backend's {operation} takes no option "
-            f"{', '.join(f'{o}=' for o in bad)}; valid options: {allowed}"
+            f"{', '.join(f'{o}=' for o in bad)}; valid options: {allowed}{besides}"
         )
 
 

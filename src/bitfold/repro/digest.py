@@ -23,6 +23,7 @@ from typing import Any
 
 from ..arrays import raw_bits
 from ..errors import FoldTypeError
+from ..validate import checked_options
 
 
 def _encoded_array_hash(name: str, shape: tuple[int, ...], data: bytes) -> bytes:
@@ -62,6 +63,7 @@ def combine(digests: Mapping[str, str]) -> str:
     ).hex()
 
 
+@checked_options
 def digest(x: Any) -> str:
     """``"sha256:<hex>"`` of an array or of a mapping name -> array (see the module docstring)."""
     if isinstance(x, Mapping):
@@ -71,6 +73,7 @@ def digest(x: Any) -> str:
     return "sha256:" + raw.hex()
 
 
+@checked_options
 def bits_equal(a: Any, b: Any) -> bool:
     """True when ``a`` and ``b`` have the same dtype, shape and bytes (NaN payloads included)."""
     return raw_bits(a) == raw_bits(b)

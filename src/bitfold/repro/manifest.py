@@ -48,6 +48,7 @@ import numpy as np
 
 from ..arrays import library_of
 from ..errors import FoldError, FoldTypeError
+from ..validate import checked_options
 from .digest import digest
 from .fingerprint import fingerprint, thread_settings
 
@@ -223,6 +224,7 @@ class Recorder:
         self._fh.flush()
 
     # -- logging ---------------------------------------------------------------------
+    @checked_options
     def log(
         self,
         step: int,
@@ -288,6 +290,7 @@ class Recorder:
                 )
                 raise err
 
+    @checked_options
     def log_model(
         self,
         step: int,
@@ -300,6 +303,7 @@ class Recorder:
         """Log a PyTorch module's gradients and parameters (see :func:`model_tensors`)."""
         self.log(step, model_tensors(model, params=params, grads=grads), meta=meta)
 
+    @checked_options
     def watch(self, module: Any, names: Iterable[str] | None = None) -> None:
         """Record the outputs of ``module``'s submodules into the next :meth:`log` call.
 
@@ -382,6 +386,7 @@ class Recorder:
             fut.exception()  # waits; errors after the first are dropped
 
 
+@checked_options
 def record(
     path: str | os.PathLike[str],
     meta: Mapping[str, Any] | None = None,
