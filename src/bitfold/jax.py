@@ -43,23 +43,33 @@ bfloat16).
 from __future__ import annotations
 
 import functools
+import numbers
+import operator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .arrays import library_of
 from .backends import portable
-from .errors import DeviceError, FoldError, FoldTypeError, ShapeError
+from .errors import DeviceError, FoldError, FoldTypeError, IndexRangeError, ShapeError
 from .formats import FLOATS, VALUE_DTYPES, dtype_name, resolve_out_dtype
 from .plan import Fold
 from .strategies import get_strategy
-from .validate import check_expand_input, check_K, check_values
+from .validate import (
+    check_expand_input,
+    check_K,
+    check_values,
+    checked_options,
+    index_range_error,
+    type_label,
+)
 
 #: The paths a fold of JAX arrays can take (module docstring).
 PATHS = ("host", "portable")
 
-__all__ = ["PATHS", "expand", "fold", "segment_sum"]
+__all__ = ["MODES", "PATHS", "expand", "fold", "segment_sum"]
 
 
 def _host_fold(plan: Fold, strategy: str, out_name: str, g: Any) -> np.ndarray:
@@ -78,9 +88,24 @@ def _index(plan: Fold) -> Any:
     return plan.index  # a host constant that XLA embeds in the traced computation
 
 
+def _jax_array(x: Any, what: str) -> Any:
+    """``x`` as a JAX array (a NumPy array or scalar is converted, as JAX's functions do), or a
+    refusal naming the library it comes from: a torch tensor, CuPy array, list, ..."""
+    if isinstance(x, jax.Array):  # tracers inside jit, grad and vmap too
+        return x
+    if isinstance(x, np.ndarray | np.generic):
+        return jnp.asarray(x)
+    library = library_of(x)
+    given = f"a {type_label(x)}" + (f" ({library})" if library not in ("numpy", "other") else "")
+    raise FoldTypeError(
+        f"{what} must be a JAX array (or a NumPy array, which JAX reads); got {given}: "
+        "convert it first (for a torch tensor: jnp.asarray(t.numpy()), or jax.dlpack)"
+    )
+
+
 def _check(x: Any, what: str) -> str:
-    dtype = getattr(x, "dtype", None)
-    name = dtype_name(np.dtype(dtype)) if dtype is not None else None
+    """The dtype name of the JAX array ``x``, refused unless it is a float dtype bitfold folds."""
+    name = dtype_name(np.dtype(x.dtype))
     if name not in VALUE_DTYPES:
         raise FoldTypeError(
             f"{what} must be a floating JAX array ({', '.join(VALUE_DTYPES)}); got dtype {name}"
@@ -170,6 +195,7 @@ def _check_plan(plan: Any, strategy: str) -> str:
     return get_strategy(strategy).name
 
 
+@checked_options
 def expand(v: Any, plan: Fold, strategy: str = "exact", *, backend: str | None = None) -> Any:
     """``v[plan.index]`` in the plan's shape; the gradient of ``v`` is ``plan``'s fold.
 
@@ -184,11 +210,13 @@ def expand(v: Any, plan: Fold, strategy: str = "exact", *, backend: str | None =
     [1.0, 3.0]
     """
     strategy = _check_plan(plan, strategy)
+    v = _jax_array(v, "v")
     _check(v, "v")
     check_expand_input(plan.K, tuple(v.shape))
     return _expand(v, plan, strategy, _path(v, backend))
 
 
+@checked_options
 def fold(
     values: Any,
     plan: Fold,
@@ -208,6 +236,7 @@ def fold(
     gradient. ``backend`` chooses the path (module docstring).
     """
     strategy = _check_plan(plan, strategy)
+    values = _jax_array(values, "values")
     name = _check(values, "values")
     if out_dtype is not None and not isinstance(out_dtype, str):
         out_dtype = jnp.dtype(out_dtype).name
@@ -232,9 +261,8 @@ def _host_segment_sum(num_segments: int, out_name: str, data: Any, ids: Any) -> 
         nan = FLOATS[out_name].canonical_nan
         return np.full(shape, nan, FLOATS[out_name].bits_dtype).view(jnp.dtype(out_name))
     plan = Fold(ids, num_segments)
-    return _host_fold(plan, "exact", out_name, np.asarray(data).reshape(ids.size, -1)).reshape(
-        shape
-    )
+    rows = np.asarray(data).reshape((ids.size, *shape[1:]))  # empty data too
+    return _host_fold(plan, "exact", out_name, rows).reshape(shape)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -262,12 +290,21 @@ def _segment_sum_bwd(num_segments: int, path: str, segment_ids: Any, g: Any) -> 
 _segment_sum.defvjp(_segment_sum_fwd, _segment_sum_bwd)
 
 
+#: The ``mode=`` names ``jax.ops.segment_sum`` takes (``None``: ``"fill"``); only ``"clip"``
+#: changes what bitfold does with an id outside ``[0, num_segments)`` (it clips it into range).
+MODES = ("clip", "drop", "fill", "promise_in_bounds")
+
+
+@checked_options
 def segment_sum(
     data: Any,
     segment_ids: Any,
     num_segments: int | None = None,
     indices_are_sorted: bool = False,
     unique_indices: bool = False,
+    bucket_size: int | None = None,
+    mode: Any = None,
+    out_sharding: Any = None,
     *,
     backend: str | None = None,
 ) -> Any:
@@ -279,41 +316,129 @@ def segment_sum(
     the same bits for any order of the data, where XLA's scatter-add promises
     no order. Works under ``jit``, ``grad`` (the gradient of ``data`` is
     ``g[segment_ids]``) and ``vmap`` on every backend; ``backend`` chooses
-    the path (module docstring), with the same bits either way.
+    the path (module docstring), with the same bits either way. ``data`` and
+    ``segment_ids`` are JAX arrays or NumPy arrays (``segment_ids`` also a
+    list); an array of another library (a torch tensor) is refused by name.
 
     Differences from ``jax.ops.segment_sum``: a segment id outside
     ``[0, num_segments)`` is never silently dropped: with concrete ids it is
-    a :class:`bitfold.IndexRangeError`; inside ``jit`` the whole result is the
-    canonical NaN (module docstring);
+    a :class:`bitfold.IndexRangeError` naming it and ``num_segments``; inside
+    ``jit`` the whole result is the canonical NaN (module docstring), except
+    with ``mode="clip"``, which clips every id into range as JAX does;
     ``num_segments`` must be given when ``segment_ids`` is traced (under
-    ``jit``). ``indices_are_sorted`` and ``unique_indices`` are accepted
-    hints; neither changes the result.
+    ``jit``) and be at least 1. ``indices_are_sorted``, ``unique_indices``
+    and ``bucket_size`` are accepted; none changes the exact result.
+    ``out_sharding`` must be None. Integer data is exact in any order already
+    and goes to ``jax.ops.segment_sum`` itself, after the same checks; bool
+    and complex data are refused.
 
     >>> import jax.numpy as jnp, bitfold.jax as bj
     >>> bj.segment_sum(jnp.array([1.0, 2.0, 3.0]), jnp.array([0, 2, 0]), 3).tolist()
     [4.0, 0.0, 2.0]
     """
-    _check(data, "data")
-    path = _path(data, backend)
-    ids_dtype = getattr(segment_ids, "dtype", None)
-    ids_dtype = np.dtype(ids_dtype if ids_dtype is not None else np.asarray(segment_ids).dtype)
-    if ids_dtype.kind not in "iu":
-        raise FoldTypeError(f"segment_ids must be integers; got dtype {ids_dtype.name}")
-    segment_ids = jnp.asarray(segment_ids)
-    if tuple(data.shape[: segment_ids.ndim]) != tuple(segment_ids.shape):
+    data = _jax_array(data, "data")
+    ids, concrete = _segment_ids(segment_ids)
+    clip = _clips(mode)
+    _check_hints(bucket_size, out_sharding)
+    integers = np.dtype(data.dtype).kind in "iu"
+    if not integers:
+        _check(data, "data")
+    if tuple(data.shape[: ids.ndim]) != tuple(ids.shape):
         raise ShapeError(
             f"data of shape {tuple(data.shape)} does not start with segment_ids' shape "
-            f"{tuple(segment_ids.shape)}: data.shape must be segment_ids.shape + trailing"
+            f"{tuple(ids.shape)}: data.shape must be segment_ids.shape + trailing"
         )
+    num_segments = _num_segments(num_segments, concrete)
+    if clip:
+        ids = jnp.clip(ids, 0, num_segments - 1)
+        concrete = None if concrete is None else np.clip(concrete, 0, num_segments - 1)
+    if concrete is not None and concrete.size:
+        _check_ids(concrete, num_segments)
+    if integers:  # exact in any order already: JAX's own scatter
+        trailing = tuple(data.shape[ids.ndim :])
+        flat = data.reshape((ids.size, *trailing))
+        return jax.ops.segment_sum(flat, ids.reshape(-1), num_segments, indices_are_sorted,
+                                   unique_indices, mode=mode)  # fmt: skip
+    return _segment_sum(data, ids, num_segments, _path(data, backend))
+
+
+def _segment_ids(segment_ids: Any) -> tuple[Any, np.ndarray | None]:
+    """``segment_ids`` as a JAX integer array, and on the host when they are concrete (None
+    when traced); a non-integer dtype or an array of another library is refused by name."""
+    if not isinstance(segment_ids, jax.Array | np.ndarray | np.generic | list | tuple | int):
+        _jax_array(segment_ids, "segment_ids")  # refuses it, naming its library
+    if isinstance(segment_ids, list | tuple) and not segment_ids:
+        segment_ids = np.zeros(0, np.int32)
     try:
         concrete = np.asarray(segment_ids)
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
         concrete = None  # traced: checked on the host when the callback runs
+    except (TypeError, ValueError):  # a ragged list
+        concrete = np.asarray(None, dtype=object)
+    dtype = np.dtype(segment_ids.dtype) if hasattr(segment_ids, "dtype") else concrete.dtype
+    if dtype.kind not in "iu":
+        raise FoldTypeError(f"segment_ids must be integers; got dtype {dtype.name}")
+    return jnp.asarray(segment_ids), concrete
+
+
+def _num_segments(num_segments: Any, concrete: np.ndarray | None) -> int:
+    """``num_segments`` as a Python int >= 1 (from the ids when None), refused by its name."""
     if num_segments is None:
         if concrete is None:
             raise FoldError("segment_ids are traced (inside jit): pass num_segments, a Python int")
         num_segments = int(np.max(concrete, initial=-1)) + 1
-    num_segments = check_K(num_segments)
-    if concrete is not None and concrete.size:
-        Fold(concrete, num_segments)  # refuses an id outside [0, num_segments) now, by name
-    return _segment_sum(data, segment_ids, num_segments, path)
+        if num_segments < 1:
+            raise FoldError(
+                "num_segments was not given and segment_ids hold no id >= 0 (max(segment_ids) "
+                "+ 1 = 0 segments): pass num_segments >= 1"
+            )
+    elif not isinstance(num_segments, numbers.Integral) and hasattr(num_segments, "__index__"):
+        try:  # a concrete integer JAX or NumPy scalar array, as JAX takes it
+            num_segments = operator.index(num_segments)
+        except TypeError:
+            pass  # refused below, by name
+    return check_K(num_segments, "num_segments")
+
+
+def _check_ids(concrete: np.ndarray, num_segments: int) -> None:
+    """Refuse a concrete id outside ``[0, num_segments)``, naming it and ``num_segments``."""
+    found: IndexRangeError | None = None
+    try:
+        Fold(concrete, num_segments)
+    except IndexRangeError as err:  # raised below in segment_sum's words: one error
+        found = err
+    if found is not None:
+        raise index_range_error(
+            concrete.shape, found.position, found.value, num_segments,
+            f"num_segments = {num_segments}", name="segment_ids",
+        )  # fmt: skip
+
+
+def _clips(mode: Any) -> bool:
+    """True for ``mode="clip"``; the other modes of :data:`MODES` (and None) refuse an id out
+    of range; anything else is refused, listing them."""
+    name = getattr(mode, "name", mode)  # a jax.lax.GatherScatterMode
+    name = {"FILL_OR_DROP": "fill", "ONE_HOT": "one_hot"}.get(name, name)
+    if mode is not None and (not isinstance(name, str) or name.lower() not in MODES):
+        raise FoldError(
+            f"unknown mode {mode!r}: bitfold.jax.segment_sum takes mode=None or one of "
+            f"{', '.join(repr(m) for m in MODES)} (or the jax.lax.GatherScatterMode of one)"
+        )
+    return mode is not None and name.lower() == "clip"
+
+
+def _check_hints(bucket_size: Any, out_sharding: Any) -> None:
+    """Refuse a ``bucket_size`` that is not None or a positive int, and any ``out_sharding``."""
+    if bucket_size is not None and (
+        isinstance(bucket_size, bool) or not isinstance(bucket_size, numbers.Integral)
+        or bucket_size < 1
+    ):  # fmt: skip
+        raise FoldError(
+            f"bucket_size must be None or a positive integer (it does not change an exact sum); "
+            f"got bucket_size={bucket_size!r}"
+        )
+    if out_sharding is not None:
+        raise FoldError(
+            f"out_sharding={out_sharding!r} is not supported by bitfold.jax.segment_sum: pass "
+            "None and shard the result with jax.device_put"
+        )
