@@ -248,3 +248,14 @@ def test_every_registered_extension_op_has_a_rule():
             rule = extension_ops.rule_for(f"{namespace}::{name}")
             assert rule.reason != unknown, f"{namespace}::{name}"
             assert (rule.translate is not None) == (name in TRANSLATED), name
+
+
+def test_compiled_extension_folds_it_cannot_translate_are_passed_once_or_refused():
+    src = spread((N, D), 14)
+    f = bt.compile(lambda s: torch.ops.torch_scatter.scatter_mul(s, IDS, 0, None, K))
+    f(src), f(src)
+    assert f.bitfold.passed == {"torch_scatter::scatter_mul: a product, not a sum": 1}
+    strict = bt.compile(lambda s: torch.ops.torch_scatter.scatter_mul(s, IDS, 0, None, K) + 1,
+                        strict=True)  # fmt: skip
+    with pytest.raises(bitfold.FoldError, match=r"strict=True.*torch_scatter::scatter_mul"):
+        strict(src)

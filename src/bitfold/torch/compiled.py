@@ -49,6 +49,7 @@ allowed, its folds being exact.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +60,7 @@ from torch.utils._pytree import tree_leaves
 from ..errors import FoldError
 from . import extension_ops
 from .aten_ops import EXACT_OPS
-from .graph_pass import CompileReport, ExactFoldPass
+from .graph_pass import CompileReport, ExactFoldPass, record_left
 from .handlers import Leave
 from .mode import COMPILED_NODE, EXACT_GRAPH, active_exact_mode, autograd_nodes
 
@@ -154,8 +155,15 @@ class _ExactCalls(TorchFunctionMode):
     extension. This mode routes the first to bitfold's exact ``bincount`` op
     (an output of data-dependent length, inside the graph) and translates the
     second into ATen folds (:mod:`bitfold.torch.extension_ops`), which the
-    graph pass then makes exact. Everything else is called as it is.
+    graph pass then makes exact; an extension fold it cannot translate is
+    recorded in the report's ``passed`` once per trace (refused with
+    ``strict=True``). Everything else is called as it is.
     """
+
+    def __init__(self, report: CompileReport) -> None:
+        super().__init__()
+        self.report = id(report)
+        _REPORTS[self.report] = report
 
     def __torch_function__(
         self,
@@ -167,22 +175,40 @@ class _ExactCalls(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _BINCOUNTS:
             return _bincount(args, kwargs)
-        name = _translated(func)
-        if name is not None:
-            result = extension_ops.TRANSLATIONS[name](*args, **kwargs)
+        name, translation, reason = _extension(func)
+        if translation is not None:
+            result = extension_ops.TRANSLATIONS[translation](*args, **kwargs)
             if not isinstance(result, Leave):
                 return result
+            reason = result.reason
+        if reason is not None:
+            _left(self.report, name, reason)
         return func(*args, **kwargs)
 
 
+#: the reports of the calls running now, by id (read by :func:`_left` while Dynamo traces)
+_REPORTS: weakref.WeakValueDictionary[int, CompileReport] = weakref.WeakValueDictionary()
+
+
 @torch._dynamo.assume_constant_result
-def _translated(func: Any) -> str | None:
-    """The name of ``func``'s translation when it is an extension package's op that bitfold
-    translates (``"scatter_sum"``), or None: a constant while Dynamo traces."""
+def _extension(func: Any) -> tuple[str | None, str | None, str | None]:
+    """(qualified name, translation, reason to pass it) of an extension op; all None for any
+    other function. A constant while Dynamo traces."""
     name = extension_ops.qualified_name(func)
-    if name is None or extension_ops.rule_for(name).translate is None:
-        return None
-    return name.split("::")[-1]
+    if name is None:
+        return None, None, None
+    rule = extension_ops.rule_for(name)
+    short = name.split("::")[-1]
+    return name, short if rule.translate is not None else None, rule.reason
+
+
+@torch._dynamo.assume_constant_result
+def _left(report: int, name: str, reason: str) -> bool:
+    """Record an extension fold left untranslated in the report (run once per trace)."""
+    found = _REPORTS.get(report)
+    if found is not None:
+        record_left(found, name, f"{name}: {reason}")
+    return True
 
 
 def _guarded(
@@ -197,7 +223,7 @@ def _guarded(
         since = _sequence_now()
         graphs = report.graphs + report.cached
         try:
-            with _ExactCalls(), report.watch():
+            with _ExactCalls(report), report.watch():
                 out = compiled(*args, **kwargs)
         except Exception as exc:
             refusal = _fold_error_in(exc)

@@ -236,11 +236,17 @@ def _replace(graph: torch.fx.Graph, node: torch.fx.Node, op: Any, args: tuple[An
 
 
 def _leave(report: CompileReport, kind: str, func: str, reason: str) -> None:
+    record_left(report, func, f"{kind}: {reason}")
+
+
+def record_left(report: CompileReport, func: str, key: str) -> None:
+    """A fold left inexact: ``passed[key]`` (``"kind: reason"``), or refused with ``strict``."""
     if report.strict:
+        reason = key.split(": ", 1)[-1]
         raise FoldError(
             f"bitfold.torch.compile(strict=True): {func} cannot be made exact ({reason})"
         )
-    report.record(f"passed:{kind}: {reason}")
+    report.record(f"passed:{key}")
 
 
 #: the files whose code decides a rewrite: their hash keys the FX graph cache
@@ -279,4 +285,4 @@ class ExactFoldPass(CustomGraphPass):
         return f"bitfold-exact-folds-{key.hexdigest()}"
 
 
-__all__ = ["CompileReport", "ExactFoldPass", "rewrite"]
+__all__ = ["CompileReport", "ExactFoldPass", "record_left", "rewrite"]
