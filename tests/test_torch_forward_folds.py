@@ -332,3 +332,39 @@ def test_a_model_compiled_from_the_cache_reports_its_rewrites(aot_cache):
     first, second = reports
     assert first.counts == second.counts == {"embedding_bag": 1, "embedding_bag_backward": 1}
     assert first.graphs + first.cached == 2 and second.cached == 2 and second.graphs == 0
+
+
+# -- sums of sparse tensors ----------------------------------------------------------------------
+def _hybrid(seed=30, nnz=120):
+    """An uncoalesced (2, 3) x (4,) hybrid COO tensor: most coordinates stored several times."""
+    g = torch.Generator().manual_seed(seed)
+    indices = torch.stack([torch.randint(0, 2, (nnz,), generator=g),
+                           torch.randint(0, 3, (nnz,), generator=g)])  # fmt: skip
+    return torch.sparse_coo_tensor(indices, spread((nnz, 4), torch.float32, seed), (2, 3, 4))
+
+
+def _dense_oracle(A, dims):
+    """``A.to_dense().sum(dims)``, each element the exact sum of the stored values that fall in
+    it (repeated coordinates included), rounded once."""
+    keep = [d for d in range(A.dim()) if d not in dims]
+    target = torch.zeros([A.shape[d] for d in keep])
+    place = to.positions_of(target)
+    values = A._values()
+    targets = torch.empty(values.shape, dtype=torch.int64)
+    for e, (i, j) in enumerate(A._indices().t().tolist()):
+        for c in range(values.shape[1]):
+            coord = (i, j, c)
+            targets[e, c] = place[tuple(coord[d] for d in keep)] if keep else 0
+    return to.fold_into(target, targets, values, start=None)
+
+
+@pytest.mark.parametrize("dims", [(1,), (0,), (0, 1), (1, 2), (0, 1, 2)])
+def test_sparse_sum_and_to_dense_of_an_uncoalesced_tensor_are_exact(dims):
+    A = _hybrid()
+    with bt.exact_mode(strict=True) as mode:
+        got = torch.sparse.sum(A, dim=dims)
+        dense = A.to_dense()
+    got = got.to_dense() if got.is_sparse else got
+    assert same_bits(got, _dense_oracle(A, dims))
+    assert same_bits(dense, _dense_oracle(A, ()))
+    assert mode.counts["sparse_sum"] == 1 and mode.counts["coalesce"] >= 1

@@ -566,6 +566,27 @@ def to_compressed(a: dict[str, Any], func: Any) -> Any:
     return func(coalesced, **rest)
 
 
+def to_dense(a: dict[str, Any]) -> Any:
+    """``_to_dense`` of an uncoalesced COO tensor sums its duplicates: coalesced exactly first."""
+    return to_compressed(a, aten._to_dense)
+
+
+def sparse_sum(a: dict[str, Any]) -> Any:
+    """``_sparse_sum`` over ``dim`` of a COO tensor: exact (:func:`.sparse.sparse_sum`)."""
+    x, dims = a["self"], a.get("dim")
+    dtype = a.get("dtype")
+    if dims is None or x.layout != torch.sparse_coo:
+        return UNTOUCHED  # all of it: coalesce (a rule of its own), then a dense sum
+    out_dtype = x.dtype if dtype is None else dtype
+    if out_dtype in INTEGER:
+        return UNTOUCHED
+    if out_dtype not in FLOATING:
+        return Leave(f"{dtype_name(out_dtype)}: bitfold folds float16 .. float64")
+    if type(x) not in PLAIN or x.device.type not in ("cpu", "cuda"):
+        return Leave(f"a {type(x).__name__} on {x.device}: bitfold folds plain CPU/CUDA tensors")
+    return sparse.sparse_sum(x, list(dims), dtype)
+
+
 def to_sparse_csr(a: dict[str, Any]) -> Any:
     return to_compressed(a, aten._to_sparse_csr)
 

@@ -32,8 +32,9 @@ exact; the README's table lists them): in short,
   fractional): each element the exact sum of what the windows that took it
   send back;
 * ``segment_reduce`` "sum"/"mean" (:mod:`.segment`), products with a sparse
-  COO/CSR/CSC factor (:mod:`.sparse`), ``coalesce`` and conversions of an
-  uncoalesced COO tensor;
+  COO/CSR/CSC factor (:mod:`.sparse`), ``coalesce`` and conversions (to
+  CSR/CSC or dense) of an uncoalesced COO tensor, ``torch.sparse.sum`` over
+  dims;
 * the ops of extension packages (``torch_scatter``, ``torch_sparse``,
   ``pyg_lib``), seen above autograd by name: sums, means and gathers
   translated into exact ATen folds (:mod:`.extension_ops`); their other folds

@@ -147,6 +147,10 @@ RULES: tuple[Rule, ...] = (
          "coalesced exactly, then converted"),
     Rule("coalesce", (aten._to_sparse_csc,), h.to_sparse_csc, "as _to_sparse_csr"),
     Rule("coalesce", (aten._to_sparse,), h.to_sparse, "as _to_sparse_csr (to CSR/CSC)"),
+    Rule("coalesce", (aten._to_dense,), h.to_dense, "to_dense of an uncoalesced COO tensor: "
+         "coalesced exactly, then converted"),
+    Rule("sparse_sum", (aten._sparse_sum,), h.sparse_sum, "torch.sparse.sum over dims of a "
+         "COO tensor: each element the correctly rounded sum of its stored values"),
     Rule("segment_reduce", (aten.segment_reduce,), h.segment_reduce,
          '"sum" and "mean" exact (lengths or offsets, any axis, initial); its backward is a '
          "gather", h.segment_reduce_verdict, _present("segment_reduce")),

@@ -33,6 +33,7 @@ time, is the cost to watch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,10 +214,7 @@ def coalesce(A: torch.Tensor) -> torch.Tensor:
     """
     indices, values = A._indices().to(torch.int64), A._values().detach()
     sizes = [int(s) for s in A.shape[: A.sparse_dim()]]
-    linear = torch.zeros(indices.shape[1], dtype=torch.int64, device=indices.device)
-    for d, size in enumerate(sizes):
-        linear = linear * size + indices[d]
-    coords, inverse = torch.unique(linear, sorted=True, return_inverse=True)
+    coords, inverse = torch.unique(_linear(indices, sizes), sorted=True, return_inverse=True)
     if coords.numel():
         summed = fold_rows(inverse, values, int(coords.numel()))
     else:
@@ -227,6 +225,55 @@ def coalesce(A: torch.Tensor) -> torch.Tensor:
         coords = coords // size
     index = torch.stack(unravelled[::-1]) if unravelled else indices[:, :0]
     return torch.sparse_coo_tensor(index, summed, A.shape, is_coalesced=True)
+
+
+def _linear(indices: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """Each column of ``indices`` (one row a dim of ``sizes``) as one row-major number."""
+    linear = torch.zeros(indices.shape[1], dtype=torch.int64, device=indices.device)
+    for d, size in enumerate(sizes):
+        linear = linear * size + indices[d]
+    return linear
+
+
+def sparse_sum(A: torch.Tensor, dims: list[int], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``torch.sparse.sum(A, dims)`` of a COO tensor, exact.
+
+    Each output element is the correctly rounded sum of the stored values
+    (repeated coordinates included; dense elements of a hybrid tensor along
+    the summed dense dims too) whose remaining coordinates are its own, one
+    rounding in the values' dtype (``dtype``: the values are converted first).
+    As torch: summing every sparse dim gives a dense tensor, otherwise a
+    coalesced COO tensor of the remaining dims.
+    """
+    S = A.sparse_dim()
+    dims = sorted({d % A.dim() for d in dims})
+    values = A._values().detach()
+    if dtype is not None:
+        values = values.to(dtype)
+    dense_summed = [d - S + 1 for d in dims if d >= S]
+    dense_kept = [d for d in range(1, values.dim()) if d not in dense_summed]
+    values = values.permute(0, *dense_summed, *dense_kept)  # each entry's terms, then the rest
+    terms_each = math.prod(values.shape[1 : 1 + len(dense_summed)])
+    values = values.reshape((-1, *values.shape[1 + len(dense_summed) :]))
+    indices = A._indices().to(torch.int64)
+    kept = [d for d in range(S) if d not in dims]
+    key = _linear(indices[kept], [int(A.shape[d]) for d in kept])
+    key = key.repeat_interleave(terms_each)
+    rest = values.shape[1:]
+    if not kept:
+        if key.numel() == 0:
+            return values.new_zeros(rest)
+        return fold_rows(key, values, 1)[0]
+    coords, inverse = torch.unique(key, sorted=True, return_inverse=True)
+    summed = fold_rows(inverse, values, int(coords.numel())) if coords.numel() else (
+        values.new_zeros((0, *rest)))  # fmt: skip
+    unravelled = []
+    for size in reversed([int(A.shape[d]) for d in kept]):
+        unravelled.append(coords % size)
+        coords = coords // size
+    shape = [int(A.shape[d]) for d in kept] + list(rest)
+    return torch.sparse_coo_tensor(torch.stack(unravelled[::-1]), summed, shape,
+                                   is_coalesced=True)  # fmt: skip
 
 
 # -- which calls are sparse products --------------------------------------------------------------
