@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import gc
+import re
 
 import numpy as np
 import pytest
@@ -416,3 +417,181 @@ def test_opcheck_with_rows(dtype):
     torch.library.opcheck(torch.ops.bitfold.expand.default, (v, key, "exact"))
     g = torch.randn(6, 5, 4, dtype=dtype, requires_grad=True)
     torch.library.opcheck(torch.ops.bitfold.fold.default, (g, key, "exact", dtype))
+
+
+# -- the drop-ins take what torch's functions take -------------------------------------------------
+def _terms(shape, seed):
+    """float32 values spread over 2^-30 .. 2^30: sums that round, and ties."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.pow(2.0, torch.randint(-30, 30, shape, generator=gen).float())
+    return torch.randn(shape, generator=gen) * scale
+
+
+def _oracle(target, positions, values):
+    """Every element of ``target`` the correctly rounded sum of its old value and the values sent
+    to its flat position (the Fraction oracle), float32."""
+    flat = target.detach().reshape(-1).tolist()
+    pos, vals = positions.reshape(-1).tolist(), values.detach().reshape(-1).tolist()
+    terms = [[v] for v in flat]
+    for p, v in zip(pos, vals, strict=True):
+        terms[p].append(v)
+    out = torch.tensor([bucket_oracle(t) if len(t) > 1 else t[0] for t in terms])
+    return out.reshape(target.shape)
+
+
+def _where(t):
+    return torch.arange(t.numel()).reshape(t.shape)
+
+
+def _index_add_cases():
+    x, s = _terms((4, 3), 1), _terms((4, 5), 2)
+    rows = _terms((3, 3), 3)
+    i3 = torch.tensor([0, 2, 2])
+    return {
+        "negative dim": (x, -1, torch.tensor([1, 1, 0, 2, 1]), s),
+        "int32 ids": (x, 0, i3.int(), rows),
+        "non-contiguous": (x.t(), 1, i3, rows.t()),
+        "0-d input": (torch.tensor(1.0), 0, torch.tensor([0]), torch.tensor(2.0**-24)),
+        "0-d index": (torch.tensor(1.0), 0, torch.tensor(0), torch.tensor(2.0**-24)),
+        "empty index": (x, 0, torch.zeros(0, dtype=torch.long), torch.zeros(0, 3)),
+        "empty input": (torch.zeros(0, 3), 1, torch.tensor([0, 0]), torch.zeros(0, 2)),
+    }
+
+
+@pytest.mark.parametrize("case", list(_index_add_cases()))
+def test_index_add_takes_torchs_inputs_and_rounds_once(case):
+    input, dim, index, source = _index_add_cases()[case]
+    got = bt.index_add(input, dim, index, source)
+    ref = torch.index_add(input, dim, index, source)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    where = _where(input).reshape(input.shape or (1,))
+    d = dim % max(input.dim(), 1)
+    positions = where.index_select(d, index.reshape(-1).long())
+    want = _oracle(input, positions, source.reshape(positions.shape))
+    assert np.array_equal(bits(got), bits(want))
+
+
+def _scatter_add_cases():
+    x, src = _terms((4, 3), 4), _terms((4, 3), 5)
+    idx = torch.randint(0, 4, (4, 3), generator=torch.Generator().manual_seed(6))
+    return {
+        "negative dim": (x, -1, idx % 3, src),
+        "dim -2": (x, -2, idx, src),
+        "int32 ids": (x, 0, idx.int(), src),
+        "non-contiguous": (x.t(), 1, idx.t(), src.t()),
+        "index smaller than src": (x, 0, idx[:2, :2], src),
+        "rows": (x, 0, torch.tensor([3, 0, 3])[:, None].expand(3, 3), src[:3]),
+        "0-d": (torch.tensor(1.0), 0, torch.tensor(0), torch.tensor(2.0**-24)),
+        "empty index": (x, 0, torch.zeros(0, 3, dtype=torch.long), src),
+    }
+
+
+@pytest.mark.parametrize("case", list(_scatter_add_cases()))
+def test_scatter_add_takes_torchs_inputs_and_rounds_once(case):
+    input, dim, index, src = _scatter_add_cases()[case]
+    got = bt.scatter_add(input, dim, index, src)
+    ref = torch.scatter_add(input, dim, index, src)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    if index.dim() == 0:
+        index, src, input2 = index.reshape(1), src.reshape(1), input.reshape(1)
+    else:
+        input2 = input
+    positions = _where(input2).gather(dim, index.long())
+    part = src[tuple(slice(0, n) for n in index.shape)]
+    assert np.array_equal(bits(got), bits(_oracle(input, positions, part)))
+
+
+def test_segment_sum_and_embeddings_take_int32_empty_0d_and_non_contiguous_inputs():
+    rows = _terms((3, 4), 7).t()  # (4, 3), not contiguous
+    ids = torch.tensor([2, 0, 2, 2], dtype=torch.int32)
+    got = bt.segment_sum(rows, ids, 3)
+    positions = ids.long()[:, None] * 3 + torch.arange(3)
+    assert np.array_equal(bits(got), bits(_oracle(torch.zeros(3, 3), positions, rows)))
+    empty = bt.segment_sum(torch.zeros(0, 2), torch.zeros(0, dtype=torch.int32), 3)
+    assert empty.shape == (3, 2) and not bits(empty).any()
+    scalar = bt.segment_sum(torch.tensor(2.0), torch.tensor(1), 3)
+    assert scalar.tolist() == [0.0, 2.0, 0.0]
+    table = _terms((5, 3), 8).t().contiguous().t().requires_grad_()  # non-contiguous rows
+    lookup = torch.tensor([[4, 0], [4, 4]], dtype=torch.int32).t()  # int32, non-contiguous
+    out = bt.embedding(lookup, table)
+    assert torch.equal(out, torch.nn.functional.embedding(lookup, table))
+    grad = _terms(tuple(out.shape), 9)
+    out.backward(grad)
+    positions = lookup.reshape(-1).long()[:, None] * 3 + torch.arange(3)
+    want = _oracle(torch.zeros(5, 3), positions, grad.reshape(-1, 3))
+    assert np.array_equal(bits(table.grad), bits(want))
+    assert bt.embedding(torch.tensor(4), table).shape == (3,)
+    assert bt.embedding(torch.zeros(0, dtype=torch.long), table).shape == (0, 3)
+
+
+def test_embedding_bag_takes_int32_ids_empty_bags_and_rounds_each_bag_once():
+    weight = _terms((6, 3), 10)
+    ids, offsets = torch.tensor([5, 1, 5, 0, 5], dtype=torch.int32), torch.tensor([0, 3, 3])
+    for offs in (offsets, offsets.int()):  # int32 ids with int64 or int32 offsets, as torch
+        got = bt.embedding_bag(ids, weight, offs, mode="sum")
+        bags = torch.tensor([0, 0, 0, 2, 2])
+        positions = bags[:, None] * 3 + torch.arange(3)
+        want = _oracle(torch.zeros(3, 3), positions, weight[ids.long()])
+        assert np.array_equal(bits(got), bits(want))
+        assert got.shape == torch.nn.functional.embedding_bag(ids, weight, offs).shape
+    flat = torch.zeros(0, dtype=torch.long)
+    assert bt.embedding_bag(flat, weight, torch.tensor([0, 0])).shape == (2, 3)
+    zero_length = bt.embedding_bag(torch.zeros(2, 0, dtype=torch.long), weight)  # torch raises
+    assert zero_length.shape == (2, 3) and not bits(zero_length).any()
+    two_d = torch.tensor([[1, 5], [0, 5], [5, 5]]).t()  # non-contiguous bags of 3
+    got = bt.embedding_bag(two_d, weight, mode="sum")
+    positions = torch.tensor([0, 0, 0, 1, 1, 1])[:, None] * 3 + torch.arange(3)
+    want = _oracle(torch.zeros(2, 3), positions, weight[two_d.reshape(-1)])
+    assert np.array_equal(bits(got), bits(want))
+
+
+def test_embedding_bag_mean_with_include_last_offset_divides_by_the_bags_size():
+    """Each bag's mean is its correctly rounded sum divided once by its number of ids; the ids
+    after the last offset belong to no bag. (torch's CPU kernel divides the last bag by the
+    ids from its start to the input's end: 3 here, a difference the README lists.)"""
+    weight = torch.eye(6)
+    got = bt.embedding_bag(torch.arange(6), weight, torch.tensor([0, 2, 4]),
+                           include_last_offset=True)  # fmt: skip
+    assert got[1].tolist() == [0.0, 0.0, 0.5, 0.5, 0.0, 0.0]
+
+
+def test_index_add_and_scatter_add_take_torchs_out():
+    x, s, i = _terms((4, 3), 11), _terms((3, 3), 12), torch.tensor([0, 2, 2])
+    out = torch.empty(4, 3)
+    assert bt.index_add(x, 0, i, s, out=out) is out
+    assert torch.equal(out, bt.index_add(x, 0, i, s))
+    resized = torch.empty(0)
+    assert bt.scatter_add(x, 0, i[:, None].expand(3, 3), s, out=resized) is resized
+    assert torch.equal(resized, bt.scatter_add(x, 0, i[:, None].expand(3, 3), s))
+    ints = torch.zeros(3, dtype=torch.long)
+    assert bt.index_add(ints, 0, i, i, out=ints.clone()).tolist() == [0, 0, 4]
+    bad = [
+        (torch.empty(4, 3, dtype=torch.float64), bitfold.FoldTypeError, "float64 tensor on cpu"),
+        (torch.empty(2, 3), bitfold.ShapeError, "out has shape (2, 3)"),
+        ([0.0], bitfold.FoldTypeError, "out must be a torch.Tensor or None; got a list"),
+    ]
+    for target, error, words in bad:
+        before = target.clone() if isinstance(target, torch.Tensor) else None
+        with pytest.raises(error, match=re.escape(words)):
+            bt.index_add(x, 0, i, s, out=target)
+        if before is not None:
+            assert torch.equal(target, before) or torch.isnan(before).any()
+    with pytest.raises(bitfold.FoldError, match="out= records no gradient"):
+        bt.index_add(x, 0, i, s.requires_grad_(), out=torch.empty(4, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.bool, torch.float32])
+def test_ids_of_a_dtype_torch_refuses_are_refused_by_name(dtype):
+    """torch takes int32 and int64 ids; embedding passed uint8 ids on to index_select, whose
+    RuntimeError came out raw."""
+    ids = torch.tensor([0, 1]).to(dtype)
+    name = str(dtype).replace("torch.", "")
+    for call, what in [
+        (lambda: bt.embedding(ids, torch.ones(3, 2)), "input"),
+        (lambda: bt.index_add(torch.zeros(3), 0, ids, torch.ones(2)), "index"),
+        (lambda: bt.segment_sum(torch.ones(2), ids, 3), "index"),
+        (lambda: bt.embedding_bag(torch.tensor([0, 1]), torch.ones(3, 2), ids), "offsets"),
+    ]:
+        with pytest.raises(bitfold.FoldTypeError, match=f"{what} must hold integers of dtype int32 "
+                           f"or int64, as torch takes them; got {name}"):  # fmt: skip
+            call()

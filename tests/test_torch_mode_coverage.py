@@ -337,13 +337,14 @@ def test_the_backward_of_an_index_into_a_table_checks_its_ids():
 
 
 def test_bitfold_embeddings_refuse_an_id_beyond_the_table():
-    with pytest.raises(bitfold.IndexRangeError, match=r"input\[1\] = 10 .*K = 10"):
+    table = r"input < weight\.shape\[0\] = 10"  # the bound as the caller knows it
+    with pytest.raises(bitfold.IndexRangeError, match=r"input\[1\] = 10 .*" + table):
         bt.Embedding(10, 4)(torch.tensor([1, 10]))
-    with pytest.raises(bitfold.IndexRangeError, match=r"= -1 .*K = 10"):
+    with pytest.raises(bitfold.IndexRangeError, match=r"= -1 .*" + table):
         bt.Embedding(10, 4)(torch.tensor([[-1, 2]]))
-    with pytest.raises(bitfold.IndexRangeError, match=r"= 12 .*K = 10"):
+    with pytest.raises(bitfold.IndexRangeError, match=r"= 12 .*" + table):
         bt.EmbeddingBag(10, 4, mode="sum")(torch.tensor([1, 12, 3]), torch.tensor([0, 2]))
-    with pytest.raises(bitfold.IndexRangeError, match=r"= 10 .*K = 10"):
+    with pytest.raises(bitfold.IndexRangeError, match=r"= 10 .*" + table):
         bt.embedding(torch.tensor([10]), torch.zeros(10, 2))
 
 

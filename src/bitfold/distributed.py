@@ -39,6 +39,7 @@ rank and step), use :class:`GradientSum`.
 from __future__ import annotations
 
 import hashlib
+import numbers
 import threading
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -50,8 +51,9 @@ import torch.distributed as dist
 
 from .arrays import from_numpy, to_numpy
 from .dense import DenseSum, WireLayout, array_bounds, array_words, wire_layout
-from .errors import DistributedError, FoldTypeError
+from .errors import DistributedError, FoldError, FoldTypeError
 from .formats import VALUE_DTYPES, dtype_name, resolve_out_dtype
+from .validate import check_has_data, checked_options
 
 __all__ = ["GradientSum", "exact_all_reduce", "exact_allreduce_hook"]
 
@@ -88,6 +90,29 @@ def _reduce(array: np.ndarray, op: Any, group: Any, timeout: float, what: str) -
     return tensor.cpu().numpy()
 
 
+def _check_timeout(timeout: Any) -> float:
+    """``timeout`` as seconds: a positive number, or a refusal naming it."""
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0:
+        raise FoldError(f"timeout must be a positive number of seconds; got timeout={timeout!r}")
+    return float(timeout)
+
+
+def _check_mean_over(mean_over: Any) -> int:
+    """``mean_over`` as a count to divide by: a positive integer (None: 1), or a refusal."""
+    if mean_over is None:
+        return 1
+    if (
+        isinstance(mean_over, bool) or not isinstance(mean_over, numbers.Integral)
+        or mean_over < 1
+    ):  # fmt: skip
+        raise FoldError(
+            f"mean_over must be a positive integer (the count the sum is divided by) or None; "
+            f"got mean_over={mean_over!r}"
+        )
+    return int(mean_over)
+
+
+@checked_options
 def exact_all_reduce(
     s: Any,
     *,
@@ -112,8 +137,11 @@ def exact_all_reduce(
       flat elements to round (default: everything, in ``out_dtype``); returns
       one flat NumPy array a range.
 
-    The same bits on every rank.
+    The same bits on every rank. ``timeout`` (seconds) and ``mean_over`` (a
+    positive integer) are checked before any collective.
     """
+    timeout = _check_timeout(timeout)
+    mean_over = _check_mean_over(mean_over)
     if not isinstance(s, DenseSum):
         return _all_reduce_array(s, group, timeout, out_dtype, mean_over)
     ranges = ranges or [(0, s.size, out_dtype)]
@@ -158,6 +186,7 @@ def _all_reduce_array(x: Any, group: Any, timeout: float, out_dtype: Any, mean_o
             "exact_all_reduce sums a tensor, a NumPy array or a DenseSum; got "
             f"{type(x).__qualname__}"
         )
+    check_has_data(x, "the tensor to all-reduce")
     name = dtype_name(x)
     if name not in VALUE_DTYPES:
         raise FoldTypeError(
@@ -216,6 +245,7 @@ class GradientSum:
     :class:`bitfold.errors.DistributedError` past it.
     """
 
+    @checked_options
     def __init__(self, params: Iterable[Any], *, group: Any = None, timeout: float = 300.0) -> None:
         self.params = [p for p in params]
         for i, p in enumerate(self.params):
@@ -225,6 +255,8 @@ class GradientSum:
                     f"GradientSum sums floating tensors (float16, bfloat16, float32, float64); "
                     f"parameter {i} is {what}"
                 )
+            check_has_data(p, f"parameter {i}")
+        timeout = _check_timeout(timeout)
         if not (dist.is_available() and dist.is_initialized()):
             raise DistributedError(
                 "GradientSum sums gradients over a torch.distributed process group, and none "
@@ -233,7 +265,7 @@ class GradientSum:
                 "torchrun or `bitfold train --world-size N`"
             )
         self.group = group
-        self.timeout = float(timeout)
+        self.timeout = timeout
         self._families: dict[str, list[int]] = {}
         for i, p in enumerate(self.params):
             family = "float64" if p.dtype == torch.float64 else "float32"
@@ -263,8 +295,13 @@ class GradientSum:
                 self.params[i].grad = None
         return self
 
+    @checked_options
     def reduce(self, group: Any = None, mean_over: int | None = None) -> GradientSum:
-        """Sum over every rank exactly; set each ``.grad`` (module docstring); be ready again."""
+        """Sum over every rank exactly; set each ``.grad`` (module docstring); be ready again.
+
+        ``mean_over`` (a positive integer, or None for the sum) is checked before any
+        collective."""
+        mean = _check_mean_over(mean_over)
         group = self.group if group is None else group
         fingerprint = _fingerprint(self.params)
         seen = np.array([fingerprint, -fingerprint], np.int64)
@@ -285,7 +322,7 @@ class GradientSum:
                 ranges.append((start, start + n, dtype_name(self.params[i])))
                 start += n
             results = exact_all_reduce(s, group=group, timeout=self.timeout,
-                                       mean_over=int(mean_over or 1), ranges=ranges)  # fmt: skip
+                                       mean_over=mean, ranges=ranges)  # fmt: skip
             for i, out in zip(members, results, strict=True):
                 p = self.params[i]
                 if not had[i]:

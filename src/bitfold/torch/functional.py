@@ -24,30 +24,96 @@ raises :class:`bitfold.IndexRangeError`.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from ..errors import FoldError, FoldTypeError, ShapeError
+from ..errors import DeviceError, FoldError, FoldTypeError, ShapeError
+from ..validate import check_has_data, check_K, checked_options, type_label
 from .folds import bag_of_positions, index_add_shape_problem, scatter_shape_problem
 from .ops import check_tensor, embedding_op, index_add_op, scatter_add_op, segment_sum_op
 
 _EXACT_ALREADY = (
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
 )  # fmt: skip
+#: The id dtypes torch's index_add, scatter_add, embedding and embedding_bag take.
+INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _check_index(index: Any, what: str = "index") -> None:
+    """Refuse an index that is no int32/int64 tensor (as torch), or that lives on a device
+    without data (``meta``) or one bitfold does not fold on, naming ``what`` it is."""
     if not isinstance(index, torch.Tensor):
         raise FoldTypeError(
-            f"{what} must be a torch.Tensor of integers; got {type(index).__name__}"
+            f"{what} must be a torch.Tensor of int32 or int64 ids; got a {type_label(index)}"
         )
-    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+    if index.dtype not in INDEX_DTYPES:
         raise FoldTypeError(
-            f"{what} must hold integers (int32 or int64, as torch takes them); got "
+            f"{what} must hold integers of dtype int32 or int64, as torch takes them; got "
             f"{str(index.dtype).replace('torch.', '')}"
         )
+    check_has_data(index, what)
+    if index.device.type not in ("cpu", "cuda"):
+        raise DeviceError(
+            f"{what} is on {index.device}; bitfold.torch folds CPU and CUDA tensors: "
+            "use .cpu() or .cuda()"
+        )
+
+
+def _check_dim(dim: Any) -> None:
+    """Refuse a ``dim`` that is not an integer (torch's dims are ints; negative count back)."""
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise FoldTypeError(f"dim must be an integer; got {dim!r} ({type(dim).__name__})")
+
+
+def _check_real(value: Any, what: str) -> None:
+    """Refuse a scalar argument that is not a real number (``alpha``, ``max_norm``, ...)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise FoldTypeError(f"{what} must be a real number; got {value!r} ({type(value).__name__})")
+
+
+def _have_data(**tensors: Any) -> None:
+    """Refuse a tensor on a device without data (``meta``) before torch's own integer op."""
+    for what, t in tensors.items():
+        check_has_data(t, what)
+
+
+def _check_out(out: Any, like: torch.Tensor, tensors: tuple[torch.Tensor, ...]) -> None:
+    """Refuse an ``out=`` tensor torch would refuse for a result like ``like``, before any work:
+    another dtype or device, a non-empty tensor of another shape, or inputs that need a gradient
+    (``out=`` records none, as in torch)."""
+    if out is None:
+        return
+    if not isinstance(out, torch.Tensor):
+        raise FoldTypeError(f"out must be a torch.Tensor or None; got a {type_label(out)}")
+    check_has_data(out, "out")
+    if out.dtype != like.dtype or out.device != like.device:
+        raise FoldTypeError(
+            f"out is a {str(out.dtype).replace('torch.', '')} tensor on {out.device}; the result "
+            f"is {str(like.dtype).replace('torch.', '')} on {like.device}: pass out of that "
+            "dtype and device"
+        )
+    if out.numel() and tuple(out.shape) != tuple(like.shape):
+        raise ShapeError(
+            f"out has shape {tuple(out.shape)}; the result has input's shape "
+            f"{tuple(like.shape)} (an empty out is resized)"
+        )
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise FoldError(
+            "out= records no gradient (as in torch: 'functions with out=... arguments don't "
+            "support automatic differentiation'); call without out=, or under torch.no_grad()"
+        )
+
+
+def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
+    """``result``, written into ``out`` (resized when empty) when one is given."""
+    if out is None:
+        return result
+    if tuple(out.shape) != tuple(result.shape):
+        out.resize_(result.shape)
+    return out.copy_(result)
 
 
 def _same_dtype(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
@@ -58,6 +124,7 @@ def _same_dtype(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
         )
 
 
+@checked_options
 def index_add(
     input: torch.Tensor,
     dim: int,
@@ -65,14 +132,17 @@ def index_add(
     source: torch.Tensor,
     *,
     alpha: float = 1,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``torch.index_add(input, dim, index, source, alpha=alpha)``, exact.
+    """``torch.index_add(input, dim, index, source, alpha=alpha, out=out)``, exact.
 
     ``out.select(dim, k)`` is the correctly rounded sum of ``input.select(dim,
     k)`` and every term ``alpha * source.select(dim, i)`` with ``index[i] ==
     k``, each term rounded to the dtype as ``source * alpha`` computes it (no
     product for ``alpha == 1``). The gradient of ``input`` is the output
     gradient; that of ``source`` is ``alpha * grad.index_select(dim, index)``.
+    ``out`` (as in torch: the result's dtype and device, resized when empty)
+    receives the result and is returned; it records no gradient.
 
     >>> import torch, bitfold.torch as bt
     >>> x, tiny = torch.tensor([1.0, 0.0]), 2.0**-24
@@ -80,24 +150,34 @@ def index_add(
     [1.0000001192092896, 3.0]
     """
     _check_index(index)
+    _check_dim(dim)
+    _check_real(alpha, "alpha")
     if isinstance(input, torch.Tensor) and input.dtype in _EXACT_ALREADY:
-        return torch.index_add(input, dim, index, source, alpha=alpha)
+        _have_data(input=input, source=source)
+        return torch.index_add(input, dim, index, source, alpha=alpha, out=out)
     check_tensor(input, "input")
     check_tensor(source, "source")
     _same_dtype(input, source, "source")
     problem = index_add_shape_problem(input, dim, index, source)
     if problem:
         raise ShapeError(f"index_add: {problem}")
+    _check_out(out, input, (input, source))
     if input.dim() == 0:
-        out = index_add_op(input.reshape(1), 0, index.reshape(-1), source.reshape(1), float(alpha))
-        return out.reshape(())
-    return index_add_op(input, dim, index.reshape(-1), source, float(alpha))
+        one = index_add_op(input.reshape(1), 0, index.reshape(-1), source.reshape(1), float(alpha))
+        return _into(out, one.reshape(()))
+    return _into(out, index_add_op(input, dim, index.reshape(-1), source, float(alpha)))
 
 
+@checked_options
 def scatter_add(
-    input: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor
+    input: torch.Tensor,
+    dim: int,
+    index: torch.Tensor,
+    src: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``torch.scatter_add(input, dim, index, src)``, exact.
+    """``torch.scatter_add(input, dim, index, src, out=out)``, exact.
 
     Every element of the output is the correctly rounded sum of its
     ``input`` value and every ``src`` element that ``index`` sends to it
@@ -106,7 +186,7 @@ def scatter_add(
     features, as graph libraries pass them) is folded row by row. The
     gradient of ``input`` is the output gradient; that of ``src`` is
     ``grad.gather(dim, index)`` (torch's, zeros where the index is smaller
-    than ``src``).
+    than ``src``). ``out`` as in :func:`index_add`.
 
     >>> import torch, bitfold.torch as bt
     >>> dst = torch.tensor([1, 0, 1])[:, None].expand(3, 2)
@@ -114,20 +194,24 @@ def scatter_add(
     [[2.0, 3.0], [4.0, 6.0]]
     """
     _check_index(index)
+    _check_dim(dim)
     if isinstance(input, torch.Tensor) and input.dtype in _EXACT_ALREADY:
-        return torch.scatter_add(input, dim, index, src)
+        _have_data(input=input, src=src)
+        return torch.scatter_add(input, dim, index, src, out=out)
     check_tensor(input, "input")
     check_tensor(src, "src")
     _same_dtype(input, src, "src")
     problem = scatter_shape_problem(input, dim, index, src)
     if problem:
         raise ShapeError(f"scatter_add: {problem}")
+    _check_out(out, input, (input, src))
     if input.dim() == 0:
-        out = scatter_add_op(input.reshape(1), 0, index.reshape(1), src.reshape(1))
-        return out.reshape(())
-    return scatter_add_op(input, dim, index, src)
+        one = scatter_add_op(input.reshape(1), 0, index.reshape(1), src.reshape(1))
+        return _into(out, one.reshape(()))
+    return _into(out, scatter_add_op(input, dim, index, src))
 
 
+@checked_options
 def segment_sum(values: torch.Tensor, index: torch.Tensor, K: int) -> torch.Tensor:
     """The K sums ``out[k] = sum of values[i] with index[i] == k``, exact, in ``values``' dtype.
 
@@ -144,12 +228,12 @@ def segment_sum(values: torch.Tensor, index: torch.Tensor, K: int) -> torch.Tens
     [4.0, 0.0, 2.0]
     """
     _check_index(index)
+    K = check_K(K, "K")
     if isinstance(values, torch.Tensor) and values.dtype in _EXACT_ALREADY:
+        check_has_data(values, "values")
         out = values.new_zeros((K, *values.shape[index.dim() :]))
         return out.index_add_(0, index.reshape(-1), values.reshape((-1, *out.shape[1:])))
     check_tensor(values, "values")
-    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
-        raise FoldError(f"K must be a positive integer (the number of segments); got {K!r}")
     if tuple(values.shape[: index.dim()]) != tuple(index.shape):
         raise ShapeError(
             f"values of shape {tuple(values.shape)} do not start with index's shape "
@@ -164,6 +248,8 @@ def _padding(padding_idx: int | None, num_embeddings: int) -> int:
     """``padding_idx`` as F.embedding reads it: negative ones count from the end; -1 for none."""
     if padding_idx is None:
         return -1
+    if isinstance(padding_idx, bool) or not isinstance(padding_idx, numbers.Integral):
+        raise FoldTypeError(f"padding_idx must be an integer or None; got {padding_idx!r}")
     if not -num_embeddings <= padding_idx < num_embeddings:
         raise ShapeError(
             f"padding_idx {padding_idx} is outside the table of {num_embeddings} rows "
@@ -182,10 +268,13 @@ def refuse_sparse(sparse: bool, name: str) -> None:
 
 def _renorm(weight: torch.Tensor, ids: torch.Tensor, max_norm: float, norm_type: float) -> None:
     """F.embedding's ``max_norm``: rows looked up are rescaled in place, outside autograd."""
+    _check_real(max_norm, "max_norm")
+    _check_real(norm_type, "norm_type")
     with torch.no_grad():
         torch.embedding_renorm_(weight, ids.contiguous(), max_norm, norm_type)
 
 
+@checked_options
 def embedding(
     input: torch.Tensor,
     weight: torch.Tensor,
@@ -213,6 +302,7 @@ def embedding(
     _check_index(input, "input")
     refuse_sparse(sparse, "embedding")
     if isinstance(weight, torch.Tensor) and weight.dtype in _EXACT_ALREADY:
+        _have_data(weight=weight)
         return F.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq)
     check_tensor(weight, "weight")
     if weight.dim() != 2:
@@ -267,6 +357,7 @@ def _bags(
     return input, bag_of_positions(offsets, num_bags, input.numel(), end), num_bags
 
 
+@checked_options
 def embedding_bag(
     input: torch.Tensor,
     weight: torch.Tensor,

@@ -15,7 +15,9 @@ gradient is exact).
 
 from __future__ import annotations
 
+import inspect
 import math
+import numbers
 from typing import Any
 
 import torch
@@ -25,6 +27,7 @@ from torch.nn import functional as F
 from ..errors import FoldError, FoldTypeError, ShapeError
 from ..hashing import bucket_map, sign_map
 from ..plan import Fold
+from ..validate import check_K, checked_options, refuse_unknown_options, type_label
 from .folds import FLOATING
 from .functional import BAG_MODES, embedding, embedding_bag, refuse_sparse
 from .ops import check_strategy, expand
@@ -55,6 +58,7 @@ class FoldedLinear(nn.Module):
     are rebuilt from the constructor's arguments.
     """
 
+    @checked_options
     def __init__(
         self,
         in_features: int,
@@ -79,6 +83,7 @@ class FoldedLinear(nn.Module):
         self.signed = bool(signed)
         self.strategy = check_strategy(strategy)
         shape = (out_features, in_features)
+        buckets = check_K(buckets, "buckets")
         if plan is None:
             plan = Fold(bucket_map(seed, shape, buckets), buckets)
         elif not isinstance(plan, Fold):
@@ -124,7 +129,11 @@ class FoldedLinear(nn.Module):
         W = self._gather(v)
         return W * self.sign if self.sign is not None else W
 
+    @checked_options
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T + bias`` for ``x`` of shape ``(..., in_features)``."""
+        if not isinstance(x, torch.Tensor):
+            raise FoldTypeError(f"FoldedLinear takes a torch.Tensor; got a {type_label(x)}")
         if x.shape[-1:] != (self.in_features,):
             raise ShapeError(
                 f"FoldedLinear expects inputs of shape (..., {self.in_features}); "
@@ -160,10 +169,14 @@ class Embedding(nn.Embedding):
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *args: Any, **kwargs: Any) -> None:
+        sizes = {"num_embeddings": num_embeddings, "embedding_dim": embedding_dim}
+        _check_arguments("Embedding()", nn.Embedding.__init__, sizes, args, kwargs)
         super().__init__(num_embeddings, embedding_dim, *args, **kwargs)
         refuse_sparse(self.sparse, "Embedding")
 
+    @checked_options
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """The rows ``weight[input]`` (:func:`bitfold.torch.embedding`)."""
         refuse_sparse(self.sparse, "Embedding")
         return embedding(
             input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
@@ -191,6 +204,8 @@ class EmbeddingBag(nn.EmbeddingBag):
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *args: Any, **kwargs: Any) -> None:
+        sizes = {"num_embeddings": num_embeddings, "embedding_dim": embedding_dim}
+        _check_arguments("EmbeddingBag()", nn.EmbeddingBag.__init__, sizes, args, kwargs)
         super().__init__(num_embeddings, embedding_dim, *args, **kwargs)
         self._check_arguments()
 
@@ -203,18 +218,40 @@ class EmbeddingBag(nn.EmbeddingBag):
                 "bitfold.torch.exact_mode(), which makes its gradient exact"
             )
 
+    @checked_options
     def forward(
         self,
         input: torch.Tensor,
         offsets: torch.Tensor | None = None,
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The bag sums or means (:func:`bitfold.torch.embedding_bag`)."""
         self._check_arguments()
         return embedding_bag(
             input, self.weight, offsets, self.max_norm, self.norm_type,
             self.scale_grad_by_freq, self.mode, self.sparse, per_sample_weights,
             self.include_last_offset, self.padding_idx,
         )  # fmt: skip
+
+
+def _check_arguments(
+    call: str, init: Any, sizes: dict[str, Any], args: tuple, kwargs: dict[str, Any]
+) -> None:
+    """Refuse a keyword, or more positional arguments, than torch's ``init`` takes after
+    ``num_embeddings`` and ``embedding_dim``, and sizes that are no integers >= 0, before the
+    module is built: a bitfold error where torch raises a bare ``TypeError`` or
+    ``RuntimeError``."""
+    params = list(inspect.signature(init).parameters)[3:]  # self, num_embeddings, embedding_dim
+    refuse_unknown_options(call, kwargs, ("num_embeddings", "embedding_dim", *params))
+    for name in ("num_embeddings", "embedding_dim"):
+        size = sizes[name]
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
+            raise FoldError(f"{call[:-2]}'s {name} must be an integer >= 0; got {size!r}")
+    if len(args) > len(params):
+        raise FoldTypeError(
+            f"{call} takes at most {len(params) + 2} positional arguments (num_embeddings, "
+            f"embedding_dim, {', '.join(params)}); got {len(args) + 2}"
+        )
 
 
 __all__ = ["Embedding", "EmbeddingBag", "FoldedLinear"]

@@ -46,11 +46,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import DeviceError, FoldError, FoldTypeError
+from ..errors import DeviceError, FoldError, FoldTypeError, IndexRangeError
 from ..formats import resolve_out_dtype
 from ..plan import Fold
 from ..strategies import get_strategy
-from ..validate import check_expand_input, check_values
+from ..validate import check_expand_input, check_has_data, check_values, checked_options, type_label
 from . import folds
 from .folds import FLOATING, NAMES
 
@@ -104,7 +104,11 @@ def _index_tensor(key: int, device: torch.device) -> torch.Tensor:
 def check_tensor(t: Any, what: str) -> None:
     """Refuse anything but a floating CPU or CUDA tensor, naming ``what`` it is."""
     if not isinstance(t, torch.Tensor):
-        raise FoldTypeError(f"{what} must be a torch.Tensor; got {type(t).__qualname__}")
+        raise FoldTypeError(
+            f"{what} must be a torch.Tensor; got a {type_label(t)} (convert it with "
+            "torch.as_tensor, or use the function of its own library: bitfold.jax for JAX)"
+        )
+    check_has_data(t, what)
     if t.dtype not in FLOATING:
         raise FoldTypeError(
             f"{what} must be floating point (float16, bfloat16, float32, float64); "
@@ -182,6 +186,7 @@ _fold_op.register_autograd(_fold_backward, setup_context=_setup)
 
 
 # -- public functions -----------------------------------------------------------------------------
+@checked_options
 def expand(v: torch.Tensor, plan: Fold, strategy: str = "exact") -> torch.Tensor:
     """``v[plan.index]`` in the plan's shape; the gradient of ``v`` is the plan's fold.
 
@@ -206,6 +211,7 @@ def expand(v: torch.Tensor, plan: Fold, strategy: str = "exact") -> torch.Tensor
     return _expand_op(v, key, check_strategy(strategy))
 
 
+@checked_options
 def fold(
     values: torch.Tensor, plan: Fold, strategy: str = "exact", *, out_dtype: Any = None
 ) -> torch.Tensor:
@@ -232,7 +238,8 @@ def fold(
 def _embedding_op(
     weight: torch.Tensor, indices: torch.Tensor, padding_idx: int, scale_grad_by_freq: bool
 ) -> torch.Tensor:
-    folds.check_range(indices, weight.shape[0], name="input")  # bitfold's error, not torch's
+    rows = f"weight.shape[0] = {weight.shape[0]}"  # the bound as the caller knows it
+    folds.check_range(indices, weight.shape[0], rows, name="input")  # bitfold's error, not torch's
     rows = weight.index_select(0, indices.reshape(-1))
     return rows.reshape((*indices.shape, *weight.shape[1:]))
 
@@ -272,7 +279,13 @@ def _index_add_fake(
 def _scatter_add_op(
     input: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor
 ) -> torch.Tensor:
-    return folds.scatter_add(input, dim, index, src)
+    try:
+        return folds.scatter_add(input, dim, index, src)
+    except IndexRangeError:  # an id out of range: named below in the caller's words, one error
+        pass
+    size = input.shape[dim]
+    folds.check_range(index, size, f"input.shape[{dim}] = {size}")  # the first bad entry, as given
+    raise AssertionError("unreachable: check_range raises for the id folds.scatter_add refused")
 
 
 @_scatter_add_op.register_fake
