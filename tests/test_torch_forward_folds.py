@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
 import torch_oracle as to  # noqa: E402
 from oracle import bucket_oracle  # noqa: E402
 
+import bitfold  # noqa: E402
 import bitfold.torch as bt  # noqa: E402
 
 INT = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
@@ -368,3 +369,21 @@ def test_sparse_sum_and_to_dense_of_an_uncoalesced_tensor_are_exact(dims):
     assert same_bits(got, _dense_oracle(A, dims))
     assert same_bits(dense, _dense_oracle(A, ()))
     assert mode.counts["sparse_sum"] == 1 and mode.counts["coalesce"] >= 1
+
+
+def test_grid_sampling_input_gradient_is_passed_and_refused_by_strict():
+    """Its sums of interpolated gradients are torch's: recorded, never silent."""
+    x = torch.randn(1, 2, 5, 5, requires_grad=True)
+    grid = (torch.rand(1, 3, 3, 2, generator=torch.Generator().manual_seed(3)) * 2 - 1)
+    sample = torch.nn.functional.grid_sample
+    with bt.exact_mode() as mode:
+        sample(x, grid, align_corners=False).sum().backward()
+    assert list(mode.passed) == ["grid_sampler_backward: grid sampling's input gradient: "
+                                 "interpolation weights and their sums are torch's"]  # fmt: skip
+    with bt.exact_mode(strict=True) as mode:  # the grid's own gradient folds nothing
+        sample(x.detach(), grid.clone().requires_grad_(), align_corners=False).sum().backward()
+    assert not mode.passed
+    with pytest.raises(bitfold.FoldError, match="grid_sampler_2d_backward"), bt.exact_mode(
+        strict=True
+    ):
+        sample(x, grid, align_corners=False).sum().backward()

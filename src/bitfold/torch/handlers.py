@@ -423,6 +423,17 @@ max_pool2d_backward = _max_pool_backward(2)
 max_pool3d_backward = _max_pool_backward(3)
 
 
+def grid_sampler_backward(a: dict[str, Any]) -> Leave:
+    """The input gradient of grid sampling folds interpolated gradients at positions the grid
+    picks: left to torch, recorded as passed (the grid's own gradient is no fold)."""
+    x = a.get("input", a.get("self"))
+    if not a.get("output_mask", (True, True))[0]:
+        return UNTOUCHED
+    leave = check_fold(x, a["grid"], a["grad_output"])
+    return leave or Leave("grid sampling's input gradient: interpolation weights and their "
+                          "sums are torch's")  # fmt: skip
+
+
 def histogram_verdict(a: dict[str, Any]) -> Leave | None:
     x, weight = a["self"], a.get("weight")
     if weight is None:

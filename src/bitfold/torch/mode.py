@@ -46,7 +46,8 @@ unweighted counts (``histc``), and reductions over fixed windows or dims that
 no index drives (``sum``, dense products, convolutions, average pooling,
 interpolation and padding backwards, ``col2im``): deterministic from run to run
 on one machine, not folds through an index. Recorded in ``passed`` and refused
-by ``strict=True``: "prod" reductions, complex dtypes, sparse gradients, sparse
+by ``strict=True``: "prod" reductions, grid sampling's input gradient (its
+interpolated sums are torch's), complex dtypes, sparse gradients, sparse
 @ sparse, BSR/BSC or hybrid sparse tensors, other devices, floating tensor
 subclasses.
 

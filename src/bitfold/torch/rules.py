@@ -133,6 +133,12 @@ RULES: tuple[Rule, ...] = (
          h.max_pool3d_backward, "as the 2-D poolings", h.max_pool_backward_verdict,
          _present("max_pool3d_with_indices_backward", "adaptive_max_pool3d_backward",
                   "fractional_max_pool3d_backward")),
+    Rule("grid_sampler_backward", tuple(getattr(aten, name) for name in (
+         "grid_sampler_2d_backward", "grid_sampler_3d_backward", "cudnn_grid_sampler_backward",
+         "_grid_sampler_2d_cpu_fallback_backward") if hasattr(aten, name)),
+         h.grid_sampler_backward, "passed: the input gradient sums interpolated gradients at "
+         "the positions the grid picks", h.grid_sampler_backward,
+         _present("grid_sampler_2d_backward", "grid_sampler_3d_backward")),
     Rule("bincount", (aten.bincount,), h.bincount, "floating weights exact (float32 or "
          "float64, as torch)", h.bincount_verdict, _present("bincount")),
     Rule("histogram", (aten.histogram,), h.histogram, "with weight: each bin the correctly "
