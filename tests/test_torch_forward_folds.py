@@ -387,3 +387,22 @@ def test_grid_sampling_input_gradient_is_passed_and_refused_by_strict():
         strict=True
     ):
         sample(x, grid, align_corners=False).sum().backward()
+
+
+def test_drop_in_and_mode_agree_on_long_narrow_means_and_negative_zero_bags():
+    """A bfloat16 mean over 257 ids (a count bfloat16 cannot hold) is divided once by the
+    count; a bag of -0.0 rows and a padding id sums to -0.0 (the padding id is left out)."""
+    width = 64  # enough columns that dividing by bfloat16(257) = 256 changes some quotients
+    weight = spread((NUM, width), torch.bfloat16, 40)
+    weight[7] = -0.0
+    ids = torch.cat([torch.randint(8, NUM, (257,), generator=torch.Generator().manual_seed(4)),
+                     torch.tensor([7, 3, 7])])  # fmt: skip
+    offsets = torch.tensor([0, 257])
+    for mode_name in ("mean", "sum"):
+        want = to.embedding_bag(ids, weight, offsets, mode=mode_name, padding_idx=3)
+        drop_in = bt.embedding_bag(ids, weight, offsets, mode=mode_name, padding_idx=3)
+        with bt.exact_mode():
+            eager = torch.nn.functional.embedding_bag(ids, weight, offsets, mode=mode_name,
+                                                      padding_idx=3)  # fmt: skip
+        assert same_bits(drop_in, want) and same_bits(eager, want), mode_name
+        assert torch.equal(torch.signbit(want[1]), torch.ones(width, dtype=torch.bool))

@@ -32,7 +32,12 @@ from torch.nn import functional as F
 
 from ..errors import DeviceError, FoldError, FoldTypeError, ShapeError
 from ..validate import check_has_data, check_K, checked_options, type_label
-from .folds import bag_of_positions, index_add_shape_problem, scatter_shape_problem
+from .folds import (
+    bag_of_positions,
+    divide_by_counts,
+    index_add_shape_problem,
+    scatter_shape_problem,
+)
 from .ops import check_tensor, embedding_op, index_add_op, scatter_add_op, segment_sum_op
 
 _EXACT_ALREADY = (
@@ -422,12 +427,15 @@ def embedding_bag(
     if max_norm is not None:
         _renorm(weight, ids, max_norm, norm_type)
     psw = None if per_sample_weights is None else per_sample_weights.reshape(-1)
-    if not torch.compiler.is_compiling() and bool((bags < 0).any()):
-        inside = bags >= 0  # ids after the last offset
-        ids, bags = ids[inside], bags[inside]
-        psw = None if psw is None else psw[inside]
+    if not torch.compiler.is_compiling():
+        inside = bags >= 0  # ids after the last offset, and padding ids, are left out
+        if padding >= 0:
+            inside &= ids != padding
+        if not bool(inside.all()):
+            ids, bags = ids[inside], bags[inside]
+            psw = None if psw is None else psw[inside]
     rows = embedding_op(weight, ids, padding, bool(scale_grad_by_freq))
-    if padding >= 0:
+    if padding >= 0:  # compiled, where no id can be dropped: a padding id adds +0.0 rows
         rows = rows.masked_fill((ids == padding).view(-1, 1), 0)
     if psw is not None:
         rows = rows * psw.view(-1, 1)
@@ -436,7 +444,7 @@ def embedding_bag(
         return sums
     kept = torch.ones_like(ids) if padding < 0 else (ids != padding).to(ids.dtype)
     counts = torch.zeros(num_bags, dtype=ids.dtype, device=ids.device).index_add_(0, bags, kept)
-    return sums / counts.clamp(min=1).to(sums.dtype).view(-1, 1)
+    return divide_by_counts(sums, counts.clamp(min=1).view(-1, 1))
 
 
 __all__ = ["embedding", "embedding_bag", "index_add", "scatter_add", "segment_sum"]
