@@ -21,6 +21,7 @@ from .errors import (
     FoldTypeError,
     IndexRangeError,
     ShapeError,
+    UnknownOptionError,
     UnknownStrategyError,
 )
 from .exact import ExactAccumulator
@@ -57,6 +58,7 @@ __all__ = [
     "FoldTypeError",
     "IndexRangeError",
     "ShapeError",
+    "UnknownOptionError",
     "UnknownStrategyError",
     "__version__",
     "add_at",
