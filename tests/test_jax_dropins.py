@@ -133,6 +133,8 @@ def test_jax_segment_sum_takes_jaxs_hints_and_refuses_what_it_cannot_honour():
         (dict(out_sharding="x"), bitfold.FoldError, "out_sharding='x' is not supported"),
         (dict(num_segments=2.0), bitfold.FoldTypeError, "num_segments must be a positive integer"),
     ]
+    with pytest.raises(bitfold.FoldTypeError, match=r"num_segments is traced .* a Python int"):
+        jax.jit(lambda d, i, n: bj.segment_sum(d, i, n))(data, ids, K)
     for options, error, words in refusals:
         kwargs = {"num_segments": K, **options}
         with pytest.raises(error, match=re.escape(words)) as info:

@@ -392,6 +392,12 @@ def _num_segments(num_segments: Any, concrete: np.ndarray | None) -> int:
                 "num_segments was not given and segment_ids hold no id >= 0 (max(segment_ids) "
                 "+ 1 = 0 segments): pass num_segments >= 1"
             )
+    elif isinstance(num_segments, jax.core.Tracer):
+        raise FoldTypeError(
+            "num_segments is traced (an argument of the jitted function): it sets the result's "
+            "shape, so pass a Python int (static_argnums, or a closure), as jax.ops.segment_sum "
+            "needs"
+        )
     elif not isinstance(num_segments, numbers.Integral) and hasattr(num_segments, "__index__"):
         try:  # a concrete integer JAX or NumPy scalar array, as JAX takes it
             num_segments = operator.index(num_segments)
