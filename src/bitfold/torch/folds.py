@@ -215,10 +215,10 @@ def index_reduce_mean(
     ids = index.reshape(-1).to(torch.int64)
     counts = torch.zeros(K, dtype=torch.int64, device=input.device)
     counts.index_add_(0, ids, torch.ones_like(ids))
-    counts = (counts + int(include_self)).clamp(min=1).to(input.dtype)
+    counts = (counts + int(include_self)).clamp(min=1)
     shape = [1] * input.dim()
     shape[d] = K
-    return summed / counts.view(shape)
+    return divide_by_counts(summed, counts.view(shape))
 
 
 # -- scatter_add ----------------------------------------------------------------------------------
@@ -323,7 +323,7 @@ def scatter_reduce(
     if index.numel():
         counts.scatter_add_(dim, index, torch.ones_like(index, dtype=torch.int64))
     counts = (counts + int(include_self)).clamp(min=1)
-    return summed / counts.to(input.dtype)
+    return divide_by_counts(summed, counts)
 
 
 # -- index_put / put (accumulate=True) ------------------------------------------------------------

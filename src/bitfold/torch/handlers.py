@@ -517,7 +517,7 @@ def sparse_product(
         return UNTOUCHED  # torch has no such product
     out = sparse.product(ops, C, float(beta), float(alpha))
     if reduce == "mean":
-        out = out / sparse.row_counts(ops.A).clamp(min=1).to(out.dtype).view(-1, 1)
+        out = folds.divide_by_counts(out, sparse.row_counts(ops.A).clamp(min=1).view(-1, 1))
     return out
 
 

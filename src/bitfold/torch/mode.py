@@ -105,6 +105,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import FoldError
 from . import extension_ops, sparse
+from .folds import divide_by_counts
 from .handlers import UNTOUCHED, Leave, bind, plain_index, written
 from .rules import rule_for
 
@@ -243,7 +244,7 @@ def _sparse_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> An
     beta, alpha = float(call.beta), float(call.alpha)
     out = sparse.differentiable_product(ops, call.C, beta, alpha)
     if reduce == "mean":
-        out = out / sparse.row_counts(ops.A).clamp(min=1).to(out.dtype).view(-1, 1)
+        out = divide_by_counts(out, sparse.row_counts(ops.A).clamp(min=1).view(-1, 1))
     return out if vector is None else out.squeeze(vector)
 
 

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from .folds import fold_rows
+from .folds import divide_by_counts, fold_rows
 
 
 def _offsets(lengths: torch.Tensor | None, offsets: torch.Tensor | None) -> torch.Tensor:
@@ -100,7 +100,7 @@ def segment_reduce(
     if reduce == "mean":
         counts = bounds.diff(dim=1).reshape(B * S, 1).to(data.device)
         empty = initial if initial is not None else math.nan
-        divided = summed / counts.clamp(min=1).to(data.dtype)
+        divided = divide_by_counts(summed, counts.clamp(min=1))
         summed = torch.where(counts > 0, divided, torch.full_like(summed, empty))
     return summed.reshape(out_shape)
 
