@@ -406,3 +406,18 @@ def test_drop_in_and_mode_agree_on_long_narrow_means_and_negative_zero_bags():
                                                       padding_idx=3)  # fmt: skip
         assert same_bits(drop_in, want) and same_bits(eager, want), mode_name
         assert torch.equal(torch.signbit(want[1]), torch.ones(width, dtype=torch.bool))
+
+
+def test_means_over_counts_a_narrow_dtype_cannot_hold_divide_once():
+    """257 terms into one bfloat16 element: the correctly rounded sum divided by 257, not by
+    bfloat16(257) = 256 (one rounding of the quotient)."""
+    width = 64
+    src = spread((257, width), torch.bfloat16, 41)
+    index = torch.zeros(257, width, dtype=torch.int64)
+    base = spread((1, width), torch.bfloat16, 42)
+    with bt.exact_mode(strict=True):
+        scattered = base.scatter_reduce(0, index, src, "mean", include_self=False)
+        indexed = base.index_reduce(0, index[:, 0], src, "mean", include_self=False)
+        segments = torch.segment_reduce(src, "mean", lengths=torch.tensor([257]))
+    want = to.scatter_reduce(base, 0, index, src, "mean", include_self=False)
+    assert same_bits(scattered, want) and same_bits(indexed, want) and same_bits(segments, want)
