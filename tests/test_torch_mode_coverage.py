@@ -311,14 +311,18 @@ def test_coalescing_duplicates_is_exact_and_sparse_at_sparse_is_recorded():
 def test_index_put_out_of_range_names_the_id_and_the_size(bad):
     x = torch.zeros(3, 2)
     with bt.exact_mode():
-        with pytest.raises(bitfold.IndexRangeError, match=rf"= {bad} .*K = 3"):
+        with pytest.raises(bitfold.IndexRangeError, match=rf"= {bad} .*input\.shape\[0\] = 3"):
             x.index_put_((torch.tensor([0, bad]),), torch.ones(2, 2), accumulate=True)
-        with pytest.raises(bitfold.IndexRangeError, match=rf"= {bad} .*K = 3"):
+        with pytest.raises(bitfold.IndexRangeError, match=rf"= {bad} .*input\.shape\[0\] = 3"):
             torch.ops.aten._unsafe_index_put(x, [torch.tensor([bad])], torch.ones(1, 2), True)
-        with pytest.raises(bitfold.IndexRangeError, match=r"= 3 .*K = 3"):  # two index tensors
+        with pytest.raises(bitfold.IndexRangeError, match=r"= 3 .*input\.shape\[0\] = 3"):
             x.index_put_((torch.tensor([0, 3]), torch.tensor([1, 1])), torch.ones(2), True)
-        with pytest.raises(bitfold.IndexRangeError, match=r"= 6 .*K = 6"):  # put: flat
-            x.put_(torch.tensor([6]), torch.ones(1), accumulate=True)
+        with pytest.raises(bitfold.IndexRangeError, match=r"= 6 .*input\.numel\(\) = 6"):
+            x.put_(torch.tensor([6]), torch.ones(1), accumulate=True)  # put: flat positions
+        with pytest.raises(bitfold.IndexRangeError, match=r"\[1, 0\] = 3 .*input\.shape\[0\] = 3"):
+            x.scatter_add_(0, torch.tensor([[0, 1], [3, 1]]), torch.ones(2, 2))
+        with pytest.raises(bitfold.IndexRangeError, match=r"\[0, 1\] = 2 .*input\.shape\[1\] = 2"):
+            x.scatter_add_(1, torch.tensor([[0, 2]]), torch.ones(1, 2))  # element by element
     with pytest.raises(IndexError):  # torch's own error outside the mode
         x.index_put_((torch.tensor([0, bad]),), torch.ones(2, 2), accumulate=True)
 
@@ -331,7 +335,7 @@ def test_the_backward_of_an_index_into_a_table_checks_its_ids():
         out = w[idx]
         grad = torch.ones_like(out)
         torch.autograd.grad(out, w, grad)  # fine
-        with pytest.raises(bitfold.IndexRangeError, match=r"= 3 .*K = 3"):
+        with pytest.raises(bitfold.IndexRangeError, match=r"= 3 .*input\.shape\[0\] = 3"):
             # the same fold that w[idx]'s backward runs, with an id one past the table
             torch.ops.aten.index_put(torch.zeros(3, 2), [torch.tensor([0, 3])], grad, True)
 
@@ -434,3 +438,16 @@ def test_a_module_traced_outside_the_mode_folds_exactly_inside_it():
         got = traced(x, dst)
     assert got.item() == round_fraction(Fraction(1) + Fraction(2, 2**24), "float32")
     assert mode.counts["index_add"] == 1
+
+
+def test_exact_mode_and_compile_refuse_unknown_options_by_name():
+    with pytest.raises(bitfold.FoldError, match=r"exact_mode\(\) takes no option turbo=.*strict="):
+        bt.exact_mode(turbo=1)
+    with pytest.raises(bitfold.FoldError, match=r"positional"):
+        bt.exact_mode(True)
+    with pytest.raises(
+        bitfold.FoldError, match=r"compile\(\) takes no option turbo=.*fullgraph=.*strict="
+    ) as info:
+        bt.compile(lambda x: x, turbo=1)
+    assert info.value.__cause__ is None and info.value.__context__ is None
+    assert bt.compile(lambda x: x + 1, name="kept", recompile_limit=2) is not None  # torch's own

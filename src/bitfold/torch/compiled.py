@@ -49,6 +49,7 @@ allowed, its folds being exact.
 from __future__ import annotations
 
 import functools
+import inspect
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -58,6 +59,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from ..errors import FoldError
+from ..validate import refuse_unknown_options
 from . import extension_ops
 from .aten_ops import EXACT_OPS
 from .graph_pass import CompileReport, ExactFoldPass, record_left
@@ -239,6 +241,14 @@ def _guarded(
     return call
 
 
+def _check_options(kwargs: dict[str, Any]) -> None:
+    """Refuse a keyword neither bitfold nor this torch's ``torch.compile`` takes, naming it."""
+    own = inspect.signature(compile).parameters
+    theirs = inspect.signature(torch.compile).parameters
+    known = [p for p in (*own, *theirs) if p not in ("model", "kwargs")]
+    refuse_unknown_options("bitfold.torch.compile()", kwargs, dict.fromkeys(known))
+
+
 def compile(
     model: Callable[..., Any] | None = None,
     *,
@@ -268,6 +278,7 @@ def compile(
     >>> f.bitfold.passed  # folds it could not make exact
     Counter()
     """
+    _check_options(kwargs)
     if backend not in (None, "inductor"):
         raise FoldError(
             f"bitfold.torch.compile rewrites inductor's graphs: backend must be 'inductor'; "

@@ -274,6 +274,16 @@ def scatter_add(
     if input.dim() == 0:
         return scatter_add(input.reshape(1), 0, index.reshape(1), src.reshape(1)).reshape(())
     d = dim % input.dim()
+    try:
+        return _scatter_add(input, d, index, src)
+    except IndexRangeError:  # the first bad entry of the index as given, in scatter's words
+        check_range(index, input.shape[d], f"input.shape[{dim}] = {input.shape[d]}")
+        raise
+
+
+def _scatter_add(
+    input: torch.Tensor, d: int, index: torch.Tensor, src: torch.Tensor
+) -> torch.Tensor:
     idx = index.movedim(d, 0)
     n, trailing = idx.shape[0], tuple(idx.shape[1:])
     terms = src.movedim(d, 0)[tuple(slice(0, s) for s in idx.shape)]
@@ -340,7 +350,7 @@ def index_put(
     """
     for d, ix in enumerate(indices):  # before anything wraps or flattens them: the ids as given
         if ix is not None and ix.dtype not in (torch.bool, torch.uint8) and d < input.dim():
-            check_range(ix, input.shape[d], negative=True)
+            check_range(ix, input.shape[d], f"input.shape[{d}] = {input.shape[d]}", negative=True)
     first = indices[0] if len(indices) == 1 else None
     if first is not None and first.dtype not in (torch.bool, torch.uint8) and input.dim() >= 1:
         K = input.shape[0]
@@ -355,7 +365,7 @@ def index_put(
 
 def put(input: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     """``input.put(index, source, accumulate=True)``, exact: flat positions, negative ones wrap."""
-    check_range(index, input.numel(), negative=True)
+    check_range(index, input.numel(), f"input.numel() = {input.numel()}", negative=True)
     positions = wrap_negative(index.reshape(-1), input.numel())
     return fold_positions(positions, source.reshape(-1), input)
 

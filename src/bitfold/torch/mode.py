@@ -104,6 +104,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import FoldError
+from ..validate import checked_options
 from . import extension_ops, sparse
 from .folds import divide_by_counts
 from .handlers import UNTOUCHED, Leave, bind, plain_index, written
@@ -405,6 +406,7 @@ class ExactMode(TorchDispatchMode):
         return f"ExactMode(counts={dict(self.counts)}, passed={dict(self.passed)})"
 
 
+@checked_options
 def exact_mode(*, strict: bool = False) -> ExactMode:
     """A context manager inside which every fold that reaches ATen is exact, forward and backward.
 
