@@ -53,7 +53,7 @@ from .arrays import from_numpy, to_numpy
 from .dense import DenseSum, WireLayout, array_bounds, array_words, wire_layout
 from .errors import DistributedError, FoldError, FoldTypeError
 from .formats import VALUE_DTYPES, dtype_name, resolve_out_dtype
-from .validate import check_has_data, checked_options
+from .validate import check_has_data, checked_options, positive_int_or_none
 
 __all__ = ["GradientSum", "exact_all_reduce", "exact_allreduce_hook"]
 
@@ -99,17 +99,8 @@ def _check_timeout(timeout: Any) -> float:
 
 def _check_mean_over(mean_over: Any) -> int:
     """``mean_over`` as a count to divide by: a positive integer (None: 1), or a refusal."""
-    if mean_over is None:
-        return 1
-    if (
-        isinstance(mean_over, bool) or not isinstance(mean_over, numbers.Integral)
-        or mean_over < 1
-    ):  # fmt: skip
-        raise FoldError(
-            f"mean_over must be a positive integer (the count the sum is divided by) or None; "
-            f"got mean_over={mean_over!r}"
-        )
-    return int(mean_over)
+    count = positive_int_or_none(mean_over, "mean_over", "the count the sum is divided by")
+    return 1 if count is None else count
 
 
 @checked_options

@@ -63,6 +63,7 @@ from .validate import (
     check_values,
     checked_options,
     index_range_error,
+    positive_int_or_none,
     type_label,
 )
 
@@ -435,14 +436,7 @@ def _clips(mode: Any) -> bool:
 
 def _check_hints(bucket_size: Any, out_sharding: Any) -> None:
     """Refuse a ``bucket_size`` that is not None or a positive int, and any ``out_sharding``."""
-    if bucket_size is not None and (
-        isinstance(bucket_size, bool) or not isinstance(bucket_size, numbers.Integral)
-        or bucket_size < 1
-    ):  # fmt: skip
-        raise FoldError(
-            f"bucket_size must be None or a positive integer (it does not change an exact sum); "
-            f"got bucket_size={bucket_size!r}"
-        )
+    positive_int_or_none(bucket_size, "bucket_size", "it does not change an exact sum")
     if out_sharding is not None:
         raise FoldError(
             f"out_sharding={out_sharding!r} is not supported by bitfold.jax.segment_sum: pass "

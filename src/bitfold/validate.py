@@ -104,6 +104,20 @@ def checked_options(func: F) -> F:
     return checked  # type: ignore[return-value]
 
 
+def positive_int_or_none(value: Any, name: str, meaning: str) -> int | None:
+    """``value`` as an ``int`` when it is a positive integer (not a bool), None when None.
+
+    Anything else is refused with a :class:`~bitfold.FoldError` that names the
+    option, says what it means (``meaning``) and shows the value given.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise FoldError(f"{name} must be None or a positive integer ({meaning}); got "
+                        f"{name}={value!r}")  # fmt: skip
+    return int(value)
+
+
 #: Bytes a plan keeps per bucket at most (int64 offsets).
 PLAN_BYTES_PER_BUCKET = 8
 

@@ -16,7 +16,6 @@ for how many private copies of a sum a host kernel splits its values over
 
 from __future__ import annotations
 
-import numbers
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +23,7 @@ import numpy as np
 from ..errors import FoldError
 from ..formats import FLOATS, N_NOT_NEGZERO, N_TERMS, LimbFormat
 from ..kernels import cpu
-from ..validate import Values
+from ..validate import Values, positive_int_or_none
 from .host_arrays import bfloat16_bits, host_rows, host_values, target
 
 if TYPE_CHECKING:
@@ -61,14 +60,8 @@ def check_tuning(kernel: Any = "auto", carry_every: Any = None) -> None:
     """
     if not isinstance(kernel, str) or kernel not in KERNELS:
         raise FoldError(f"unknown exact kernel {kernel!r}; choose 'auto', 'binned' or 'limbs'")
-    if carry_every is not None and (
-        isinstance(carry_every, bool) or not isinstance(carry_every, numbers.Integral)
-        or carry_every < 1
-    ):  # fmt: skip
-        raise FoldError(
-            f"carry_every must be a positive integer (how many values the limbs take between "
-            f"carries) or None (the format's own); got carry_every={carry_every!r}"
-        )
+    positive_int_or_none(carry_every, "carry_every", "how many values the limbs take between "
+                         "carries; None: the format's own")  # fmt: skip
 
 
 def exact_kernel(kernel: str, dtype: str, K: int) -> str:
