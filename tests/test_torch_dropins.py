@@ -247,9 +247,9 @@ def test_functions_on_empty_zero_dim_and_non_contiguous_tensors():
     assert bt.scatter_add(s, 0, torch.tensor(0), torch.tensor(2.0)).item() == 3.0
     xt, src = spread((4, 6), torch.float32, 18).t(), spread((4, 5), torch.float32, 19).t()
     i = torch.tensor([0, 3, 3, 1, 5])
-    close(bt.index_add(xt, 0, i, src), torch.index_add(xt, 0, i, src))
+    assert same_bits(bt.index_add(xt, 0, i, src), to.index_add(xt, 0, i, src))
     e = torch.randint(0, 4, (4, 5), generator=torch.Generator().manual_seed(20)).t()
-    close(bt.scatter_add(xt, 1, e, src), torch.scatter_add(xt, 1, e, src))
+    assert same_bits(bt.scatter_add(xt, 1, e, src), to.scatter_add(xt, 1, e, src))
     with pytest.raises(bitfold.IndexRangeError, match=r"index\[0, 1\] = 7 .*input\.shape\[1\] = 4"):
         bt.scatter_add(xt, 1, e.clone().index_fill_(1, torch.tensor([1]), 7), src)
 
@@ -345,7 +345,8 @@ def test_embedding_in_other_dtypes(dtype):
     for m in (theirs, mine):
         (m(tokens) * grad).sum().backward()
     assert mine.weight.grad.dtype == dtype
-    close(mine.weight.grad, theirs.weight.grad)
+    assert same_bits(mine.weight.grad, to.embedding_weight_grad(grad, tokens, 6))
+    close(theirs.weight.grad, mine.weight.grad)  # torch's own sums, within rounding
 
 
 BAG_CASES = [
