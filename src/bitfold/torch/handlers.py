@@ -556,13 +556,18 @@ def sampled_addmm(a: dict[str, Any]) -> torch.Tensor | Leave:
     return sparse.sampled_addmm(S, mat1, mat2, float(a["beta"]), float(a["alpha"]))
 
 
+def _sparse_place(x: torch.Tensor) -> Leave | None:
+    """A verdict for a sparse tensor bitfold cannot fold where it is, or None."""
+    if type(x) not in PLAIN or x.device.type not in ("cpu", "cuda"):
+        return Leave(f"a {type(x).__name__} on {x.device}: bitfold folds plain CPU/CUDA tensors")
+    return None
+
+
 def coalesce(a: dict[str, Any]) -> torch.Tensor | Leave:
     x = a["self"]
     if x.dtype not in FLOATING:
         return UNTOUCHED if x.dtype in INTEGER else Leave("complex duplicates summed by torch")
-    if type(x) not in PLAIN or x.device.type not in ("cpu", "cuda"):
-        return Leave(f"a {type(x).__name__} on {x.device}: bitfold folds plain CPU/CUDA tensors")
-    return sparse.coalesce(x)
+    return _sparse_place(x) or sparse.coalesce(x)
 
 
 def to_compressed(a: dict[str, Any], func: Any) -> Any:
@@ -593,9 +598,7 @@ def sparse_sum(a: dict[str, Any]) -> Any:
         return UNTOUCHED
     if out_dtype not in FLOATING:
         return Leave(f"{dtype_name(out_dtype)}: bitfold folds float16 .. float64")
-    if type(x) not in PLAIN or x.device.type not in ("cpu", "cuda"):
-        return Leave(f"a {type(x).__name__} on {x.device}: bitfold folds plain CPU/CUDA tensors")
-    return sparse.sparse_sum(x, list(dims), dtype)
+    return _sparse_place(x) or sparse.sparse_sum(x, list(dims), dtype)
 
 
 def to_sparse_csr(a: dict[str, Any]) -> Any:
