@@ -3,6 +3,7 @@ and every registered backend compared with the oracle and the host (``backend_co
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -24,8 +25,14 @@ COMPARE = Path(__file__).with_name("backend_compare.py")
 REQUIRED = os.environ.get("BITFOLD_REQUIRE_CUDA") == "1"
 
 
+#: every backend this package registers, in the order they are asked (by priority)
+ASKED = ("host", "triton", "cuda", "portable")
+
+
 def test_backend_names_lists_the_registry():
-    assert bitfold.backend_names() == ("host", "cuda", "portable")
+    names = bitfold.backend_names()
+    assert {"host", "cuda", "portable"} <= set(names) <= set(ASKED)
+    assert names == tuple(n for n in ASKED if n in names)  # highest priority first
     assert "backend_names" in bitfold.__all__
     assert bitfold.backends.__name__ == "bitfold.backends"  # the subpackage, not a function
 
@@ -77,7 +84,8 @@ def test_a_new_backend_is_selected_by_family_and_device_without_touching_dispatc
     )  # fmt: skip
     registry.register(mps)
     try:
-        assert bitfold.backend_names()[-1] == "fake-mps"
+        names = bitfold.backend_names()  # host's priority: asked right after host
+        assert names.index("fake-mps") == names.index("host") + 1
         assert registry.backend_for("numba", "mps") is mps
         assert registry.backend_for("numpy", "cpu") is host.BACKEND
         with pytest.raises(bitfold.FoldError, match="valid options: tile="):
@@ -85,6 +93,93 @@ def test_a_new_backend_is_selected_by_family_and_device_without_touching_dispatc
     finally:
         registry.unregister("fake-mps")
     assert "fake-mps" not in bitfold.backend_names()
+
+
+@contextlib.contextmanager
+def _registered(*entries):
+    """``entries`` registered for the duration (each a replaced host entry), then removed."""
+    try:
+        for entry in entries:
+            registry.register(entry)
+        yield entries
+    finally:
+        for entry in entries:
+            registry.unregister(entry.name)
+
+
+def _fake(name, priority, families=("fakefam",), devices=("fakedev",), **fields):
+    return dataclasses.replace(host.BACKEND, name=name, families=families, devices=devices,
+                               priority=priority, **fields)  # fmt: skip
+
+
+def test_the_built_in_backends_are_asked_by_priority_with_room_between():
+    """host before cuda (numba) before portable, by their entries' numbers, with room for a
+    backend between host and cuda (a GPU backend preferred to the numba-cuda kernels)."""
+    from bitfold.backends import cuda, portable
+
+    prios = [b.BACKEND.priority for b in (host, cuda, portable)]
+    assert prios == sorted(prios, reverse=True) and len(set(prios)) == 3
+    assert prios[0] - prios[1] >= 2  # an integer strictly between host and cuda
+    asked = [b.name for b in registry.backends()]
+    assert asked == list(bitfold.backend_names())
+    assert [b.priority for b in registry.backends()] == sorted(
+        (b.priority for b in registry.backends()), reverse=True
+    )
+
+
+def test_the_highest_priority_serving_backend_is_chosen_whatever_the_registration_order():
+    low, high = _fake("fake-low", 5), _fake("fake-high", 10)
+    with _registered(low, high):  # registered low first
+        names = bitfold.backend_names()
+        assert names.index("fake-high") < names.index("fake-low")
+        assert registry.backend_for("fakefam", "fakedev") is high
+    with _registered(_fake("fake-only-other-dev", 50, devices=("otherdev",)), low):
+        assert registry.backend_for("fakefam", "fakedev") is low  # the higher one does not serve
+    assert not {"fake-low", "fake-high"} & set(bitfold.backend_names())
+
+
+def test_equal_priorities_keep_the_registration_order():
+    first, second, third = _fake("fake-a", 7), _fake("fake-b", 7), _fake("fake-c", 7)
+    with _registered(second, first, third):
+        names = [n for n in bitfold.backend_names() if n.startswith("fake-")]
+        assert names == ["fake-b", "fake-a", "fake-c"]
+        assert registry.backend_for("fakefam", "fakedev") is second
+        assert [b.name for b in registry.backends() if b.name.startswith("fake-")] == names
+
+
+def test_a_backend_that_cannot_run_on_a_listed_device_does_not_serve_it():
+    """``runs_on(device)`` False: the next backend is asked; forced, a clear DeviceError."""
+    seen = []
+
+    def runs_on(device):
+        seen.append(device)
+        return device != "cpu"  # a GPU kernel library without its CPU interpreter
+
+    gpu = _fake("fake-gpu", 10_000, families=("torch",), devices=("cpu", "xpu"),
+                runs_on=runs_on)  # fmt: skip
+    with _registered(gpu):
+        assert not gpu.serves("torch", "cpu") and gpu.serves("torch", "xpu")
+        assert gpu.lists("torch", "cpu") and not gpu.can_run("cpu")
+        assert registry.backend_for("torch", "cpu") is host.BACKEND  # the next one asked
+        assert registry.backend_for("torch", "xpu") is gpu
+        assert "cpu" in seen and "xpu" in seen
+        with pytest.raises(bitfold.DeviceError, match=r"fake-gpu backend .* cannot run here"):
+            registry.backend_for("torch", "cpu", name="fake-gpu")
+        with pytest.raises(bitfold.DeviceError, match=r"fake-gpu backend .*on cpu, xpu$"):
+            registry.backend_for("torch", "mps", name="fake-gpu")  # not listed: not "run here"
+        tensor = pytest.importorskip("torch").ones(3)
+        with pytest.raises(bitfold.DeviceError, match="cannot run here"):
+            bitfold.Fold([0, 1, 0], 2)(tensor, backend="fake-gpu")
+        assert bitfold.Fold([0, 1, 0], 2)(tensor).tolist() == [2.0, 1.0]  # the host's
+
+
+def test_an_unavailable_backend_serves_nothing_even_at_the_top():
+    top = _fake("fake-top", 10_000, families=("numpy",), devices=("cpu",),
+                available=lambda: False)  # fmt: skip
+    with _registered(top):
+        assert registry.backend_for("numpy", "cpu") is host.BACKEND
+        with pytest.raises(bitfold.DeviceError, match="cannot run here"):
+            registry.backend_for("numpy", "cpu", name="fake-top")
 
 
 def test_jax_arrays_on_a_gpu_take_the_portable_backend(monkeypatch):

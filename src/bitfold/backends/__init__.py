@@ -6,9 +6,10 @@ CPU kernels; ``cuda`` serves GPU arrays (CuPy, torch CUDA, numba and
 only when GPU values arrive); ``portable`` serves torch, CuPy and JAX arrays
 on any device (CUDA without numba-cuda, MPS, XPU, ROCm, TPU, JAX on a GPU)
 with the array libraries' own integer operations. Each module ends with its ``BACKEND`` entry
-(:class:`~bitfold.backends.registry.Backend`); the lines below register them,
-in the order :func:`~bitfold.backends.registry.backend_for` asks them. A new
-backend is one module and one line here.
+(:class:`~bitfold.backends.registry.Backend`), whose ``priority`` says when
+:func:`~bitfold.backends.registry.backend_for` asks it (host 300, cuda 100,
+portable -100: highest first); the lines below register them. A new backend
+is one module, with a priority among these, and one line here.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from __future__ import annotations
 from . import cuda, host, portable
 from .registry import backend_names, register
 
-register(host.BACKEND)
-register(cuda.BACKEND)  # when numba-cuda loads (its entry's available())
-register(portable.BACKEND)  # every device the array libraries run on
+register(host.BACKEND)  # priority 300: NumPy arrays and CPU values
+register(cuda.BACKEND)  # priority 100: when numba-cuda loads (its entry's available())
+register(portable.BACKEND)  # priority -100: every device the array libraries run on
 
 __all__ = ["backend_names"]

@@ -906,6 +906,7 @@ BACKEND = Backend.from_functions(
     explain=explain_route,
     summary="CuPy arrays, torch CUDA tensors, numba and __cuda_array_interface__ arrays",
     available=lambda: numba_cuda_loads(),
+    priority=100,  # below host; a GPU backend preferred to these kernels sits between
 )
 
 __all__ = [

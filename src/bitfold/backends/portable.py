@@ -657,6 +657,7 @@ BACKEND = Backend.from_functions(
     init=InitRule(strategies=FOLDS, mixed_dtypes=True),  # every fold, into any float dtype
     explain=explain_route,
     summary="torch, CuPy and JAX arrays on any device (and NumPy), in their own operations",
+    priority=-100,  # asked last: the safety net on every device
 )
 
 __all__ = [

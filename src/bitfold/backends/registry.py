@@ -35,12 +35,25 @@ entry states, as data:
   (``plan.route(values)``);
 * optionally ``available() -> bool``: whether it can run here at all (the
   CUDA backend: whether numba-cuda loads); an unavailable backend serves
-  nothing, and the next one is asked.
+  nothing, and the next one is asked;
+* optionally ``runs_on(device) -> bool``: whether it can run on one of its
+  listed device types here and now (``"cpu"``, ``"cuda"``, ``"xpu"``, ...);
+  a backend that lists a device it cannot run on at the moment (a GPU
+  kernel library on ``"cpu"`` without its interpreter) does not serve it,
+  and the next one is asked;
+* ``priority``: the order backends are asked in, highest first; backends of
+  equal priority are asked in the order they were registered. The built-in
+  entries leave room between them — ``host`` 300, ``cuda`` (the numba-cuda
+  kernels) 100, ``portable`` -100 — so a new backend slots in by its number,
+  not by where its ``register`` line sits (a GPU backend preferred to the
+  numba-cuda kernels takes a number between 100 and 300).
 
 A backend missing any piece is refused by :func:`register` with an error
-naming it and the piece. :func:`backend_for` picks the first registered
-backend that serves the values; :func:`check_options` refuses an option the
-backend does not take for an operation, listing the ones it does.
+naming it and the piece. :func:`backend_for` picks the backend of highest
+priority that serves the values (a backend forced by name that does not
+serve them is refused with a :class:`bitfold.DeviceError` saying why);
+:func:`check_options` refuses an option the backend does not take for an
+operation, listing the ones it does.
 """
 
 from __future__ import annotations
@@ -77,7 +90,13 @@ class InitRule:
 
 @dataclass(frozen=True)
 class Backend:
-    """One backend: what it serves, its implementation of every operation, its options."""
+    """One backend: what it serves, its implementation of every operation, its options.
+
+    ``priority`` orders selection (higher is asked first; ties keep registration
+    order). ``available()`` says whether the backend can run here at all,
+    ``runs_on(device)`` whether it can run on one of its listed device types now;
+    either one saying False makes :meth:`serves` False for the values concerned.
+    """
 
     name: str
     families: tuple[str, ...]
@@ -93,6 +112,8 @@ class Backend:
     explain: Impl | None = None
     summary: str = ""
     available: Callable[[], bool] | None = None
+    runs_on: Callable[[str], bool] | None = None
+    priority: int = 0
 
     @classmethod
     def from_functions(cls, functions: Mapping[str, Any], **entry: Any) -> Backend:
@@ -108,11 +129,24 @@ class Backend:
 
         ``devices`` may be ``("*",)``: any device the array library runs on. A
         backend whose ``available()`` says False (its kernels' library does not
-        load) serves nothing.
+        load) serves nothing; one whose ``runs_on(device)`` says False does not
+        serve ``device`` (it lists the device but cannot run there now).
         """
-        if family not in self.families or not ("*" in self.devices or device in self.devices):
+        if not self.lists(family, device):
             return False
-        return self.available is None or bool(self.available())
+        return self.can_run(device)
+
+    def lists(self, family: str, device: str) -> bool:
+        """True when ``family`` on ``device`` is among what this entry declares it serves,
+        whether or not it can run there now (:meth:`serves` asks both)."""
+        return family in self.families and ("*" in self.devices or device in self.devices)
+
+    def can_run(self, device: str) -> bool:
+        """True unless ``available()`` or ``runs_on(device)`` says this backend cannot run
+        on ``device`` here."""
+        if self.available is not None and not self.available():
+            return False
+        return self.runs_on is None or bool(self.runs_on(device))
 
     def shares_states(self, other: Backend) -> bool:
         """True when ``other``'s accumulator states are this backend's: the same state
@@ -142,7 +176,11 @@ _REGISTRY: dict[str, Backend] = {}
 
 
 def register(backend: Backend) -> Backend:
-    """Add ``backend`` to the registry (after the ones already there); refuse an incomplete one."""
+    """Add ``backend`` to the registry; refuse an incomplete one or a second of one name.
+
+    It is asked by its ``priority`` (:func:`backends`), after the ones already
+    registered with the same priority.
+    """
     gone = backend.missing()
     if gone:
         raise FoldError(
@@ -161,8 +199,8 @@ def unregister(name: str) -> None:
 
 @checked_options
 def backend_names() -> tuple[str, ...]:
-    """Names of the registered backends, in the order they are asked."""
-    return tuple(_REGISTRY)
+    """Names of the registered backends, in the order they are asked (:func:`backends`)."""
+    return tuple(b.name for b in backends())
 
 
 def get_backend(name: str) -> Backend:
@@ -176,16 +214,20 @@ def get_backend(name: str) -> Backend:
 
 
 def backends() -> tuple[Backend, ...]:
-    """The registered backends, in the order they are asked."""
-    return tuple(_REGISTRY.values())
+    """The registered backends, in the order they are asked: highest ``priority`` first,
+    equal priorities in the order they were registered."""
+    return tuple(sorted(_REGISTRY.values(), key=lambda b: -b.priority))  # sorted() is stable
 
 
 def backend_for(
     family: str, device: str, what: str = "values", name: str | None = None
 ) -> Backend:
-    """The first registered backend serving arrays of ``family`` on ``device``, or a refusal.
+    """The backend of highest priority serving arrays of ``family`` on ``device``, or a refusal.
 
-    With ``name``, that backend (forced), refused unless it serves them.
+    With ``name``, that backend (forced), refused with a :class:`bitfold.DeviceError`
+    unless it serves them: one that does not list them says what it serves, one that
+    lists them but cannot run here (``available()`` or ``runs_on(device)`` False)
+    says so.
     """
     if name is not None:
         chosen = get_backend(name)
@@ -194,16 +236,15 @@ def backend_for(
                 f"the {name} backend does not fold {what} that are {family} arrays on device "
                 f"{device!r}: it serves {', '.join(chosen.families)} arrays on "
                 f"{', '.join(chosen.devices)}"
-                + ("" if chosen.available is None or chosen.available() else ", and cannot run "
-                   "here")
+                + ("" if chosen.can_run(device) else ", and cannot run here")
             )
         return chosen
-    for backend in _REGISTRY.values():
+    for backend in backends():
         if backend.serves(family, device):
             return backend
     served = "; ".join(
         f"{b.name}: {', '.join(b.families)} arrays on {', '.join(b.devices)}"
-        for b in _REGISTRY.values()
+        for b in backends()
     )
     raise DeviceError(
         f"{what} are {family} arrays on device {device!r}, which no backend folds; "
@@ -237,7 +278,7 @@ def check_options(
 
 def known_options(operation: str) -> tuple[str, ...]:
     """Every option some registered backend takes for ``operation`` (sorted)."""
-    return tuple(sorted({o for b in _REGISTRY.values() for o in b.options.get(operation, ())}))
+    return tuple(sorted({o for b in backends() for o in b.options.get(operation, ())}))
 
 
 __all__ = [
