@@ -1,0 +1,492 @@
+"""The Triton backend: folds of GPU tensors with Triton kernels, on their device and stream.
+
+It serves torch tensors on the devices Triton compiles for (``cuda``, which is
+also ROCm's device type in torch, and ``xpu``), and CuPy arrays through
+DLPack (no copy). Under ``TRITON_INTERPRET=1`` it also serves CPU tensors
+when asked by name (``backend="triton"``): Triton's interpreter runs the same
+kernels on the CPU, which is how the suite tests them without a GPU.
+
+Every step is a kernel or a torch operation queued on the values' current
+stream; nothing waits for the host inside a fold, and every buffer comes from
+torch's caching allocator, so a warm fold can be captured in a CUDA graph.
+The plan's data on the device (sorted order, offsets, counts; built on the
+device for a device index) comes from :func:`bitfold.backends.device_plan.plan_tensors`;
+the table of hot buckets (those with more positions than a lane walks) is
+made once per plan, device and tuning, and kept by the plan.
+
+Numeric contracts: :mod:`bitfold.kernels.triton`. ``exact`` gives the host's
+bits (the correctly rounded sum), ``ordered`` the host ``ordered`` bits (NaN
+results as the canonical NaN), ``atomic`` torch's ``index_add_``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..arrays import library_of, to_numpy
+from ..errors import DeviceError, FoldError, FoldTypeError
+from ..formats import FLOATS, N_NOT_NEGZERO, N_TERMS, LimbFormat, decoding, limb_format_for
+from ..validate import Values, positive_int_or_none
+from . import host_state
+from .device_plan import plan_tensors
+from .registry import Backend, InitRule
+
+if TYPE_CHECKING:
+    from ..plan import Fold
+
+NAME = "triton"
+#: torch device types Triton compiles for (ROCm tensors are "cuda" in torch).
+GPU_DEVICES = ("cuda", "xpu")
+#: A bucket with at least this many positions is hot: chunks of it are summed by many programs.
+HOT_MIN = 256
+#: Values (positions times row size) a hot program sums.
+CHUNK_VALUES = 8192
+#: Output elements (lanes) a program of the lanes kernel holds: float32-family and float64 limbs.
+LANES = {"f32": 128, "f64": 32}
+_HOT_MEANING = "positions from which a bucket is summed by many programs"
+_CHUNK_MEANING = "positions one program of a hot bucket sums"
+_BITS = {"float16": "int16", "bfloat16": "int16", "float32": "int32", "float64": "int64"}
+_MASKS = {"float16": 0xFFFF, "bfloat16": 0xFFFF, "float32": 0xFFFFFFFF, "float64": -1}
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_loads() -> bool:
+    """Whether Triton and torch are installed (nothing is imported)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("triton", "torch"))
+
+
+def runs_on(device: str) -> bool:
+    """Whether the kernels can run on tensors of torch device type ``device`` here."""
+    if device in GPU_DEVICES:
+        return True
+    return device == "cpu" and interpreting()
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _kernels() -> Any:
+    from ..kernels import triton as kernels
+
+    return kernels
+
+
+# -- values ------------------------------------------------------------------------------------
+def _as_torch(values: Any) -> tuple[Any, str]:
+    """``(tensor, library)``: a torch view of ``values`` (CuPy through DLPack, no copy)."""
+    lib = library_of(values)
+    if lib == "torch":
+        return values, lib
+    if lib == "cupy":
+        return _torch().from_dlpack(values), lib
+    raise DeviceError(
+        f"the triton backend folds torch tensors and CuPy arrays; got a {lib} array"
+    )
+
+
+def _back(t: Any, lib: str) -> Any:
+    if lib == "cupy":
+        import cupy
+
+        return cupy.from_dlpack(t)
+    return t
+
+
+def _check_device(t: Any) -> None:
+    if not runs_on(t.device.type):
+        raise DeviceError(
+            f"the triton backend runs on GPUs ({', '.join(GPU_DEVICES)}); values on device "
+            f"{str(t.device)!r} fold there only in Triton's interpreter (TRITON_INTERPRET=1)"
+        )
+
+
+def _bits(t: Any, dtype: str) -> Any:
+    """The values' bit patterns as a flat contiguous integer tensor (a view where possible)."""
+    torch = _torch()
+    return t.contiguous().view(getattr(torch, _BITS[dtype])).reshape(-1)
+
+
+def _out(like: Any, shape: tuple[int, ...], out_name: str) -> tuple[Any, Any]:
+    """A result tensor of ``out_name`` and the integer view the kernels write its bits into."""
+    torch = _torch()
+    out = torch.empty(shape, dtype=getattr(torch, out_name), device=like.device)
+    return out, out.view(getattr(torch, _BITS[out_name]))
+
+
+@dataclass(frozen=True)
+class Decode:
+    """How the kernels read one value dtype in one limb format (their constexpr arguments)."""
+
+    mask: int
+    exp_bits: int
+    frac_bits: int
+    shift: int
+    wide: bool
+
+    @classmethod
+    def of(cls, dtype: str, fmt: LimbFormat) -> Decode:
+        exp_bits, frac_bits, shift = decoding(dtype, fmt)
+        return cls(_MASKS[dtype], exp_bits, frac_bits, shift, dtype == "float64")
+
+    def kwargs(self) -> dict[str, Any]:
+        return dict(BITS_MASK=self.mask, EXP_BITS=self.exp_bits, FRAC_BITS=self.frac_bits,
+                    SHIFT=self.shift, WIDE=self.wide)  # fmt: skip
+
+
+def _limbs(fmt: LimbFormat) -> dict[str, Any]:
+    return dict(L=fmt.limbs, L_PAD=_kernels().next_power_of_2(fmt.limbs))
+
+
+def _target(out_name: str, fmt: LimbFormat) -> dict[str, Any]:
+    t = FLOATS[out_name]
+    return dict(UNIT=fmt.unit_exp, PREC=t.precision, TEXP=t.exponent_bits,
+                SUBEXP=t.subnormal_exp, NAN_BITS=t.canonical_nan)  # fmt: skip
+
+
+# -- hot buckets ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HotTable:
+    """The hot buckets of a plan on one device: which, and their chunks of the sorted order."""
+
+    buckets: Any  # (H,) int64: the hot buckets, increasing
+    chunks: Any  # (C, 3) int64: (rank among the hot buckets, start, end) a chunk
+    count: int  # H
+    nchunks: int  # C
+
+
+def hot_table(plan: Fold, device: Any, hot_min: int, chunk: int) -> HotTable:
+    """The hot table (buckets of ``hot_min`` positions or more, cut in chunks of ``chunk``).
+
+    Built once per plan, device and tuning with torch operations on the
+    device; its sizes are read once, when it is built.
+    """
+    torch = _torch()
+
+    def build() -> HotTable:
+        pt = plan_tensors(plan, device)
+        counts = pt.counts.to(torch.int64)
+        buckets = torch.nonzero(counts >= hot_min).reshape(-1)
+        H = int(buckets.numel())
+        if H == 0:
+            empty = torch.zeros((0, 3), dtype=torch.int64, device=device)
+            return HotTable(buckets, empty, 0, 0)
+        per = (counts[buckets] + chunk - 1) // chunk
+        C = int(per.sum())
+        rank = torch.repeat_interleave(torch.arange(H, device=device), per, output_size=C)
+        first = torch.cumsum(per, 0) - per
+        within = torch.arange(C, device=device) - first[rank]
+        start = pt.offsets[buckets][rank] + within * chunk
+        end = torch.minimum(start + chunk, pt.offsets[buckets + 1][rank])
+        return HotTable(buckets, torch.stack([rank, start, end], 1).contiguous(), H, C)
+
+    return plan.prepared((NAME, "hot", str(device), hot_min, chunk), build)
+
+
+# -- the strategies ------------------------------------------------------------------------------
+def fold_exact(
+    plan: Fold,
+    values: Any,
+    spec: Values,
+    out_name: str,
+    *,
+    init: Any = None,
+    hot_min: int | None = None,
+    chunk: int | None = None,
+) -> Any:
+    """The exact fold on the values' device: the host's bits, the correctly rounded sums.
+
+    ``init`` ((K,) + trailing, the values' dtype and device) adds one term to
+    every bucket. ``hot_min`` (positions from which a bucket is split over
+    many programs) and ``chunk`` (positions a program of a hot bucket sums)
+    tune the kernels; they never change the result.
+    """
+    torch = _torch()
+    t, lib = _as_torch(values)
+    _check_device(t)
+    hot_min = positive_int_or_none(hot_min, "hot_min", _HOT_MEANING) or HOT_MIN
+    K, D, N = plan.K, spec.row_size, spec.positions
+    chunk = positive_int_or_none(chunk, "chunk", _CHUNK_MEANING) or max(16, CHUNK_VALUES // D)
+    kernels = _kernels()
+    fmt = limb_format_for(spec.dtype)
+    dec = Decode.of(spec.dtype, fmt)
+    bits = _bits(t, spec.dtype)
+    init_bits = bits
+    if init is not None:
+        it, _ = _as_torch(init)
+        _same_place(it, t, spec.dtype)
+        init_bits = _bits(it, spec.dtype)
+    pt = plan_tensors(plan, t.device)
+    out, out_bits = _out(t, (K, D), out_name)
+    out_flat = out_bits.reshape(-1)
+    block_d = min(kernels.next_power_of_2(D), 64)
+    block_k = max(1, LANES[fmt.name] // block_d)
+    target = _target(out_name, fmt)
+    with torch.device(t.device) if t.device.type != "cpu" else _nothing():
+        grid = (triton_cdiv(K, block_k), triton_cdiv(D, block_d))
+        kernels.lanes_kernel[grid](
+            bits, pt.order, pt.offsets, init_bits, out_flat, K, D, hot_min,
+            **dec.kwargs(), HAS_INIT=init is not None, **_limbs(fmt), **target,
+            BLOCK_K=block_k, BLOCK_D=block_d,
+        )  # fmt: skip
+        if N >= hot_min:
+            hot = hot_table(plan, t.device, hot_min, chunk)
+            if hot.count:
+                _fold_hot(kernels, hot, bits, pt, init_bits, out_flat, D, dec, fmt, target,
+                          init is not None, chunk)  # fmt: skip
+    return _back(out.reshape((K, *spec.trailing)), lib)
+
+
+def _fold_hot(
+    kernels: Any, hot: HotTable, bits: Any, pt: Any, init_bits: Any, out_flat: Any, D: int,
+    dec: Decode, fmt: LimbFormat, target: dict[str, Any], has_init: bool, chunk: int,
+) -> None:  # fmt: skip
+    """Sum the hot buckets' chunks into a state of their own, then round each element once."""
+    torch = _torch()
+    state = torch.zeros((hot.count * D, fmt.width), dtype=torch.int64, device=bits.device)
+    block_d = min(kernels.next_power_of_2(D), 64)
+    block_n = max(1, min(kernels.next_power_of_2(chunk), 4096 // block_d))
+    kernels.hot_kernel[(hot.nchunks, triton_cdiv(D, block_d))](
+        bits, pt.order, hot.chunks, state, D, **dec.kwargs(), **_limbs(fmt), W=fmt.width,
+        BLOCK_N=block_n, BLOCK_D=block_d,
+    )  # fmt: skip
+    _round_rows(kernels, state, out_flat, fmt, target, dec, rows=hot.count * D, D=D,
+                targets=hot.buckets, terms=pt.counts, init_bits=init_bits if has_init else None)
+
+
+def _round_rows(
+    kernels: Any, state: Any, out_flat: Any, fmt: LimbFormat, target: dict[str, Any],
+    dec: Decode | None, *, rows: int, D: int = 1, targets: Any = None, terms: Any = None,
+    init_bits: Any = None,
+) -> None:  # fmt: skip
+    block = LANES[fmt.name]
+    dec = dec or Decode.of("float32" if fmt.name == "f32" else "float64", fmt)
+    kernels.round_rows_kernel[(triton_cdiv(rows, block),)](
+        state, out_flat, state if targets is None else targets,
+        state if terms is None else terms, state if init_bits is None else init_bits, rows, D,
+        **dec.kwargs(), HAS_TARGET=targets is not None, HAS_TERMS=terms is not None,
+        HAS_INIT=init_bits is not None, **_limbs(fmt), W=fmt.width, **target, BLOCK=block,
+    )  # fmt: skip
+
+
+def _same_place(it: Any, t: Any, dtype: str) -> None:
+    from ..formats import dtype_name
+
+    if it.device != t.device:
+        raise DeviceError(f"init lives on device {it.device} and the values on {t.device}")
+    if dtype_name(it) != dtype:
+        raise FoldTypeError(
+            f"the triton backend adds into an init of the values' dtype ({dtype}); got "
+            f"{dtype_name(it)}"
+        )
+
+
+def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None) -> Any:
+    """The ``ordered`` fold on the device: the host ``ordered`` bits."""
+    if init is not None:
+        raise FoldError("the triton ordered fold adds into zeros only; use 'exact' with init")
+    torch = _torch()
+    t, lib = _as_torch(values)
+    _check_device(t)
+    kernels = _kernels()
+    K, D, N = plan.K, spec.row_size, spec.positions
+    rows = t.reshape(N, D)
+    rows = rows.float() if spec.dtype in ("float16", "bfloat16") else rows
+    rows = rows.contiguous()
+    pt = plan_tensors(plan, t.device)
+    out, out_bits = _out(t, (K, D), out_name)
+    narrow = out_name in ("float16", "bfloat16")
+    target = FLOATS[out_name]
+    block_d = min(kernels.next_power_of_2(D), 64)
+    block_k = max(1, 128 // block_d)
+    with torch.device(t.device) if t.device.type != "cpu" else _nothing():
+        kernels.ordered_kernel[(triton_cdiv(K, block_k), triton_cdiv(D, block_d))](
+            rows, pt.order, pt.offsets, out_bits.reshape(-1), K, D,
+            NARROW=narrow, WIDE_ACC=out_name == "float64",
+            VAL_NARROW=spec.dtype == "float64" and out_name != "float64",
+            PREC=target.precision, TEXP=target.exponent_bits, SUBEXP=target.subnormal_exp,
+            NAN_BITS=target.canonical_nan, BLOCK_K=block_k, BLOCK_D=block_d,
+        )  # fmt: skip
+    return _back(out.reshape((K, *spec.trailing)), lib)
+
+
+def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None) -> Any:
+    """torch's float ``index_add_`` (float32, float64 for float64 output), rounded once after."""
+    if init is not None:
+        raise FoldError("the triton atomic fold adds into zeros only; use 'exact' with init")
+    torch = _torch()
+    t, lib = _as_torch(values)
+    _check_device(t)
+    K, D, N = plan.K, spec.row_size, spec.positions
+    acc = torch.float64 if out_name == "float64" else torch.float32
+    total = torch.zeros((K, D), dtype=acc, device=t.device)
+    total.index_add_(0, plan_tensors(plan, t.device).index, t.reshape(N, D).to(acc))
+    return _back(total.to(getattr(torch, out_name)).reshape((K, *spec.trailing)), lib)
+
+
+def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
+    """``v[index]`` in the index's shape (then ``trailing``), on ``v``'s device."""
+    t, lib = _as_torch(v)
+    idx = plan_tensors(plan, t.device).index
+    return _back(t.index_select(0, idx).reshape(plan.shape + tuple(trailing)), lib)
+
+
+# -- exact states ----------------------------------------------------------------------------
+def new_state(K: int, fmt: LimbFormat, trailing: tuple[int, ...] = (), like: Any = None) -> Any:
+    """A zero state ``(K,) + trailing + (L + 5,)`` int64 on ``like``'s device (host without)."""
+    if like is None:
+        return host_state.new_state(K, fmt, trailing)
+    t, _ = _as_torch(like)
+    torch = _torch()
+    return torch.zeros((K, *trailing, fmt.width), dtype=torch.int64, device=t.device)
+
+
+def exact_state(plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> Any:
+    """The state of ``values`` (plan positions ``spec.start ..``), carried, on their device."""
+    torch = _torch()
+    t, _ = _as_torch(values)
+    _check_device(t)
+    if spec.dtype not in fmt.value_dtypes:
+        raise FoldTypeError(f"a {fmt.name} state holds sums of {', '.join(fmt.value_dtypes)}; "
+                            f"got {spec.dtype} values")  # fmt: skip
+    kernels = _kernels()
+    K, D, N = plan.K, spec.row_size, spec.positions
+    index = plan_tensors(plan, t.device).index[spec.start : spec.start + N]
+    bits = _bits(t, spec.dtype)
+    state = torch.zeros((K * D, fmt.width), dtype=torch.int64, device=t.device)
+    block_d = min(kernels.next_power_of_2(D), 64)
+    block_n = max(1, 1024 // block_d)
+    step = kernels.MAX_RUN
+    for first in range(0, max(N, 1), step):  # at most MAX_RUN values reach a row a launch
+        n = min(step, N - first)
+        if n <= 0:
+            break
+        kernels.scatter_kernel[(triton_cdiv(n, block_n), triton_cdiv(D, block_d))](
+            bits[first * D :], index[first:], state, n, D, **Decode.of(spec.dtype, fmt).kwargs(),
+            L=fmt.limbs, W=fmt.width, BLOCK_N=block_n, BLOCK_D=block_d,
+        )  # fmt: skip
+        state = _carried(state, fmt)
+    counts = torch.bincount(index, minlength=K).repeat_interleave(D)
+    state[:, fmt.limbs + N_TERMS] += counts
+    state[:, fmt.limbs + N_NOT_NEGZERO] += counts
+    return state.reshape((K, *spec.trailing, fmt.width))
+
+
+def _carried(state: Any, fmt: LimbFormat) -> Any:
+    from .portable import merge_states as carry_merge
+
+    return carry_merge(state, _torch().zeros_like(state), fmt)
+
+
+def add_to_state(
+    state: Any, plan: Fold, values: Any, spec: Values, fmt: LimbFormat, **options: Any
+) -> Any:
+    """Add ``values`` into ``state`` exactly; the new state.
+
+    A state on the values' device adds their state there; a state elsewhere
+    (the host) gets it copied once (exact: integers).
+    """
+    ours = exact_state(plan, values, spec, fmt).reshape(tuple(int(s) for s in state.shape))
+    if isinstance(state, np.ndarray):
+        return host_state.merge_states(state, to_numpy(ours), fmt)
+    torch = _torch()
+    if state.device != ours.device:
+        ours = ours.to(state.device)
+    if not isinstance(state, torch.Tensor):
+        raise FoldTypeError("a triton state is a torch tensor or a host NumPy array")
+    return merge_states(state, ours, fmt)
+
+
+def merge_states(into: Any, other: Any, fmt: LimbFormat) -> Any:
+    """``into + other``, carried: two states of one plan, format and place."""
+    from .portable import merge_states as carry_merge
+
+    return carry_merge(into, other, fmt)
+
+
+def round_state(state: Any, fmt: LimbFormat, out_name: str) -> Any:
+    """Round every element of a state once to ``out_name``: an array of its place."""
+    if isinstance(state, np.ndarray):
+        return host_state.round_state(state, fmt, out_name)
+    _check_device(state)
+    kernels = _kernels()
+    shape = tuple(int(s) for s in state.shape[:-1])
+    flat = state.reshape(-1, fmt.width).contiguous()
+    rows = int(flat.shape[0])
+    out, out_bits = _out(state, (rows,), out_name)
+    if rows:
+        _round_rows(kernels, flat, out_bits, fmt, _target(out_name, fmt), None, rows=rows)
+    return out.reshape(shape)
+
+
+def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tuple[str, str]:
+    """``plan.route``'s answer: lanes, and the hot buckets' chunks when there are any."""
+    hot_min = positive_int_or_none(options.get("hot_min"), "hot_min", _HOT_MEANING) or HOT_MIN
+    hot = int((plan.counts >= hot_min).sum())
+    what = f"{spec.dtype} {'rows' if spec.trailing else 'scalars'} into {plan.K:,} buckets"
+    if hot == 0:
+        return "lanes", (f"{what}: a lane an output element sums its bucket exactly in "
+                         "registers and rounds it once")  # fmt: skip
+    return "lanes+hot", (
+        f"{what}: {hot:,} buckets of {hot_min:,} positions or more are cut in chunks summed "
+        "by many programs and merged with integer atomics; a lane each for the others"
+    )
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for launch grids (at least 1)."""
+    return max(1, -(-int(a) // int(b)))
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+#: The registry's entry: torch tensors and CuPy arrays on the GPUs Triton targets (CPU tensors
+#: in the interpreter, when named), ahead of the numba-cuda kernels.
+BACKEND = Backend.from_functions(
+    globals(),
+    name=NAME,
+    families=("torch", "cupy"),
+    devices=(*GPU_DEVICES, "cpu"),
+    options={"exact": ("hot_min", "chunk"), "ordered": (), "atomic": (), "add_to_state": ()},
+    init=InitRule(strategies=("exact",), mixed_dtypes=False),
+    explain=explain_route,
+    available=triton_loads,
+    runs_on=runs_on,
+    priority=200,  # below host, above the numba-cuda kernels: the default for GPU tensors
+)
+
+__all__ = [
+    "BACKEND",
+    "GPU_DEVICES",
+    "NAME",
+    "HotTable",
+    "add_to_state",
+    "exact_state",
+    "expand",
+    "fold_atomic",
+    "fold_exact",
+    "fold_ordered",
+    "hot_table",
+    "interpreting",
+    "merge_states",
+    "new_state",
+    "round_state",
+    "runs_on",
+]

@@ -1,0 +1,604 @@
+"""Triton kernels of the exact and ordered folds; imported only when a Triton fold is asked for.
+
+Kernels know nothing about plans or frameworks: they take torch tensors (on a
+GPU, or on the CPU under ``TRITON_INTERPRET=1``) of value *bit patterns*, the
+plan's sorted order and offsets, and write result bit patterns.
+:mod:`bitfold.backends.triton` chooses the launches. Every kernel is plain
+Triton, so one source serves NVIDIA (CUDA), AMD (ROCm) and Intel (XPU) GPUs.
+
+Numeric contract
+----------------
+``exact`` gives the correctly rounded sum of every bucket, the same bits as the
+host backend (:mod:`bitfold.exact`) and the Fraction oracle, whatever the order
+programs run in:
+
+* Values are decoded from their bits with integer operations only (sign,
+  integer significand ``M`` and shift ``p``, ``|v| = M·2^(p + unit)``), so no
+  float unit ever sees a value and nothing is flushed to zero.
+* ``±M << (p mod 32)`` is cut into 32-bit pieces added to limbs ``p // 32`` and
+  up of a bucket's *limb tile* (``(L_PAD, lanes)`` int64 in registers, the limb
+  format of :class:`bitfold.formats.LimbFormat`). Integer addition is exact and
+  associative, so the tile holds the exact sum in any order.
+* *Lanes* (:func:`lanes_kernel`): one lane an output element (bucket, column)
+  walks its bucket's run of the sorted order and rounds in registers: no state,
+  no atomics, no second pass. Rows are read whole, a row's columns by
+  neighbouring lanes.
+* *Hot buckets* (more positions than a lane walks): :func:`hot_kernel` splits
+  them into chunks of the sorted order; a program sums a chunk, all its lanes
+  on one bucket, carries its tile and adds it into the bucket's row of an int64
+  state with 64-bit integer atomics (order-free: the same integers in any
+  order); :func:`round_rows_kernel` then rounds each hot element once.
+* Rounding (:func:`_round_tile`) is the host's (:func:`bitfold.kernels.ieee.round_row`)
+  in integer arithmetic: carry, sign, leading limb, guard and sticky bits,
+  round half to even, the IEEE pattern. NaN results are the canonical NaN.
+
+``ordered`` (:func:`ordered_kernel`) adds each bucket's values in increasing
+position, one rounding an addition in the output dtype, the host's order:
+float32 and float64 sums in the hardware's round-to-nearest adds, float16 and
+bfloat16 sums formed in float32 (exact for two narrow operands' sum up to one
+rounding, and float32 has more than twice their precision plus two bits, so
+the double rounding is innocuous) and rounded to the output with integer
+operations (:func:`_round_float_bits`); values narrowed to the output dtype
+the same way. No multiply, so no fused multiply-add can form.
+
+Blind spots of the CPU interpreter, closed in the code
+------------------------------------------------------
+* Shifts: every shift amount is clamped to ``[0, 63]`` and its out-of-range
+  case selected away with ``where`` (a shift by 64 or more is poison on a GPU).
+* Memory: every load and store is masked to its tensor's extent; indices
+  that only masked lanes compute are clamped first.
+* Races: no program reads what another writes. Programs share memory only
+  through 64-bit integer atomic adds (``atom.add.u64``, relaxed: the values
+  are integers, so any order gives the same bits), and a kernel reads a state
+  only after the kernel that filled it has finished (stream order).
+* Float rounding: no float arithmetic touches an exact value; the ordered
+  adds have no multiply (no FMA contraction).
+* Float-to-int conversions: none (bits are reinterpreted, never converted).
+
+Carry bound: a lane or chunk adds at most :data:`MAX_RUN` values before its
+tile is carried; a piece is below ``2^33``; so a limb stays below ``2^62``.
+Merged tiles are carried (limbs below ``2^32`` but the top one), so a state
+row absorbs ``2^29`` merges.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+#: The most values a lane or a chunk sums before its limbs are carried (2^29 · 2^33 = 2^62).
+MAX_RUN = 1 << 29
+MASK32 = 0xFFFFFFFF
+
+
+# -- integer helpers -------------------------------------------------------------------------
+@triton.jit
+def _shl(x, s):
+    """``x << s`` for ``0 <= s``; 0 where ``s >= 64`` (never a shift by 64 or more)."""
+    return tl.where(s < 64, x << tl.minimum(s, 63), 0)
+
+
+@triton.jit
+def _shr(x, s):
+    """``x >> s`` (arithmetic) for ``0 <= s``; the sign fill where ``s >= 64``."""
+    return x >> tl.minimum(s, 63)
+
+
+@triton.jit
+def _bit_length(x):
+    """Number of bits of a non-negative int64 (0 for 0)."""
+    n = tl.zeros_like(x)
+    big = (x >> 32) != 0
+    x = tl.where(big, x >> 32, x)
+    n += tl.where(big, 32, 0)
+    big = (x >> 16) != 0
+    x = tl.where(big, x >> 16, x)
+    n += tl.where(big, 16, 0)
+    big = (x >> 8) != 0
+    x = tl.where(big, x >> 8, x)
+    n += tl.where(big, 8, 0)
+    big = (x >> 4) != 0
+    x = tl.where(big, x >> 4, x)
+    n += tl.where(big, 4, 0)
+    big = (x >> 2) != 0
+    x = tl.where(big, x >> 2, x)
+    n += tl.where(big, 2, 0)
+    big = (x >> 1) != 0
+    x = tl.where(big, x >> 1, x)
+    n += tl.where(big, 1, 0)
+    return n + (x != 0).to(tl.int64)
+
+
+@triton.jit
+def _decode(raw, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr, SHIFT: tl.constexpr):
+    """IEEE bits (int64, the pattern in the low bits) -> the value's parts.
+
+    Returns ``(finite, negative, m, p, nan, pinf, ninf, negzero)``: ``finite``
+    marks non-zero finite values ``±m·2^(p + unit)`` (``m`` and ``p`` are 0
+    elsewhere); the other four mark the special classes.
+    """
+    e_max: tl.constexpr = (1 << EXP_BITS) - 1
+    e = (raw >> FRAC_BITS) & e_max
+    frac = raw & ((1 << FRAC_BITS) - 1)
+    negative = ((raw >> (EXP_BITS + FRAC_BITS)) & 1) != 0
+    special = e == e_max
+    zero = (e == 0) & (frac == 0)
+    finite = (~special) & (~zero)
+    m = tl.where(e == 0, frac, frac | (1 << FRAC_BITS))
+    p = tl.where(e == 0, SHIFT, e - 1 + SHIFT)
+    m = tl.where(finite, m, 0)
+    p = tl.where(finite, p, 0)
+    nan = special & (frac != 0)
+    pinf = special & (frac == 0) & (~negative)
+    ninf = special & (frac == 0) & negative
+    negzero = zero & negative
+    return finite, negative, m, p, nan, pinf, ninf, negzero
+
+
+@triton.jit
+def _pieces(m, p, negative, WIDE: tl.constexpr):
+    """``±m << (p mod 32)`` cut into three 32-bit pieces for limbs ``p // 32`` and up.
+
+    Narrow significands (below 2^24) fill two pieces, wide ones (below 2^53)
+    three; every piece is below ``2^33`` in magnitude.
+    """
+    s = p & 31
+    if WIDE:
+        low = (m & MASK32) << s
+        high = (m >> 32) << s
+        a0 = low & MASK32
+        a1 = (low >> 32) + (high & MASK32)
+        a2 = high >> 32
+    else:
+        shifted = m << s
+        a0 = shifted & MASK32
+        a1 = shifted >> 32
+        a2 = tl.zeros_like(m)
+    sign = tl.where(negative, -1, 1).to(tl.int64)
+    return p >> 5, a0 * sign, a1 * sign, a2 * sign
+
+
+@triton.jit
+def _add_pieces(acc, limb, j, a0, a1, a2):
+    """Add the pieces of one value a lane (``j``, ``a*``: shape ``(lanes,)``) to the tile."""
+    jj = j[None, :]
+    return (
+        acc
+        + tl.where(limb == jj, a0[None, :], 0)
+        + tl.where(limb == jj + 1, a1[None, :], 0)
+        + tl.where(limb == jj + 2, a2[None, :], 0)
+    )
+
+
+@triton.jit
+def _limb(acc, limb, j):
+    """Row ``j`` of the tile (``j`` a scalar or one index a lane)."""
+    return tl.sum(tl.where(limb == j, acc, 0), axis=0)
+
+
+@triton.jit
+def _carry(acc, limb, L: tl.constexpr):
+    """Carry the tile: limbs ``0 .. L-2`` into ``[0, 2^32)``, the top limb signed; same value."""
+    for j in range(L - 1):
+        c = _limb(acc, limb, j) >> 32
+        acc = acc - tl.where(limb == j, c << 32, 0) + tl.where(limb == j + 1, c, 0)
+    return acc
+
+
+# -- rounding --------------------------------------------------------------------------------
+@triton.jit
+def _encode(m, e, negative, PREC: tl.constexpr, TEXP: tl.constexpr, SUBEXP: tl.constexpr):
+    """The IEEE pattern of ``±m·2^e`` (``m`` already rounded to ``PREC`` bits, or ``2^PREC``
+    after a carry; ``e >= SUBEXP``); beyond the range ``±inf``; ``m == 0`` a signed zero."""
+    hidden: tl.constexpr = 1 << (PREC - 1)
+    bias: tl.constexpr = (1 << (TEXP - 1)) - 1
+    e_inf: tl.constexpr = (1 << TEXP) - 1
+    sign: tl.constexpr = -(1 << (PREC + TEXP - 2)) * 2  # the sign bit, sign-extended
+    over = m == (hidden << 1)
+    m = tl.where(over, m >> 1, m)
+    e = tl.where(over, e + 1, e)
+    s = tl.minimum(PREC - _bit_length(m), e - SUBEXP)
+    s = tl.maximum(s, 0)
+    m = _shl(m, s)
+    e = e - s
+    e_field = e + (PREC - 1) + bias
+    normal = tl.where(
+        e_field >= e_inf, e_inf << (PREC - 1), (e_field << (PREC - 1)) | (m - hidden)
+    )
+    bits = tl.where(m >= hidden, normal, m)
+    return tl.where(negative, bits | sign, bits)
+
+
+@triton.jit
+def _round_tile(
+    acc, limb, n_terms, n_not_negzero, n_nan, n_pinf, n_ninf,
+    L: tl.constexpr, UNIT: tl.constexpr, PREC: tl.constexpr, TEXP: tl.constexpr,
+    SUBEXP: tl.constexpr, NAN_BITS: tl.constexpr,
+):  # fmt: skip
+    """Round every lane's exact sum (limb tile and counters) once, to nearest-even.
+
+    The host's :func:`bitfold.kernels.ieee.round_row`, lane-parallel: any NaN,
+    or ``+inf`` with ``-inf``, gives the canonical NaN; one infinity that
+    infinity; an empty bucket or a zero sum ``+0.0``, ``-0.0`` when every term
+    is ``-0.0``; a sum beyond the range ``±inf``; a tiny non-zero sum keeps its
+    sign. Returns the result's bit pattern, int64.
+    """
+    sign: tl.constexpr = -(1 << (PREC + TEXP - 2)) * 2  # the sign bit, sign-extended
+    e_inf: tl.constexpr = (1 << TEXP) - 1
+    inf_bits: tl.constexpr = e_inf << (PREC - 1)
+    acc = _carry(acc, limb, L)
+    negative = _limb(acc, limb, L - 1) < 0
+    acc = tl.where(negative[None, :], -acc, acc)
+    acc = _carry(acc, limb, L)
+    nonzero = acc != 0
+    top = tl.max(tl.where(nonzero, limb, -1), axis=0)
+    bitlen = 32 * top + _bit_length(_limb(acc, limb, top[None, :]))
+    q = tl.maximum(tl.maximum(bitlen - PREC, SUBEXP - UNIT), 0)
+    shift = 32 * limb - q[None, :]
+    part = tl.where(shift >= 0, _shl(acc, tl.maximum(shift, 0)), _shr(acc, tl.maximum(-shift, 0)))
+    m = tl.sum(part, axis=0)
+    t = tl.maximum(q - 1, 0)  # the half bit (used where q > 0)
+    jt = tl.minimum(t >> 5, L - 1)
+    bt = t - 32 * jt
+    word = _limb(acc, limb, jt[None, :])
+    half = (_shr(word, bt) & 1) == 1
+    below = (word & (_shl(tl.full(bt.shape, 1, tl.int64), bt) - 1)) != 0
+    below = below | (tl.max(tl.where(nonzero & (limb < jt[None, :]), 1, 0), axis=0) > 0)
+    up = (q > 0) & half & (below | ((m & 1) == 1))
+    bits = _encode(m + up.to(tl.int64), q + UNIT, negative, PREC, TEXP, SUBEXP)
+    zero = tl.where((n_terms > 0) & (n_not_negzero == 0), sign, 0).to(tl.int64)
+    bits = tl.where(top < 0, zero, bits)
+    bits = tl.where(n_ninf > 0, inf_bits | sign, bits)
+    bits = tl.where(n_pinf > 0, inf_bits, bits)
+    return tl.where((n_nan > 0) | ((n_pinf > 0) & (n_ninf > 0)), NAN_BITS, bits)
+
+
+@triton.jit
+def _round_float_bits(
+    raw, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr,
+    PREC: tl.constexpr, TEXP: tl.constexpr, SUBEXP: tl.constexpr, NAN_BITS: tl.constexpr,
+):  # fmt: skip
+    """A float (its bits) rounded once to a narrower format, nearest-even, integers only."""
+    sign: tl.constexpr = -(1 << (PREC + TEXP - 2)) * 2  # the sign bit, sign-extended
+    e_inf: tl.constexpr = (1 << TEXP) - 1
+    inf_bits: tl.constexpr = e_inf << (PREC - 1)
+    bias: tl.constexpr = (1 << (EXP_BITS - 1)) - 1
+    finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS, 0)
+    e = p - bias - FRAC_BITS + 1  # |v| = m·2^e
+    q = tl.maximum(_bit_length(m) - PREC, SUBEXP - e)
+    q = tl.maximum(q, 0)
+    r = _shr(m, q)
+    half = (_shr(m, tl.maximum(q - 1, 0)) & 1) == 1
+    below = (m & (_shl(tl.full(m.shape, 1, tl.int64), tl.maximum(q - 1, 0)) - 1)) != 0
+    up = (q > 0) & (q < 64) & half & (below | ((r & 1) == 1))
+    r = tl.where(q < 64, r, 0) + up.to(tl.int64)
+    bits = _encode(r, e + q, negative, PREC, TEXP, SUBEXP)
+    bits = tl.where(finite, bits, tl.where(negzero, sign, 0))
+    bits = tl.where(pinf, inf_bits, bits)
+    bits = tl.where(ninf, inf_bits | sign, bits)
+    return tl.where(nan, NAN_BITS, bits)
+
+
+# -- exact: lanes ------------------------------------------------------------------------------
+@triton.jit
+def lanes_kernel(
+    bits_ptr, order_ptr, offsets_ptr, init_ptr, out_ptr, K, D, hot_min,
+    BITS_MASK: tl.constexpr, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr,
+    SHIFT: tl.constexpr, WIDE: tl.constexpr, HAS_INIT: tl.constexpr,
+    L: tl.constexpr, L_PAD: tl.constexpr, UNIT: tl.constexpr, PREC: tl.constexpr,
+    TEXP: tl.constexpr, SUBEXP: tl.constexpr, NAN_BITS: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """One lane an output element: its bucket's run summed exactly in registers, rounded once.
+
+    Lanes of buckets with ``hot_min`` positions or more write nothing (the hot
+    kernels fold them). ``init`` (bits in the values' format) is one more term.
+    """
+    lane = tl.arange(0, BLOCK_K * BLOCK_D)
+    k = tl.program_id(0) * BLOCK_K + lane // BLOCK_D
+    d = tl.program_id(1) * BLOCK_D + lane % BLOCK_D
+    live = (k < K) & (d < D)
+    kc = tl.where(live, k, 0).to(tl.int64)
+    lo = tl.load(offsets_ptr + kc, mask=live, other=0)
+    count = tl.load(offsets_ptr + kc + 1, mask=live, other=0) - lo
+    walk = live & (count < hot_min)
+    run = tl.where(walk, count, 0)
+    limb = tl.arange(0, L_PAD)[:, None]
+    acc = tl.zeros((L_PAD, BLOCK_K * BLOCK_D), tl.int64)
+    zeros = tl.zeros((BLOCK_K * BLOCK_D,), tl.int64)
+    n_negzero = zeros
+    n_nan = zeros
+    n_pinf = zeros
+    n_ninf = zeros
+    for t in range(0, tl.max(run, axis=0)):
+        here = walk & (t < run)
+        row = tl.load(order_ptr + tl.where(here, lo + t, 0), mask=here, other=0).to(tl.int64)
+        raw = tl.load(bits_ptr + row * D + d, mask=here, other=0).to(tl.int64) & BITS_MASK
+        _finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS,
+                                                                    SHIFT)  # fmt: skip
+        j, a0, a1, a2 = _pieces(m, p, negative, WIDE)
+        acc = _add_pieces(acc, limb, j, a0, a1, a2)
+        n_negzero += negzero.to(tl.int64)
+        n_nan += nan.to(tl.int64)
+        n_pinf += pinf.to(tl.int64)
+        n_ninf += ninf.to(tl.int64)
+    terms = run
+    if HAS_INIT:
+        raw = tl.load(init_ptr + kc * D + d, mask=walk, other=0).to(tl.int64) & BITS_MASK
+        _finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS,
+                                                                    SHIFT)  # fmt: skip
+        j, a0, a1, a2 = _pieces(m, p, negative, WIDE)
+        acc = _add_pieces(acc, limb, j, a0, a1, a2)
+        n_negzero += negzero.to(tl.int64)
+        n_nan += nan.to(tl.int64)
+        n_pinf += pinf.to(tl.int64)
+        n_ninf += ninf.to(tl.int64)
+        terms = terms + 1
+    bits = _round_tile(acc, limb, terms, terms - n_negzero, n_nan, n_pinf, n_ninf,
+                       L, UNIT, PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
+    tl.store(out_ptr + kc * D + d, bits.to(out_ptr.dtype.element_ty), mask=walk)
+
+
+# -- exact: hot buckets ------------------------------------------------------------------------
+@triton.jit
+def hot_kernel(
+    bits_ptr, order_ptr, chunk_ptr, state_ptr, D,
+    BITS_MASK: tl.constexpr, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr,
+    SHIFT: tl.constexpr, WIDE: tl.constexpr, L: tl.constexpr, L_PAD: tl.constexpr,
+    W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """One program a chunk of one hot bucket's run: summed exactly, merged into its state row.
+
+    ``chunk_ptr`` holds ``(row, start, end)`` a chunk: the state row of the
+    bucket (its rank among the hot buckets) and the chunk's range of the sorted
+    order. The program reads ``BLOCK_N`` positions at a time (rows whole),
+    adds their pieces limb by limb over the limbs they touch, carries its tile
+    and adds it to ``state[row]`` with 64-bit integer atomics. Term counts are
+    not added (the rounding adds the plan's counts).
+    """
+    c = tl.program_id(0)
+    hot = tl.load(chunk_ptr + 3 * c).to(tl.int64)
+    start = tl.load(chunk_ptr + 3 * c + 1).to(tl.int64)
+    end = tl.load(chunk_ptr + 3 * c + 2).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dlive = d < D
+    limb = tl.arange(0, L_PAD)[:, None]
+    acc = tl.zeros((L_PAD, BLOCK_D), tl.int64)
+    n_negzero = tl.zeros((BLOCK_D,), tl.int64)
+    n_nan = tl.zeros((BLOCK_D,), tl.int64)
+    n_pinf = tl.zeros((BLOCK_D,), tl.int64)
+    n_ninf = tl.zeros((BLOCK_D,), tl.int64)
+    for s in range(start, end, BLOCK_N):
+        t = s + tl.arange(0, BLOCK_N)
+        tlive = t < end
+        row = tl.load(order_ptr + tl.where(tlive, t, 0), mask=tlive, other=0).to(tl.int64)
+        here = tlive[:, None] & dlive[None, :]
+        raw = tl.load(bits_ptr + row[:, None] * D + d[None, :], mask=here, other=0)
+        raw = raw.to(tl.int64) & BITS_MASK
+        finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS, SHIFT)
+        j, a0, a1, a2 = _pieces(m, p, negative, WIDE)
+        j_lo = tl.min(tl.where(finite, j, L), axis=None)
+        j_hi = tl.max(tl.where(finite, j, -3), axis=None)
+        for jj in range(j_lo, j_hi + 3):
+            part = tl.where(j == jj, a0, 0) + tl.where(j + 1 == jj, a1, 0)
+            part += tl.where(j + 2 == jj, a2, 0)
+            acc += tl.where(limb == jj, tl.sum(part, axis=0)[None, :], 0)
+        n_negzero += tl.sum(negzero.to(tl.int64), axis=0)
+        n_nan += tl.sum(nan.to(tl.int64), axis=0)
+        n_pinf += tl.sum(pinf.to(tl.int64), axis=0)
+        n_ninf += tl.sum(ninf.to(tl.int64), axis=0)
+    acc = _carry(acc, limb, L)
+    base = (hot * D + d) * W
+    for j in range(L):
+        v = _limb(acc, limb, j)
+        tl.atomic_add(state_ptr + base + j, v, mask=dlive & (v != 0), sem="relaxed")
+    tl.atomic_add(state_ptr + base + L + 1, -n_negzero, mask=dlive & (n_negzero != 0),
+                  sem="relaxed")  # fmt: skip
+    tl.atomic_add(state_ptr + base + L + 2, n_nan, mask=dlive & (n_nan != 0), sem="relaxed")
+    tl.atomic_add(state_ptr + base + L + 3, n_pinf, mask=dlive & (n_pinf != 0), sem="relaxed")
+    tl.atomic_add(state_ptr + base + L + 4, n_ninf, mask=dlive & (n_ninf != 0), sem="relaxed")
+
+
+@triton.jit
+def round_rows_kernel(
+    state_ptr, out_ptr, target_ptr, terms_ptr, init_ptr, R, D,
+    BITS_MASK: tl.constexpr, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr,
+    SHIFT: tl.constexpr, WIDE: tl.constexpr, HAS_TARGET: tl.constexpr,
+    HAS_TERMS: tl.constexpr, HAS_INIT: tl.constexpr,
+    L: tl.constexpr, L_PAD: tl.constexpr, W: tl.constexpr, UNIT: tl.constexpr,
+    PREC: tl.constexpr, TEXP: tl.constexpr, SUBEXP: tl.constexpr, NAN_BITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Round ``R`` state rows once each (read only): row ``r`` is element ``r`` of the result.
+
+    With ``HAS_TARGET``, row ``r`` is column ``r % D`` of bucket
+    ``target[r // D]`` (the hot buckets of a fold), which it is written to;
+    ``HAS_TERMS`` adds that bucket's count ``terms[r // D]`` to ``n_terms`` and
+    ``n_not_negzero``; ``HAS_INIT`` adds the bucket's ``init`` element as one
+    more term.
+    """
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = r < R
+    rc = tl.where(live, r, 0).to(tl.int64)
+    limb = tl.arange(0, L_PAD)[:, None]
+    acc = tl.load(state_ptr + rc[None, :] * W + limb, mask=live[None, :] & (limb < L), other=0)
+    n_terms = tl.load(state_ptr + rc * W + L, mask=live, other=0)
+    n_not_negzero = tl.load(state_ptr + rc * W + L + 1, mask=live, other=0)
+    n_nan = tl.load(state_ptr + rc * W + L + 2, mask=live, other=0)
+    n_pinf = tl.load(state_ptr + rc * W + L + 3, mask=live, other=0)
+    n_ninf = tl.load(state_ptr + rc * W + L + 4, mask=live, other=0)
+    dest = rc
+    if HAS_TARGET:
+        k = tl.load(target_ptr + rc // D, mask=live, other=0).to(tl.int64)
+        dest = k * D + rc % D
+        if HAS_TERMS:
+            extra = tl.load(terms_ptr + k, mask=live, other=0).to(tl.int64)
+            n_terms += extra
+            n_not_negzero += extra
+    if HAS_INIT:
+        raw = tl.load(init_ptr + dest, mask=live, other=0).to(tl.int64) & BITS_MASK
+        _finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS,
+                                                                    SHIFT)  # fmt: skip
+        j, a0, a1, a2 = _pieces(m, p, negative, WIDE)
+        acc = _add_pieces(acc, limb, j, a0, a1, a2)
+        n_terms += 1
+        n_not_negzero += 1 - negzero.to(tl.int64)
+        n_nan += nan.to(tl.int64)
+        n_pinf += pinf.to(tl.int64)
+        n_ninf += ninf.to(tl.int64)
+    bits = _round_tile(acc, limb, n_terms, n_not_negzero, n_nan, n_pinf, n_ninf,
+                       L, UNIT, PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
+    tl.store(out_ptr + dest, bits.to(out_ptr.dtype.element_ty), mask=live)
+
+
+# -- exact: values into a state, in position order ---------------------------------------------
+@triton.jit
+def scatter_kernel(
+    bits_ptr, index_ptr, state_ptr, N, D,
+    BITS_MASK: tl.constexpr, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr,
+    SHIFT: tl.constexpr, WIDE: tl.constexpr, L: tl.constexpr, W: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Add values ``(N, D)`` into state rows ``index[i] * D + d`` with 64-bit integer atomics.
+
+    Pieces into limbs, ``-1`` to ``n_not_negzero`` a ``-0.0`` and the special
+    counters; term counts are the caller's. Order-free: the same state in any
+    schedule. At most :data:`MAX_RUN` values a launch reach one row.
+    """
+    i = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    here = (i < N)[:, None] & (d < D)[None, :]
+    ic = tl.where(i < N, i, 0).to(tl.int64)
+    k = tl.load(index_ptr + ic, mask=i < N, other=0).to(tl.int64)
+    raw = tl.load(bits_ptr + ic[:, None] * D + d[None, :], mask=here, other=0)
+    raw = raw.to(tl.int64) & BITS_MASK
+    finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS, SHIFT)
+    j, a0, a1, a2 = _pieces(m, p, negative, WIDE)
+    base = (k[:, None] * D + d[None, :]) * W
+    tl.atomic_add(state_ptr + base + j, a0, mask=here & finite & (a0 != 0), sem="relaxed")
+    tl.atomic_add(state_ptr + base + j + 1, a1, mask=here & finite & (a1 != 0), sem="relaxed")
+    if WIDE:
+        tl.atomic_add(state_ptr + base + j + 2, a2, mask=here & finite & (a2 != 0), sem="relaxed")
+    minus = tl.full(a0.shape, -1, tl.int64)
+    one = tl.full(a0.shape, 1, tl.int64)
+    tl.atomic_add(state_ptr + base + L + 1, minus, mask=here & negzero, sem="relaxed")
+    tl.atomic_add(state_ptr + base + L + 2, one, mask=here & nan, sem="relaxed")
+    tl.atomic_add(state_ptr + base + L + 3, one, mask=here & pinf, sem="relaxed")
+    tl.atomic_add(state_ptr + base + L + 4, one, mask=here & ninf, sem="relaxed")
+
+
+# -- ordered -----------------------------------------------------------------------------------
+@triton.jit
+def ordered_kernel(
+    values_ptr, order_ptr, offsets_ptr, out_ptr, K, D,
+    NARROW: tl.constexpr, WIDE_ACC: tl.constexpr, VAL_NARROW: tl.constexpr,
+    PREC: tl.constexpr, TEXP: tl.constexpr, SUBEXP: tl.constexpr, NAN_BITS: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """``acc = +0.0; acc = out(acc + out(v))`` over each bucket's run in increasing position.
+
+    ``values`` are float32 (float16 and bfloat16 values are widened exactly by
+    the caller) or float64. ``WIDE_ACC``: float64 output, float64 adds.
+    ``NARROW``: float16/bfloat16 output; the sum of two output values is formed
+    in float32 and rounded to the output with integer operations.
+    ``VAL_NARROW``: float64 values with a float32 or narrower output are
+    rounded to float32 by the hardware conversion (``NARROW`` outputs then
+    round again from float64 bits, see :func:`ordered_round`). The result is
+    written as float bits (float32/float64) or as the narrow pattern (int16);
+    NaN results as the canonical NaN.
+    """
+    lane = tl.arange(0, BLOCK_K * BLOCK_D)
+    k = tl.program_id(0) * BLOCK_K + lane // BLOCK_D
+    d = tl.program_id(1) * BLOCK_D + lane % BLOCK_D
+    live = (k < K) & (d < D)
+    kc = tl.where(live, k, 0).to(tl.int64)
+    lo = tl.load(offsets_ptr + kc, mask=live, other=0)
+    run = tl.where(live, tl.load(offsets_ptr + kc + 1, mask=live, other=0) - lo, 0)
+    if WIDE_ACC:
+        acc = tl.zeros((BLOCK_K * BLOCK_D,), tl.float64)
+    else:
+        acc = tl.zeros((BLOCK_K * BLOCK_D,), tl.float32)
+    for t in range(0, tl.max(run, axis=0)):
+        here = t < run
+        row = tl.load(order_ptr + tl.where(here, lo + t, 0), mask=here, other=0).to(tl.int64)
+        v = tl.load(values_ptr + row * D + d, mask=here, other=0.0)
+        if WIDE_ACC:
+            total = acc + v.to(tl.float64)
+        elif VAL_NARROW:
+            v64 = v.to(tl.float64)
+            if NARROW:
+                vb = _round_float_bits(v64.to(tl.int64, bitcast=True), 11, 52,
+                                       PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
+                v32 = _widen(vb, PREC, TEXP)
+            else:
+                v32 = v64.to(tl.float32)
+            total = acc + v32
+        else:
+            v32 = v.to(tl.float32)
+            if NARROW:
+                v32 = _narrow32(v32, PREC, TEXP, SUBEXP, NAN_BITS)
+            total = acc + v32
+        if NARROW:
+            total = _narrow32(total, PREC, TEXP, SUBEXP, NAN_BITS)
+        acc = tl.where(here, total, acc)
+    out_bits = acc.to(tl.int64, bitcast=True) if WIDE_ACC else acc.to(tl.int32, bitcast=True)
+    out_bits = out_bits.to(tl.int64)
+    if WIDE_ACC:
+        bits = out_bits
+        is_nan = ((bits >> 52) & 0x7FF) == 0x7FF
+        is_nan = is_nan & ((bits & ((1 << 52) - 1)) != 0)
+    elif NARROW:
+        bits = _round_float_bits(out_bits & MASK32, 8, 23, PREC, TEXP, SUBEXP, NAN_BITS)
+        is_nan = bits == NAN_BITS
+    else:
+        bits = out_bits & MASK32
+        is_nan = (((bits >> 23) & 0xFF) == 0xFF) & ((bits & 0x7FFFFF) != 0)
+    bits = tl.where(is_nan, NAN_BITS, bits)
+    tl.store(out_ptr + kc * D + d, bits.to(out_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _narrow32(x, PREC: tl.constexpr, TEXP: tl.constexpr, SUBEXP: tl.constexpr,
+              NAN_BITS: tl.constexpr):  # fmt: skip
+    """A float32 rounded to the narrow output format, as the float32 that holds it (exact)."""
+    bits = _round_float_bits(x.to(tl.int32, bitcast=True).to(tl.int64) & MASK32, 8, 23,
+                             PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
+    return _widen(bits, PREC, TEXP)
+
+
+@triton.jit
+def _widen(bits, PREC: tl.constexpr, TEXP: tl.constexpr):
+    """A float16 or bfloat16 pattern (int64) as the float32 of the same value (integers only)."""
+    frac_bits: tl.constexpr = PREC - 1
+    bias: tl.constexpr = (1 << (TEXP - 1)) - 1
+    e_max: tl.constexpr = (1 << TEXP) - 1
+    negative = ((bits >> (PREC - 1 + TEXP)) & 1) != 0
+    e = (bits >> frac_bits) & e_max
+    frac = bits & ((1 << frac_bits) - 1)
+    # subnormal: normalise the fraction (float32's range holds every narrow subnormal)
+    lead = _bit_length(frac)  # 1 .. frac_bits where e == 0 and frac != 0
+    sub_shift = frac_bits + 1 - lead
+    e32 = tl.where(e == 0, 1 - bias + 127 - sub_shift, e - bias + 127)
+    f32 = tl.where(e == 0, _shl(frac, sub_shift) & ((1 << frac_bits) - 1), frac) << (23 - frac_bits)
+    out = (e32 << 23) | f32
+    out = tl.where((e == 0) & (frac == 0), 0, out)
+    out = tl.where(e == e_max, (0xFF << 23) | (frac << (23 - frac_bits)), out)
+    out = tl.where(negative, out | (1 << 31), out)
+    return out.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two at least ``n`` (Triton block shapes are powers of two)."""
+    return int(triton.next_power_of_2(int(n)))
+
+
+__all__ = [
+    "MASK32",
+    "MAX_RUN",
+    "hot_kernel",
+    "lanes_kernel",
+    "next_power_of_2",
+    "ordered_kernel",
+    "round_rows_kernel",
+    "scatter_kernel",
+]
