@@ -39,8 +39,10 @@ and autograd, so they work in eager mode, under
 ``torch.compile(fullgraph=True)``, with
 ``torch.use_deterministic_algorithms(True)``, and pass
 ``torch.library.opcheck``. CPU tensors fold with the Numba CPU kernels,
-CUDA tensors on their device; other devices get a
-:class:`bitfold.DeviceError`.
+CUDA tensors on their device, tensors on other devices (MPS, XPU, ...) by
+the portable path: whichever registered backend serves the device
+(:func:`bitfold.torch.devices.folds_on`). A device without data (``meta``)
+or without a serving backend gets a :class:`bitfold.DeviceError`.
 
 >>> import numpy as np, torch, bitfold, bitfold.torch as bt
 >>> plan = bitfold.Fold(np.array([[0, 1], [1, 1]]), K=2)

@@ -1,13 +1,15 @@
 """Exact versions of the ATen ops that fold, on plain tensors: the arithmetic of the adapter.
 
-Every function here takes plain CPU or CUDA tensors of a floating dtype
-(float16, bfloat16, float32, float64), returns a new tensor and records no
+Every function here takes plain tensors of a floating dtype (float16,
+bfloat16, float32, float64) on a device a bitfold backend serves
+(:func:`bitfold.torch.devices.folds_on`), returns a new tensor and records no
 autograd: the custom ops of :mod:`bitfold.torch.ops` call them inside their
 implementations, and :mod:`bitfold.torch.mode` calls them in place of ATen.
 Each folds by a plan of the index it is given (ids may change every call;
 an index tensor met again, equal entry for entry, reuses its plan:
 :mod:`bitfold.torch.plan_cache`) through :func:`bitfold.dispatch.fold`, so
-CUDA tensors fold on their device with the engine's CUDA kernels.
+CUDA tensors fold on their device with the engine's GPU kernels (other
+devices by the portable path).
 
 The numeric contract, shared by every function: each *term* is computed as
 torch computes it (``alpha * source[i]`` rounded to the dtype, a row of the

@@ -14,10 +14,13 @@ Every floating argument is differentiable (``torch.library`` custom ops
 with autograd and fake implementations: eager, ``torch.compile`` and
 ``torch.library.opcheck``); the gradients that are folds are exact folds
 too. Floating dtypes float16, bfloat16, float32 and float64 are folded
-exactly on CPU and CUDA tensors. Integer and boolean tensors go to torch's
-own op, whose integer sums are exact in any order; complex tensors and
-other devices are refused (:class:`bitfold.FoldTypeError`,
-:class:`bitfold.DeviceError`), as are shapes torch would refuse
+exactly on every device a bitfold backend serves
+(:func:`bitfold.torch.devices.folds_on`: CPU and CUDA tensors by the
+kernels, MPS, XPU and others by the portable path). Integer and boolean
+tensors go to torch's own op, whose integer sums are exact in any order;
+complex tensors and devices without data or without a backend are refused
+(:class:`bitfold.FoldTypeError`, :class:`bitfold.DeviceError`), as are
+shapes torch would refuse
 (:class:`bitfold.ShapeError`, naming them). An index outside the tensor
 raises :class:`bitfold.IndexRangeError`.
 """
@@ -30,8 +33,9 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from ..errors import DeviceError, FoldError, FoldTypeError, ShapeError
+from ..errors import FoldError, FoldTypeError, ShapeError
 from ..validate import check_has_data, check_K, checked_options, type_label
+from .devices import check_device
 from .folds import (
     bag_of_positions,
     divide_by_counts,
@@ -49,7 +53,7 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 def _check_index(index: Any, what: str = "index") -> None:
     """Refuse an index that is no int32/int64 tensor (as torch), or that lives on a device
-    without data (``meta``) or one bitfold does not fold on, naming ``what`` it is."""
+    without data (``meta``) or one no bitfold backend folds on, naming ``what`` it is."""
     if not isinstance(index, torch.Tensor):
         raise FoldTypeError(
             f"{what} must be a torch.Tensor of int32 or int64 ids; got a {type_label(index)}"
@@ -59,12 +63,7 @@ def _check_index(index: Any, what: str = "index") -> None:
             f"{what} must hold integers of dtype int32 or int64, as torch takes them; got "
             f"{str(index.dtype).replace('torch.', '')}"
         )
-    check_has_data(index, what)
-    if index.device.type not in ("cpu", "cuda"):
-        raise DeviceError(
-            f"{what} is on {index.device}; bitfold.torch folds CPU and CUDA tensors: "
-            "use .cpu() or .cuda()"
-        )
+    check_device(index, what)  # meta, or a device no backend serves: a DeviceError
 
 
 def _check_dim(dim: Any) -> None:

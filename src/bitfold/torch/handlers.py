@@ -28,6 +28,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from . import folds, histograms, segment, sparse
+from .devices import folds_on
 from .folds import FLOATING
 
 aten = torch.ops.aten
@@ -111,11 +112,11 @@ def check_fold(target: torch.Tensor, *tensors: Any) -> Leave | None:
         if isinstance(t, torch.Tensor) and (
             not (type(t) in PLAIN or isinstance(t, FakeTensor))
             or t.layout != torch.strided
-            or t.device.type not in ("cpu", "cuda")
+            or not folds_on(t.device)
         ):
             return Leave(
-                f"a {type(t).__name__} on {t.device} ({t.layout}): bitfold folds plain CPU "
-                "and CUDA tensors"
+                f"a {type(t).__name__} on {t.device} ({t.layout}): bitfold folds plain dense "
+                "tensors on the devices its backends serve"
             )
     return None
 
@@ -558,8 +559,11 @@ def sampled_addmm(a: dict[str, Any]) -> torch.Tensor | Leave:
 
 def _sparse_place(x: torch.Tensor) -> Leave | None:
     """A verdict for a sparse tensor bitfold cannot fold where it is, or None."""
-    if type(x) not in PLAIN or x.device.type not in ("cpu", "cuda"):
-        return Leave(f"a {type(x).__name__} on {x.device}: bitfold folds plain CPU/CUDA tensors")
+    if type(x) not in PLAIN or not folds_on(x.device):
+        return Leave(
+            f"a {type(x).__name__} on {x.device}: bitfold folds plain tensors on the devices "
+            "its backends serve"
+        )
     return None
 
 

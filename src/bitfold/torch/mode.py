@@ -2,8 +2,9 @@
 
 Inside ``with bitfold.torch.exact_mode() as mode:`` a ``TorchDispatchMode``
 sees every ATen op that runs (the backward's too: autograd carries the mode
-to its threads) and sends the ops that fold, on floating CPU and CUDA
-tensors, to their exact handler (the table of :mod:`bitfold.torch.rules`,
+to its threads) and sends the ops that fold, on floating tensors of a
+device some bitfold backend serves (:func:`bitfold.torch.devices.folds_on`),
+to their exact handler (the table of :mod:`bitfold.torch.rules`,
 which :func:`bitfold.torch.compile` reads too) instead of ATen. Every element they
 produce is then the **correctly rounded sum of its old value (where the op
 adds into one) and all its terms**, one rounding: the same bits for any order

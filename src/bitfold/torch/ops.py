@@ -31,10 +31,13 @@ The gradient of ``v`` in ``expand(v, plan)`` has ``v``'s dtype:
   canonical NaN ``0x7FC0``); with ``ordered`` or ``atomic``, the float32
   fold of that strategy rounded to bfloat16.
 
-Devices: CPU tensors fold with the Numba CPU kernels; CUDA tensors fold on
-their device with the numba-cuda kernels of :mod:`bitfold.backends.cuda`
-(``exact`` gives the same bits as on the CPU; needs ``bitfold[cuda]``).
-Other devices get a :class:`bitfold.DeviceError`.
+Devices: a tensor folds on its device by the backend of highest priority
+that serves it (:func:`bitfold.torch.devices.folds_on` says whether one
+does): CPU tensors with the Numba CPU kernels; CUDA tensors on their device
+with the GPU kernels (numba-cuda's need ``bitfold[cuda]``), or else the
+portable path; tensors on other devices (MPS, XPU, ...) with the portable
+path. ``exact`` gives the same bits everywhere. A device without data
+(``meta``) or without a serving backend gets a :class:`bitfold.DeviceError`.
 """
 
 from __future__ import annotations
@@ -46,12 +49,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import DeviceError, FoldError, FoldTypeError, IndexRangeError
+from ..errors import FoldError, FoldTypeError, IndexRangeError
 from ..formats import resolve_out_dtype
 from ..plan import Fold
 from ..strategies import get_strategy
 from ..validate import check_expand_input, check_has_data, check_values, checked_options, type_label
 from . import folds
+from .devices import check_device
 from .folds import FLOATING, NAMES
 
 # -- the plan table -------------------------------------------------------------------------------
@@ -102,23 +106,23 @@ def _index_tensor(key: int, device: torch.device) -> torch.Tensor:
 
 # -- checks at the public boundary ----------------------------------------------------------------
 def check_tensor(t: Any, what: str) -> None:
-    """Refuse anything but a floating CPU or CUDA tensor, naming ``what`` it is."""
+    """Refuse anything but a floating tensor on a device bitfold folds on, naming ``what``.
+
+    The device is judged by :func:`bitfold.torch.devices.check_device`: ``meta``,
+    or a device no registered backend serves, is a :class:`bitfold.DeviceError`.
+    """
     if not isinstance(t, torch.Tensor):
         raise FoldTypeError(
             f"{what} must be a torch.Tensor; got a {type_label(t)} (convert it with "
             "torch.as_tensor, or use the function of its own library: bitfold.jax for JAX)"
         )
-    check_has_data(t, what)
+    check_has_data(t, what)  # meta first: named as a device without data, whatever its dtype
     if t.dtype not in FLOATING:
         raise FoldTypeError(
             f"{what} must be floating point (float16, bfloat16, float32, float64); "
             f"got {str(t.dtype).replace('torch.', '')}"
         )
-    if t.device.type not in ("cpu", "cuda"):
-        raise DeviceError(
-            f"{what} is on {t.device}; bitfold.torch folds CPU and CUDA tensors: "
-            "use .cpu() or .cuda()"
-        )
+    check_device(t, what)
 
 
 def check_strategy(strategy: str) -> str:
@@ -190,7 +194,7 @@ _fold_op.register_autograd(_fold_backward, setup_context=_setup)
 def expand(v: torch.Tensor, plan: Fold, strategy: str = "exact") -> torch.Tensor:
     """``v[plan.index]`` in the plan's shape; the gradient of ``v`` is the plan's fold.
 
-    ``v`` is a floating CPU or CUDA tensor of shape ``(plan.K,)``, or
+    ``v`` is a floating tensor (CPU, CUDA, or another served device) of shape ``(plan.K,)``, or
     ``(plan.K,) + trailing`` (a table of rows: the result is
     ``plan.shape + trailing``). The gradient has ``v``'s dtype and follows the
     module docstring's contract (``exact``: correctly rounded, the same bits

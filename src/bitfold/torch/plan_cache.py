@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ..plan import Fold
+from .devices import folds_on
 
 #: Indices with fewer positions are planned afresh: a plan of them costs about its check.
 MIN_POSITIONS = 1 << 12
@@ -47,7 +48,7 @@ SEEN_KEYS = 64
 @dataclass
 class _Entry:
     plan: Fold
-    device_copy: torch.Tensor | None  # a CUDA index's copy on its device; None on the CPU
+    device_copy: torch.Tensor | None  # a device index's copy on its device; None on the CPU
 
 
 class PlanCache:
@@ -71,7 +72,7 @@ class PlanCache:
         if (
             n < MIN_POSITIONS
             or n > self.max_positions
-            or flat.device.type not in ("cpu", "cuda")
+            or not folds_on(flat.device)
             or flat.dtype.is_floating_point
             or flat.dtype.is_complex
         ):
@@ -96,7 +97,8 @@ class PlanCache:
                     self._seen.popitem(last=False)
         if not again:
             return Fold(flat, K)
-        copy = flat.clone() if flat.is_cuda else None  # the plan is built from the kept copy
+        on_host = flat.device.type == "cpu"  # compared with the plan's own copy; others on device
+        copy = None if on_host else flat.clone()  # the plan is built from the kept copy
         plan = Fold(flat if copy is None else copy, K)
         with self._lock:
             self._entries[key] = _Entry(plan, copy)

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from .devices import folds_on
 from .folds import fold_rows
 from .products import as_dtype, product_terms, scale_terms
 
@@ -277,9 +278,6 @@ def sparse_sum(A: torch.Tensor, dims: list[int], dtype: torch.dtype | None = Non
 
 
 # -- which calls are sparse products --------------------------------------------------------------
-_DEVICES = ("cpu", "cuda")
-
-
 def is_sparse(t: Any) -> bool:
     """True for a tensor of any sparse layout (COO, CSR, CSC, BSR, BSC)."""
     return isinstance(t, torch.Tensor) and t.layout != torch.strided
@@ -319,8 +317,8 @@ def operands(a: Any, b: Any, C: Any = None) -> Operands | str | None:
     if why is not None:
         return why
     for t in (A, X, C):
-        if isinstance(t, torch.Tensor) and t.device.type not in _DEVICES:
-            return f"a tensor on {t.device}: bitfold folds CPU and CUDA tensors"
+        if isinstance(t, torch.Tensor) and not folds_on(t.device):
+            return f"a tensor on {t.device}: no bitfold backend folds tensors there"
     if X.dim() != 2 or X.shape[1 if right else 0] != A.shape[0 if right else 1]:
         return None  # torch raises its own error (or a batched product: not folded here)
     return Operands(A, X, right)
