@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import sys
 import time
@@ -12,7 +13,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import dispatch
-from .backends import host_buffers
+from .backends import device_plan, host_buffers
 from .errors import FoldError, FoldTypeError
 from .exact import ExactAccumulator
 from .kernels import planning
@@ -46,6 +47,13 @@ class Fold:
     (:mod:`bitfold.backends.host_buffers`; a result still held, or a view
     or tensor of it, is never touched).
 
+    An index that is a torch tensor on a device (a CUDA tensor) never leaves
+    it: the plan is checked, sorted and counted there by torch operations,
+    with one flag read back (any entry out of range?), and keeps its arrays
+    there as tensors (:attr:`device`, :attr:`device_tensors`,
+    :mod:`bitfold.backends.device_plan`); its host arrays are made from one
+    host copy only when something asks for them (a CPU fold, :attr:`fingerprint`).
+
     ``plan(values, strategy="exact")`` returns the K sums as an array of the
     same library (and device) as ``values``. The default ``exact`` strategy
     returns, for every bucket, the exact real sum rounded once to
@@ -64,17 +72,29 @@ class Fold:
 
     @checked_options
     def __init__(self, index: Any, K: int) -> None:
-        self._check_index(self._begin(index, K))
+        flat = self._begin(index, K)
+        if flat is not None:
+            self._check_index(flat)
 
-    def _begin(self, index: Any, K: int) -> np.ndarray:
-        """Read K and the index (dtype and shape checked): the flat index, entries unchecked."""
+    def _begin(self, index: Any, K: int) -> np.ndarray | None:
+        """Read K and the index (dtype and shape checked): the flat index, entries unchecked.
+
+        A torch tensor on a device (:func:`bitfold.backends.device_plan.builds_on_device`)
+        is checked and planned there at once instead, its tensors kept on the plan: None.
+        """
         t0 = time.perf_counter()
         self._K = check_K(K)
         check_K_fits(self._K)
-        arr = read_index(index)
-        self._shape = tuple(int(s) for s in arr.shape)
-        self._unchecked: np.ndarray | None = arr.reshape(-1)
-        self._size = int(self._unchecked.size)
+        self._device_tensors: device_plan.PlanTensors | None = None
+        self._unchecked: np.ndarray | None = None
+        if device_plan.builds_on_device(index):
+            self._shape, self._device_tensors = device_plan.build(index, self._K)
+            self._size = int(self._device_tensors.index.numel())
+        else:
+            arr = read_index(index)
+            self._shape = tuple(int(s) for s in arr.shape)
+            self._unchecked = arr.reshape(-1)
+            self._size = int(self._unchecked.size)
         self._positions = np.int32 if self._size <= _INT32_MAX else np.int64
         self._index: np.ndarray | None = None
         self._offsets: np.ndarray | None = None
@@ -84,6 +104,8 @@ class Fold:
         self._fingerprint: str | None = None
         self._prepared: dict[Any, Any] = {}
         self._once = False
+        if self._device_tensors is not None:
+            device_plan.keep_built(self, self._device_tensors)
         self.build_seconds = time.perf_counter() - t0
         return self._unchecked
 
@@ -138,12 +160,42 @@ class Fold:
         """The flat index, read-only, in the narrowest type that holds K.
 
         uint16 for K <= 65,536, int32 for K < 2^31, else int64. A one-shot plan
-        (:func:`one_shot`) checks its entries and makes this copy on first use.
+        (:func:`one_shot`) checks its entries and makes this copy on first use;
+        a plan built on a device (:attr:`device`) copies its index to the host
+        once, on first use (the other host arrays are then made from this one).
         """
         index, unchecked = self._index, self._unchecked
-        if index is None and unchecked is not None:
-            index = self._check_index(unchecked)
+        if index is None:
+            if unchecked is not None:
+                index = self._check_index(unchecked)
+            elif self._device_tensors is not None:
+                t0 = time.perf_counter()
+                self._index = index = _frozen(device_plan.host_index(self._device_tensors, self._K))
+                self.build_seconds += time.perf_counter() - t0
         return index
+
+    @property
+    def device(self) -> str | None:
+        """The torch device the plan was built on (``"cuda:0"``, ...), or None: built on the host.
+
+        A plan of a torch tensor on a device other than the CPU is checked,
+        sorted and counted there (:mod:`bitfold.backends.device_plan`): its
+        index data stay there (:attr:`device_tensors`), and the host arrays
+        (:attr:`index`, :attr:`offsets`, :attr:`order`, ...) are made from one
+        host copy of the index only when something asks for them.
+        """
+        tensors = self._device_tensors
+        return None if tensors is None else str(tensors.device)
+
+    @property
+    def device_tensors(self) -> device_plan.PlanTensors | None:
+        """The torch tensors a plan built on a device was built as (on :attr:`device`), or None.
+
+        The same object as ``device_plan.plan_tensors(plan, plan.device)``: the
+        flat index (int64), the stable order, the sorted index, the counts and
+        the offsets (see :class:`bitfold.backends.device_plan.PlanTensors`).
+        """
+        return self._device_tensors
 
     @property
     def once(self) -> bool:
@@ -231,6 +283,12 @@ class Fold:
 
     @property
     def nbytes(self) -> int:
+        """Bytes the plan holds now, on the host and on devices: :attr:`host_nbytes` plus
+        :attr:`device_nbytes`."""
+        return self.host_nbytes + self.device_nbytes
+
+    @property
+    def host_nbytes(self) -> int:
         """Bytes the plan holds on the host now: index copy, and what it built so far.
 
         The offsets (at once for few buckets, else on first use), the order
@@ -241,19 +299,30 @@ class Fold:
         path's constants on the CPU), and the large outputs and scratch arrays it
         keeps for reuse (:mod:`bitfold.backends.host_buffers`: at most two of
         a shape, of 1 MiB or more, whether a caller still holds them or not).
-        Memory on a device (a GPU) is not counted.
+        A plan built on a device holds no host array until one is asked for.
         """
         held = [self._index, self._offsets, self._order, self._sorted_index, self._counts]
         held += [a for key, value in self._prepared.items() if key != host_buffers.PREPARED_KEY
-                 for a in _host_arrays(value)]  # fmt: skip
+                 for a in _held_arrays(value) if _on_host(a)]  # fmt: skip
         kept = self._prepared.get(host_buffers.PREPARED_KEY)
-        seen: set[int] = set()
-        total = 0
-        for a in held:
-            if a is not None and id(a) not in seen:
-                seen.add(id(a))
-                total += a.nbytes
-        return int(total) + (kept.nbytes if kept else 0)
+        return _distinct_nbytes(held) + (kept.nbytes if kept else 0)
+
+    @property
+    def device_nbytes(self) -> int:
+        """Bytes the plan holds on devices (GPUs) now, each array counted once.
+
+        The tensors of a plan built on a device (:attr:`device_tensors`), and
+        what backends and adapters keep on the plan there: its index data as
+        torch tensors (:func:`bitfold.backends.device_plan.plan_tensors`), the
+        CUDA backend's uploaded arrays and scratch buffers, the portable path's
+        constants, CuPy and JAX copies of the index. Memory a fold allocates
+        and releases is not counted. (Tensors in CPU memory, as a plan built
+        under :func:`bitfold.backends.device_plan.forced_device_build` has,
+        count in :attr:`host_nbytes`.)
+        """
+        held = [a for key, value in self._prepared.items() if key != host_buffers.PREPARED_KEY
+                for a in _held_arrays(value) if not _on_host(a)]  # fmt: skip
+        return _distinct_nbytes(held)
 
     @property
     def fingerprint(self) -> str:
@@ -383,7 +452,7 @@ def one_shot(index: Any, K: int) -> Fold:
     plan = Fold.__new__(Fold)
     flat = plan._begin(index, K)
     plan._once = True
-    if plan.K <= planning.EAGER_COUNT_MAX_K:
+    if flat is not None and plan.K <= planning.EAGER_COUNT_MAX_K:
         plan._check_index(flat)
     return plan
 
@@ -405,23 +474,54 @@ def offsets_bytes(K: int, n: int) -> int:
     return 4 if n <= _INT32_MAX else 8
 
 
-def _host_arrays(value: Any) -> list[Any]:
-    """The host arrays ``value`` is or holds (in a tuple or list), each with ``nbytes``.
+def _held_arrays(value: Any) -> list[Any]:
+    """The arrays ``value`` is or holds (in a tuple, list, dict or dataclass), each with ``nbytes``.
 
-    NumPy arrays, and PyTorch tensors and JAX arrays in CPU memory (looked
-    for only where their library is already imported); device memory is not.
+    NumPy arrays, PyTorch tensors, JAX arrays, CuPy arrays and numba device
+    arrays (any library's only where it is already imported; any object with
+    ``__cuda_array_interface__`` and ``nbytes``).
     """
     if isinstance(value, np.ndarray):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [a for item in value for a in _host_arrays(item)]
+        return [a for item in value for a in _held_arrays(item)]
+    if isinstance(value, dict):
+        return [a for item in value.values() for a in _held_arrays(item)]
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        return [value] if value.device.type == "cpu" else []
+        return [value]
     jax = sys.modules.get("jax")
     if jax is not None and isinstance(value, jax.Array):
-        return [value] if all(d.platform == "cpu" for d in value.devices()) else []
+        return [value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [a for f in dataclasses.fields(value) for a in _held_arrays(getattr(value, f.name))]
+    if hasattr(type(value), "__cuda_array_interface__") and hasattr(value, "nbytes"):
+        return [value]  # CuPy, numba device arrays
     return []
+
+
+def _on_host(a: Any) -> bool:
+    """True for an array in host memory (NumPy, and CPU tensors and CPU JAX arrays)."""
+    if isinstance(a, np.ndarray):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(a, torch.Tensor):
+        return a.device.type == "cpu"
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(a, jax.Array):
+        return all(d.platform == "cpu" for d in a.devices())
+    return False
+
+
+def _distinct_nbytes(arrays: list[Any]) -> int:
+    """The bytes of ``arrays``, each object counted once (None skipped)."""
+    seen: set[int] = set()
+    total = 0
+    for a in arrays:
+        if a is not None and id(a) not in seen:
+            seen.add(id(a))
+            total += int(a.nbytes)
+    return total
 
 
 def _frozen(arr: np.ndarray) -> np.ndarray:

@@ -186,14 +186,22 @@ def read_index(index: Any, name: str = "index") -> np.ndarray:
                 f"{name} must be an array of integers (int8 .. int64, uint8 .. uint64); got "
                 f"{_short(index)} ({type_label(index)}), which is no array of numbers"
             )
-        raise FoldTypeError(
-            f"{name} must be an array of integers (int8 .. int64, uint8 .. uint64); "
-            f"got dtype {dtype}"
-        )
+        raise index_dtype_error(dtype, name)
     flat = np.ravel(arr, order="C")
     if not flat.dtype.isnative:
         flat = flat.astype(flat.dtype.newbyteorder("="))
     return flat.reshape(arr.shape)
+
+
+def index_dtype_error(dtype: str, name: str = "index") -> FoldTypeError:
+    """The refusal of an index array of the non-integer dtype ``dtype`` (a canonical name).
+
+    The one message for every index, read on the host (:func:`read_index`) or
+    checked where it lives (a plan built on a device).
+    """
+    return FoldTypeError(
+        f"{name} must be an array of integers (int8 .. int64, uint8 .. uint64); got dtype {dtype}"
+    )
 
 
 def index_range_error(
@@ -373,6 +381,7 @@ __all__ = [
     "check_trailing",
     "check_values",
     "checked_options",
+    "index_dtype_error",
     "index_range_error",
     "read_index",
     "refuse_unknown_options",
