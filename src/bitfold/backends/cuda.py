@@ -57,6 +57,7 @@ from ..errors import DeviceError, FoldError, FoldTypeError, ShapeError
 from ..formats import LimbFormat, dtype_name, limb_format_for
 from ..validate import Values
 from . import host_state
+from .device_plan import index_tensor
 from .registry import Backend, InitRule
 
 if TYPE_CHECKING:
@@ -691,12 +692,7 @@ def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
     """``v[index]`` in the index's shape (then ``trailing``), on ``v``'s device and library."""
     lib = library_of(v)
     if lib == "torch":
-        import torch
-
-        idx = plan.prepared(
-            ("torch-index", str(v.device)),
-            lambda: torch.from_numpy(plan.index.astype(np.int64)).to(v.device),
-        )
+        idx = index_tensor(plan, v.device)  # the plan's one torch index there
         return v[idx].reshape(plan.shape + trailing)
     if lib == "cupy":
         import cupy

@@ -28,7 +28,7 @@ from ..arrays import family_of, from_numpy, to_numpy
 from ..formats import limb_format_for
 from ..kernels import cpu
 from ..validate import Values
-from . import host_routes
+from . import device_plan, host_routes
 from .host_arrays import canonicalise_nans, frozen, host_rows, host_values, result
 from .host_routes import ROUTES, fold_buckets
 from .host_state import (
@@ -162,12 +162,7 @@ def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
     family = family_of(v)
     shape = plan.shape + tuple(trailing)
     if family.name == "torch":
-        import torch
-
-        idx = plan.prepared(
-            ("torch-index", "cpu"), lambda: torch.from_numpy(plan.index.astype(np.int64))
-        )
-        return v[idx].reshape(shape)
+        return v[device_plan.index_tensor(plan, "cpu")].reshape(shape)
     host = np.ascontiguousarray(to_numpy(v))
     if trailing:
         out = np.take(host, plan.index, axis=0)

@@ -46,9 +46,9 @@ import itertools
 import weakref
 from typing import Any
 
-import numpy as np
 import torch
 
+from ..backends import device_plan
 from ..errors import FoldError, FoldTypeError, IndexRangeError
 from ..formats import resolve_out_dtype
 from ..plan import Fold
@@ -97,11 +97,8 @@ def _plan(key: int) -> Fold:
 
 
 def _index_tensor(key: int, device: torch.device) -> torch.Tensor:
-    plan = _plan(key)
-    return plan.prepared(
-        ("torch-index", str(device)),
-        lambda: torch.from_numpy(plan.index.astype(np.int64)).to(device),
-    )
+    """The plan's int64 index on ``device``: its one torch copy there (device_plan.index_tensor)."""
+    return device_plan.index_tensor(_plan(key), device)
 
 
 # -- checks at the public boundary ----------------------------------------------------------------

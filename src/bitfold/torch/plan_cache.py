@@ -4,15 +4,17 @@ Every exact fold of the torch adapter (:func:`bitfold.torch.folds.fold_rows`:
 the ops under ``exact_mode()``, the custom ops of ``bitfold.torch.compile``,
 the drop-ins) is given an index tensor, and ids may change from one call to
 the next. A training loop, though, folds by the same edge list or bag ids
-every step, and building a plan sorts the index; on a GPU it also copies the
-index to the host and the plan's arrays back (an H200 run spent 14 ms of a
-15 ms exact-mode step so). :class:`PlanCache` keeps the plans of the last few
+every step, and building a plan sorts the index (a device index on its
+device: :mod:`bitfold.backends.device_plan`; when plans were built on the
+host, an H200 run spent 14 ms of a 15 ms exact-mode step copying the index
+there and the plan's arrays back). :class:`PlanCache` keeps the plans of the last few
 index tensors, keyed by where their data lives (device, dtype, size, data
 pointer) and K, and reuses one only after checking, on every call, that the
 index still holds the plan's ids entry for entry:
 
-* a CUDA index is compared on its device (``torch.equal``) with a copy kept
-  there (one read of each; the copy is the cache's only extra memory);
+* an index on a device (CUDA) is compared there (``torch.equal``) with a
+  copy kept there: the plan's own int64 index for an int64 index (no extra
+  memory), else a copy of the index as given (one read of each);
 * a CPU index is compared with the plan's own compact copy
   (:meth:`bitfold.Fold.same_index`, one parallel read, no copy).
 
@@ -97,9 +99,7 @@ class PlanCache:
                     self._seen.popitem(last=False)
         if not again:
             return Fold(flat, K)
-        on_host = flat.device.type == "cpu"  # compared with the plan's own copy; others on device
-        copy = None if on_host else flat.clone()  # the plan is built from the kept copy
-        plan = Fold(flat if copy is None else copy, K)
+        plan, copy = _planned(flat, K)
         with self._lock:
             self._entries[key] = _Entry(plan, copy)
             self._entries.move_to_end(key)
@@ -126,6 +126,25 @@ class PlanCache:
         while self._entries and (len(self._entries) > self.max_plans or total > self.max_positions):
             _, old = self._entries.popitem(last=False)
             total -= old.plan.size
+
+
+def _planned(flat: torch.Tensor, K: int) -> tuple[Fold, torch.Tensor | None]:
+    """The plan of ``flat`` and what a later index is compared with (None: the plan itself).
+
+    A device index's plan is built on its device from the very ids kept for the
+    comparison: an int64 index's are the plan's own int64 copy; another's, a
+    copy of it as given.
+    """
+    if flat.device.type == "cpu":
+        return Fold(flat, K), None
+    if flat.dtype == torch.int64:
+        plan = Fold(flat, K)
+        built = plan.device_tensors
+        if built is not None and built.device == flat.device:
+            return plan, built.index
+        return plan, flat.clone()  # pragma: no cover - a device index is always built there
+    copy = flat.clone()
+    return Fold(copy, K), copy
 
 
 #: The cache of the torch adapter's exact folds (``bitfold.torch.clear_plan_cache()`` empties it).
