@@ -514,13 +514,26 @@ def _on_host(a: Any) -> bool:
 
 
 def _distinct_nbytes(arrays: list[Any]) -> int:
-    """The bytes of ``arrays``, each object counted once (None skipped)."""
-    seen: set[int] = set()
+    """The bytes of ``arrays``, each counted once (None skipped).
+
+    A torch tensor counts its storage, once for all the tensors that view it
+    (a plan's offsets and the starts sliced from them are one allocation).
+    """
+    torch = sys.modules.get("torch")
+    seen: set[Any] = set()
     total = 0
     for a in arrays:
-        if a is not None and id(a) not in seen:
-            seen.add(id(a))
-            total += int(a.nbytes)
+        if a is None:
+            continue
+        if torch is not None and isinstance(a, torch.Tensor):
+            storage = a.untyped_storage()
+            key: Any = ("storage", str(a.device), storage.data_ptr())
+            size = storage.nbytes()
+        else:
+            key, size = id(a), a.nbytes
+        if key not in seen:
+            seen.add(key)
+            total += int(size)
     return total
 
 

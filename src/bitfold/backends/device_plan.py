@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -182,7 +183,7 @@ def build(index: Any, K: int, name: str = "index") -> tuple[tuple[int, ...], Pla
     if n and bool((sorted_index[0] < 0) | (sorted_index[-1] >= K)):  # the one host sync
         bad = (flat < 0) | (flat >= K)
         at = int(torch.argmax(bad.to(torch.int8)))  # the first bad position (argmax: first max)
-        value = int(given.reshape(-1)[at])  # as given: a uint64 id beyond int64 stays itself
+        value = int(given.reshape(-1)[at].item())  # as given: a uint64 id past int64 stays itself
         raise index_range_error(shape, at, value, K)
     return shape, tensors
 
@@ -224,7 +225,10 @@ def _from_host(plan: Fold, device: Any) -> PlanTensors:
     import torch
 
     def put(arr: np.ndarray, dtype: Any) -> Any:
-        return torch.from_numpy(np.ascontiguousarray(arr)).to(device=device, dtype=dtype)
+        with warnings.catch_warnings():  # the plan's arrays are read-only; so is what views them
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            host = torch.from_numpy(np.ascontiguousarray(arr))
+        return host.to(device=device, dtype=dtype)
 
     positions = _positions_dtype(plan.size)
     return PlanTensors(

@@ -80,7 +80,7 @@ from ..formats import (
     limb_format_for,
 )
 from ..validate import Values
-from . import host_state
+from . import device_plan, host_state
 from .registry import FOLDS, Backend, InitRule
 
 if TYPE_CHECKING:
@@ -325,11 +325,61 @@ def _constant(plan: Fold, ops: ArrayFamily, like: Any, what: str, build: Any) ->
 
 
 def _max_count(plan: Fold) -> int:
-    """The most values of one bucket (a Python int, kept on the plan)."""
+    """The most values of one bucket (a Python int, kept on the plan).
+
+    A plan built on a device reads it from its counts there (one read, once).
+    """
+    built = plan.device_tensors
+    if built is not None:
+        return plan.prepared(("portable", "max-count"), lambda: int(built.counts.max()))
     return plan.prepared(("portable", "max-count"), lambda: int(plan.counts.max()))
 
 
+def _torch_on_device(plan: Fold, ops: ArrayFamily, like: Any) -> bool:
+    """True when the plan's arrays for ``like`` come from its torch tensors on ``like``'s device
+    (:mod:`bitfold.backends.device_plan`): a plan built on a device, eager torch values."""
+    eager = ops.cache_key(like) is not None
+    return ops.name == "torch" and plan.device_tensors is not None and eager
+
+
+def _plan_array(plan: Fold, ops: ArrayFamily, like: Any, what: str, word: str) -> Any:
+    """The plan's ``what`` ("order", "starts", "counts") as ``word`` integers on ``like``'s device.
+
+    Kept on the plan; a plan built on a device derives it there from its
+    tensors (:func:`device_plan.plan_tensors`), never through the host.
+    """
+    if _torch_on_device(plan, ops, like):
+        import torch
+
+        def derived() -> Any:
+            t = device_plan.plan_tensors(plan, like.device)
+            src = {"order": t.order, "starts": t.offsets[:-1], "counts": t.counts}[what]
+            return src.to(getattr(torch, word))
+
+        return plan.prepared(("portable", f"{what}-{word}", ops.cache_key(like)), derived)
+    host = {"order": lambda: plan.order, "starts": lambda: plan.offsets[:-1],
+            "counts": lambda: plan.counts}[what]  # fmt: skip
+    return _constant(plan, ops, like, f"{what}-{word}", lambda: host().astype(word))
+
+
+def _counts_rows(plan: Fold, ops: ArrayFamily, like: Any, D: int, extra: int, word: str) -> Any:
+    """Every bucket's count plus ``extra``, repeated for its ``D`` table rows, as ``word``."""
+    what = f"counts-rows-{word}-{D}-{bool(extra)}"
+    if _torch_on_device(plan, ops, like):
+        counts = _plan_array(plan, ops, like, "counts", word)
+        return plan.prepared(("portable", what, ops.cache_key(like)),
+                             lambda: (counts + extra).repeat_interleave(D))  # fmt: skip
+    return _constant(plan, ops, like, what,
+                     lambda: np.repeat(plan.counts + extra, D).astype(word))  # fmt: skip
+
+
 def _index(plan: Fold, ops: ArrayFamily, like: Any, word: str) -> Any:
+    """The plan's flat index as ``word`` integers on ``like``'s device (kept on the plan).
+
+    torch int64: the plan's one torch index there (:func:`device_plan.index_tensor`).
+    """
+    if ops.name == "torch" and word == "int64" and ops.cache_key(like) is not None:
+        return device_plan.index_tensor(plan, like.device)
     return _constant(plan, ops, like, f"index-{word}", lambda: plan.index.astype(word))
 
 
@@ -392,10 +442,7 @@ def fold_exact(
     if init is not None:
         every = ops.arange(values, K * D, words.word)
         groups.append((every, init.reshape(-1), init_dtype))
-    counts = _constant(
-        plan, ops, values, f"counts-rows-{words.word}-{D}-{init is not None}",
-        lambda: np.repeat(plan.counts + (init is not None), D).astype(words.word),
-    )  # fmt: skip
+    counts = _counts_rows(plan, ops, values, D, int(init is not None), words.word)
     table = table_of(ops, values, fmt, words, K * D, groups, counts, bound)
     out = round_table(ops, table.reshape(K * D, words.columns), words, fmt, out_name)
     return out.reshape((K, *spec.trailing))
@@ -461,9 +508,9 @@ def fold_ordered(
     if init is not None:
         acc = ops.astype(init.reshape(K, D), out_name)
     word = "int64" if ops.has_int64(values) else "int32"
-    order = _constant(plan, ops, values, f"order-{word}", lambda: plan.order.astype(word))
-    starts = _constant(plan, ops, values, f"starts-{word}", lambda: plan.offsets[:-1].astype(word))
-    counts = _constant(plan, ops, values, f"counts-{word}", lambda: plan.counts.astype(word))
+    order = _plan_array(plan, ops, values, "order", word)
+    starts = _plan_array(plan, ops, values, "starts", word)
+    counts = _plan_array(plan, ops, values, "counts", word)
     steps = _max_count(plan)
 
     def step(t: Any, acc: Any) -> Any:
