@@ -36,9 +36,11 @@ if TYPE_CHECKING:
 def backend_for(values: Any, what: str = "values", backend: str | None = None) -> Backend:
     """The registered backend that serves ``values``, by their array family and device.
 
-    Host values take the host backend; CUDA values the numba-cuda kernels when
-    numba-cuda loads, else the portable path; values on any other device (MPS,
-    XPU, ROCm, TPU, JAX on a GPU) the portable path. ``backend`` (a name of
+    Backends are asked by priority (:mod:`bitfold.backends`): host values take
+    the host backend; torch GPU tensors (CUDA, ROCm, XPU) and CuPy arrays the
+    Triton kernels when Triton loads; other CUDA arrays the numba-cuda kernels
+    when numba-cuda loads; anything else (MPS, TPU, JAX on a GPU, a GPU without
+    either) the portable path. ``backend`` (a name of
     :func:`bitfold.backend_names`) forces one, refused unless it serves them.
     Values on a device without data (torch's ``meta``) are refused by name.
     """
