@@ -116,9 +116,12 @@ def _torch_or_none(wanted: bool) -> Any:
 
 
 def cuda_available() -> bool:
-    """True when torch sees a CUDA device and numba-cuda is installed (checked without CUDA init
-    where possible: torch is imported only if it is installed)."""
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("numba_cuda") is None:
+    """True when torch sees a CUDA device and a GPU backend's kernels are installed (Triton or
+    numba-cuda; checked without CUDA init where possible: torch is imported only if it is
+    installed)."""
+    if importlib.util.find_spec("torch") is None:
+        return False
+    if all(importlib.util.find_spec(m) is None for m in ("triton", "numba_cuda")):
         return False
     passive_openmp_before_torch()
     import torch
@@ -135,8 +138,9 @@ def resolve_device(requested: str) -> str:
     usable = cuda_available()
     if requested == "cuda" and not usable:
         raise DeviceError(
-            "--device cuda needs a CUDA device visible to PyTorch and numba-cuda installed "
-            "(pip install 'bitfold[cuda,torch]'); none is usable here — run with --device cpu"
+            "--device cuda needs a CUDA device visible to PyTorch and Triton or numba-cuda "
+            "installed (pip install 'bitfold[triton]'); none is usable here — run with "
+            "--device cpu"
         )
     return "cuda" if usable else "cpu"
 

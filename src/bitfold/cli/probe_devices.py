@@ -74,7 +74,11 @@ class CudaDevice:
         """One line naming the GPU and the versions of torch and CUDA."""
         torch = self.torch
         name = torch.cuda.get_device_name(self.dev)
-        return f"numba-cuda on {name} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+        from ..backends.registry import backend_for
+
+        kernels = {"triton": "Triton", "cuda": "numba-cuda"}.get(
+            backend_for("torch", "cuda").name, "portable")
+        return f"{kernels} on {name} (torch {torch.__version__}, CUDA {torch.version.cuda})"
 
     def baseline_note(self, contender: Any) -> str:
         """Why a baseline is or is not expected to be deterministic on a GPU."""
