@@ -21,8 +21,10 @@ results as the canonical NaN), ``atomic`` torch's ``index_add_``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +104,29 @@ def _back(t: Any, lib: str) -> Any:
 
         return cupy.from_dlpack(t)
     return t
+
+
+@contextlib.contextmanager
+def _launching(t: Any, lib: str) -> Iterator[None]:
+    """Kernels launched here go to ``t``'s device, on its library's current stream.
+
+    Triton launches on torch's current device and stream: the values' device
+    is made current, and for CuPy arrays CuPy's current stream becomes torch's
+    (an external stream, no copy, no wait).
+    """
+    torch = _torch()
+    with contextlib.ExitStack() as stack:
+        if t.device.type == "cuda":
+            stack.enter_context(torch.cuda.device(t.device))
+            if lib == "cupy":
+                import cupy
+
+                external = torch.cuda.ExternalStream(cupy.cuda.get_current_stream().ptr,
+                                                     device=t.device)  # fmt: skip
+                stack.enter_context(torch.cuda.stream(external))
+        elif t.device.type == "xpu":
+            stack.enter_context(torch.xpu.device(t.device))
+        yield
 
 
 def _check_device(t: Any) -> None:
@@ -212,7 +237,6 @@ def fold_exact(
     many programs) and ``chunk`` (positions a program of a hot bucket sums)
     tune the kernels; they never change the result.
     """
-    torch = _torch()
     t, lib = _as_torch(values)
     _check_device(t)
     hot_min = positive_int_or_none(hot_min, "hot_min", _HOT_MEANING) or HOT_MIN
@@ -233,7 +257,7 @@ def fold_exact(
     block_d = min(kernels.next_power_of_2(D), 64)
     block_k = max(1, LANES[fmt.name] // block_d)
     target = _target(out_name, fmt)
-    with torch.device(t.device) if t.device.type != "cpu" else _nothing():
+    with _launching(t, lib):
         grid = (triton_cdiv(K, block_k), triton_cdiv(D, block_d))
         kernels.lanes_kernel[grid](
             bits, pt.order, pt.offsets, init_bits, out_flat, K, D, hot_min,
@@ -296,7 +320,6 @@ def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str, *, init: 
     """The ``ordered`` fold on the device: the host ``ordered`` bits."""
     if init is not None:
         raise FoldError("the triton ordered fold adds into zeros only; use 'exact' with init")
-    torch = _torch()
     t, lib = _as_torch(values)
     _check_device(t)
     kernels = _kernels()
@@ -310,7 +333,7 @@ def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str, *, init: 
     target = FLOATS[out_name]
     block_d = min(kernels.next_power_of_2(D), 64)
     block_k = max(1, 128 // block_d)
-    with torch.device(t.device) if t.device.type != "cpu" else _nothing():
+    with _launching(t, lib):
         kernels.ordered_kernel[(triton_cdiv(K, block_k), triton_cdiv(D, block_d))](
             rows, pt.order, pt.offsets, out_bits.reshape(-1), K, D,
             NARROW=narrow, WIDE_ACC=out_name == "float64",
@@ -355,7 +378,7 @@ def new_state(K: int, fmt: LimbFormat, trailing: tuple[int, ...] = (), like: Any
 def exact_state(plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> Any:
     """The state of ``values`` (plan positions ``spec.start ..``), carried, on their device."""
     torch = _torch()
-    t, _ = _as_torch(values)
+    t, lib = _as_torch(values)
     _check_device(t)
     if spec.dtype not in fmt.value_dtypes:
         raise FoldTypeError(f"a {fmt.name} state holds sums of {', '.join(fmt.value_dtypes)}; "
@@ -368,14 +391,14 @@ def exact_state(plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> Any:
     block_d = min(kernels.next_power_of_2(D), 64)
     block_n = max(1, 1024 // block_d)
     step = kernels.MAX_RUN
-    for first in range(0, max(N, 1), step):  # at most MAX_RUN values reach a row a launch
+    for first in range(0, N, step):  # at most MAX_RUN values reach a row a launch
         n = min(step, N - first)
-        if n <= 0:
-            break
-        kernels.scatter_kernel[(triton_cdiv(n, block_n), triton_cdiv(D, block_d))](
-            bits[first * D :], index[first:], state, n, D, **Decode.of(spec.dtype, fmt).kwargs(),
-            L=fmt.limbs, W=fmt.width, BLOCK_N=block_n, BLOCK_D=block_d,
-        )  # fmt: skip
+        with _launching(t, lib):
+            kernels.scatter_kernel[(triton_cdiv(n, block_n), triton_cdiv(D, block_d))](
+                bits[first * D :], index[first:], state, n, D,
+                **Decode.of(spec.dtype, fmt).kwargs(), L=fmt.limbs, W=fmt.width,
+                BLOCK_N=block_n, BLOCK_D=block_d,
+            )  # fmt: skip
         state = _carried(state, fmt)
     counts = torch.bincount(index, minlength=K).repeat_interleave(D)
     state[:, fmt.limbs + N_TERMS] += counts
@@ -426,7 +449,8 @@ def round_state(state: Any, fmt: LimbFormat, out_name: str) -> Any:
     rows = int(flat.shape[0])
     out, out_bits = _out(state, (rows,), out_name)
     if rows:
-        _round_rows(kernels, flat, out_bits, fmt, _target(out_name, fmt), None, rows=rows)
+        with _launching(state, "torch"):
+            _round_rows(kernels, flat, out_bits, fmt, _target(out_name, fmt), None, rows=rows)
     return out.reshape(shape)
 
 
@@ -447,14 +471,6 @@ def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tupl
 def triton_cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for launch grids (at least 1)."""
     return max(1, -(-int(a) // int(b)))
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 #: The registry's entry: torch tensors and CuPy arrays on the GPUs Triton targets (CPU tensors
