@@ -7,21 +7,29 @@
 # and installs nothing unless --install is given (where a package registry is reachable):
 #
 # 1. environment: nvidia-smi, git commit, and which libraries import (torch with CUDA, numba-cuda,
-#    CuPy, JAX with a GPU, triton, torch_geometric) -> OUT/imports.json;
-# 2. the GPU kernel cases on the device (tests/cuda_cases.py, BITFOLD_CUDA_DEVICE=1) -> OUT/gpu_tests.*
+#    CuPy, JAX with a GPU, triton, torch_geometric; bitfold's registered backends)
+#    -> OUT/imports.json;
+# 2. the GPU benchmark, scripts/gpu_check.py, first (it makes the goals' figures): at the seed
+#    configuration, K = 10^6, rows uniform and Zipf, K = 1 at N = 10^8, the Triton path
+#    (backend="triton": wall, host and device time), the one-shot fold (plan built in the call
+#    from a new CUDA index) and the numba kernels (backend="cuda") against torch's atomic
+#    index_add_, each exact result checked against the CPU's bits, ordered bits run to run; the
+#    compiled GCN step (bitfold.torch.compile vs torch.compile, default and reduce-overhead
+#    modes); then cupyx.scatter_add, deterministic index_add_, jax segment_sum, CUDA-graph
+#    replay and diagnostics, as its budget allows; judged in its "assessment"
+#    -> OUT/gpu_bench.json;
 # 3. bitfold probe with its defaults on the GPU and on the CPU: the GPU's exact and ordered folds
 #    bit-identical run to run, the exact digest the CPU's (scripts/gpu_probe.py) -> OUT/probe_*;
-# 4. the GPU benchmark, scripts/gpu_check.py (seed configuration, K = 10^6, rows uniform and Zipf,
-#    K = 1 at N = 10^8; numba kernels vs cupyx.scatter_add, torch index_add_ atomic and
-#    deterministic, jax segment_sum; bits against the CPU; CUDA-graph replay; the compiled step),
-#    with the time left -> OUT/gpu_bench.json
+# 4. the GPU kernel cases on the device (tests/cuda_cases.py, BITFOLD_CUDA_DEVICE=1), with the
+#    time left -> OUT/gpu_tests.*
 #
 # Each step has a time budget and its output in OUT/<step>.log; OUT/summary.json (written on any
 # exit) records each step's exit status and seconds. Exit status: 0 when the benchmark's bit checks,
 # the device tests and the probe pass, 1 otherwise, 2 when there is no usable GPU.
 #
-# --smoke: no GPU needed; the benchmark on tiny sizes under the numba-cuda simulator (checks this
-#          script and gpu_check.py; times mean nothing).
+# --smoke: no GPU needed; the benchmark on tiny sizes under the numba-cuda simulator and, where
+#          the triton backend is registered, Triton's interpreter (TRITON_INTERPRET=1, torch CPU
+#          tensors); checks this script and gpu_check.py; times mean nothing.
 # --install: first pip-install the cuda and test extras (and CuPy) into PYTHON's environment; the
 #            6-minute budget then starts after the install.
 set -u -o pipefail
@@ -33,7 +41,7 @@ for arg in "$@"; do
     case "$arg" in
         --install) INSTALL=1 ;;
         --smoke) SMOKE=1 ;;
-        -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,34p' "$0"; exit 0 ;;
         -*) echo "unknown option $arg (see --help)" >&2; exit 64 ;;
         *) OUT=$arg ;;
     esac
@@ -92,8 +100,8 @@ step() { # step NAME LIMIT_SECONDS CMD...: an external command with a time limit
 }
 
 if [ $SMOKE = 1 ]; then
-    export NUMBA_ENABLE_CUDASIM=1
-    log "smoke mode: the numba-cuda simulator, tiny sizes, no GPU needed"
+    export NUMBA_ENABLE_CUDASIM=1 TRITON_INTERPRET=1
+    log "smoke mode: the numba-cuda simulator and Triton's interpreter, tiny sizes, no GPU needed"
 elif ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     log "no NVIDIA GPU here (nvidia-smi missing or failing): nothing to check (--smoke runs without one)"
     STEPS+=(gpu)
@@ -148,7 +156,9 @@ def version_of(name):
     return lambda: {"version": importlib.import_module(name).__version__}
 def bitfold():
     import bitfold
-    return {"version": bitfold.__version__, "file": bitfold.__file__}
+    from bitfold.backends.registry import backend_names
+    return {"version": bitfold.__version__, "file": bitfold.__file__,
+            "backends": list(backend_names())}
 
 for name, fn in [("bitfold", bitfold), ("numba_cuda", numba_cuda), ("torch", torch),
                  ("cupy", cupy), ("jax", jax), ("triton", version_of("triton")),
@@ -159,7 +169,8 @@ sys.exit(0 if found["bitfold"]["ok"] and found["numba_cuda"]["ok"] else 1)
 EOF
 
 if [ $SMOKE = 1 ]; then
-    step gpu_bench 120 "$PY" scripts/gpu_check.py --smoke --out "$OUT/gpu_bench.json"
+    # the Triton interpreter and the simulator are slow: the benchmark stops at its budget
+    step gpu_bench 300 "$PY" scripts/gpu_check.py --smoke --budget 240 --out "$OUT/gpu_bench.json"
     step probe 60 "$PY" scripts/gpu_probe.py --smoke "$OUT"
     [ "${RC[gpu_bench]}" = 0 ] && [ "${RC[imports]}" = 0 ] && [ "${RC[probe]}" = 0 ] &&
         { log "smoke passed"; exit 0; }
@@ -168,23 +179,27 @@ if [ $SMOKE = 1 ]; then
 fi
 
 export BITFOLD_CUDA_DEVICE=1 BITFOLD_REQUIRE_CUDA=1
-unset NUMBA_ENABLE_CUDASIM
-# the device tests first (they decide whether the kernels are right), on 8 workers where
-# pytest-xdist is installed (each compiles the kernels its tests launch: compiling dominates)
-PARALLEL=()
-"$PY" -c "import xdist" >/dev/null 2>&1 && PARALLEL=(-n 8)
-step gpu_tests 170 "$PY" -m pytest tests/cuda_cases.py \
-    "tests/test_cuda_compile.py::test_cuda_backend_loads_when_required" ${PARALLEL[@]+"${PARALLEL[@]}"} \
-    -v -p no:cacheprovider -o addopts= -rs --durations=15 --junitxml="$OUT/gpu_tests.xml"
-# bitfold probe with its defaults (on the GPU) against the same probe on the CPU: same exact digest
-step probe 100 "$PY" scripts/gpu_probe.py --gpu-timeout 65 --cpu-timeout 30 "$OUT"
-# the benchmark's own budget stops it in time to write its JSON before this limit
-BENCH_BUDGET=$(($(left) - 25))
+unset NUMBA_ENABLE_CUDASIM TRITON_INTERPRET
+# the benchmark first: its goals' figures come first within it, and its own budget stops it in
+# time to write its JSON before the step's limit (25 s later), leaving RESERVE seconds for the
+# probe (~20 s on an H200) and the device tests (~50 s)
+RESERVE=${GPU_CHECK_RESERVE:-130}
+BENCH_BUDGET=$(($(left) - 25 - RESERVE))
+[ "$BENCH_BUDGET" -gt 220 ] && BENCH_BUDGET=220
 # at least 60 s asked of the benchmark; the step's own limit (the time left) still stops it, and
 # it writes its JSON when stopped
 [ "$BENCH_BUDGET" -lt 60 ] && BENCH_BUDGET=60
 step gpu_bench $((BENCH_BUDGET + 25)) "$PY" scripts/gpu_check.py --budget "$BENCH_BUDGET" \
     --out "$OUT/gpu_bench.json"
+# bitfold probe with its defaults (on the GPU) against the same probe on the CPU: same exact digest
+step probe 100 "$PY" scripts/gpu_probe.py --gpu-timeout 65 --cpu-timeout 30 "$OUT"
+# the device tests with the time left, on 8 workers where pytest-xdist is installed (each
+# compiles the kernels its tests launch: compiling dominates)
+PARALLEL=()
+"$PY" -c "import xdist" >/dev/null 2>&1 && PARALLEL=(-n 8)
+step gpu_tests 170 "$PY" -m pytest tests/cuda_cases.py \
+    "tests/test_cuda_compile.py::test_cuda_backend_loads_when_required" ${PARALLEL[@]+"${PARALLEL[@]}"} \
+    -v -p no:cacheprovider -o addopts= -rs --durations=15 --junitxml="$OUT/gpu_tests.xml"
 
 if [ "${RC[gpu_tests]}" = 0 ] && [ "${RC[gpu_bench]}" = 0 ] && [ "${RC[probe]}" = 0 ]; then
     log "GPU checks passed"
