@@ -761,6 +761,7 @@ def graph_cupy(check: Check) -> dict[str, Any]:
         raise Skip("CuPy is not available")
     rng, plan, host = _graph_problem(4)
     static = cupy.asarray(host)
+    backend = plan.route(static).backend
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         warm = dispatch.fold(plan, static)  # the upload and the scratch, outside the capture
@@ -778,7 +779,7 @@ def graph_cupy(check: Check) -> dict[str, Any]:
     graph.launch(stream)
     stream.synchronize()
     second = _bits(cupy.asnumpy(out)) == _bits(plan(new))
-    return {"replay_equals_cpu": first, "replay_new_values_equals_cpu": second,
+    return {"backend": backend, "replay_equals_cpu": first, "replay_new_values_equals_cpu": second,
             "works": bool(first and second)}  # fmt: skip
 
 
