@@ -19,7 +19,7 @@ from oracle import exact_fold_oracle, ordered_fold_reference
 
 import bitfold
 from bitfold import arrays, dispatch
-from bitfold.backends import cuda, host, portable
+from bitfold.backends import cuda, host, portable, triton
 from bitfold.formats import limb_format_for
 from bitfold.validate import check_values
 
@@ -148,7 +148,7 @@ def test_expand_and_refusals():
     )
     with pytest.raises(bitfold.FoldError, match=r"takes no option route=; valid options: none"):
         dispatch.fold(plan, torch.ones(2, 2), backend="portable", route="limbs")
-    with pytest.raises(bitfold.FoldError, match="host, cuda, portable"):
+    with pytest.raises(bitfold.FoldError, match="host, triton, cuda, portable"):
         plan(torch.ones(2, 2), backend="tpu")
 
 
@@ -261,10 +261,13 @@ def test_routing(monkeypatch):
     with pytest.raises(bitfold.DeviceError, match="the host backend does not fold"):
         name(t, backend="host")
     monkeypatch.setattr(arrays._Torch, "device", lambda self, x: "cuda")
+    monkeypatch.setattr(triton, "triton_loads", lambda: False)
     monkeypatch.setattr(cuda, "numba_cuda_loads", lambda: False)
-    assert name(t) == portable.NAME  # CUDA without numba-cuda
+    assert name(t) == portable.NAME  # CUDA without Triton or numba-cuda
     monkeypatch.setattr(cuda, "numba_cuda_loads", lambda: True)
     assert name(t) == cuda.NAME
+    monkeypatch.setattr(triton, "triton_loads", lambda: True)
+    assert name(t) == triton.NAME  # the Triton kernels first
     jnp = pytest.importorskip("jax.numpy")
     monkeypatch.setattr(arrays._Jax, "device", lambda self, x: "cuda")
     assert name(jnp.ones(3)) == portable.NAME  # the kernels do not read JAX arrays
