@@ -1,12 +1,31 @@
-"""Shared test set-up: the oracle on the path, hypothesis profiles."""
+"""Shared test set-up: Triton's interpreter without a GPU, the oracle on the path, hypothesis
+profiles."""
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 
-import pytest
-from hypothesis import HealthCheck, settings
+
+def _gpu_visible() -> bool:
+    """Whether a CUDA or ROCm GPU is visible here, judged by device files (no torch import, no
+    driver initialised before the tests fork)."""
+    hidden = ("", "-1")
+    nvidia = bool(glob.glob("/dev/nvidia[0-9]*"))
+    rocm = os.path.exists("/dev/kfd")
+    return (nvidia and os.environ.get("CUDA_VISIBLE_DEVICES") not in hidden) or (
+        rocm and os.environ.get("HIP_VISIBLE_DEVICES") not in hidden
+    )
+
+
+# Before anything imports Triton: without a GPU its kernels run in its CPU interpreter, so the
+# triton backend's table (tests/test_backend_table.py) folds CPU tensors with the same kernels.
+if not _gpu_visible():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402  (after the environment Triton reads when imported)
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 
