@@ -22,11 +22,11 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (make test installs it)", allow_module_level=True)
 
+from oracle import exact_fold_oracle  # noqa: E402
+
 import bitfold  # noqa: E402
 from bitfold.backends import registry  # noqa: E402
 from bitfold.backends import triton as triton_backend  # noqa: E402
-
-from oracle import exact_fold_oracle  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not triton_backend.interpreting(), reason="TRITON_INTERPRET=1 is not set (conftest sets it)"
@@ -227,3 +227,21 @@ def test_compiled_step_folds_through_triton(triton_first):
     got = compiled(src)
     want = bitfold.Fold(index.numpy(), 30)(src.numpy())
     assert same_bits(got, torch.from_numpy(np.asarray(want)))
+
+
+def test_a_plan_built_on_the_device_folds_there_without_a_host_copy():
+    from bitfold.backends import device_plan
+
+    rng = np.random.default_rng(19)
+    index = torch.from_numpy(rng.integers(0, 12, 500))
+    index[:300] = 4  # a hot bucket: its chunks are cut from the device's counts
+    v = values(rng, (500, 2), torch.float32)
+    with device_plan.forced_device_build():
+        plan = bitfold.Fold(index, 12)
+        got = plan(v, backend="triton")
+        ordered = plan(v, "ordered", backend="triton")
+        assert plan.route(v, backend="triton").route == "lanes+hot"
+    assert plan._index is None and plan._order is None  # nothing was copied to the host
+    host = bitfold.Fold(index.numpy(), 12)
+    assert same_bits(got, host(v))
+    assert same_bits(ordered, host(v, "ordered"))

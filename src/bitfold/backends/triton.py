@@ -457,7 +457,8 @@ def round_state(state: Any, fmt: LimbFormat, out_name: str) -> Any:
 def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tuple[str, str]:
     """``plan.route``'s answer: lanes, and the hot buckets' chunks when there are any."""
     hot_min = positive_int_or_none(options.get("hot_min"), "hot_min", _HOT_MEANING) or HOT_MIN
-    hot = int((plan.counts >= hot_min).sum())
+    built = plan.device_tensors  # a plan built on a device: counted there, not copied here
+    hot = int(((plan.counts if built is None else built.counts) >= hot_min).sum())
     what = f"{spec.dtype} {'rows' if spec.trailing else 'scalars'} into {plan.K:,} buckets"
     if hot == 0:
         return "lanes", (f"{what}: a lane an output element sums its bucket exactly in "
