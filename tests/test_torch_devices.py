@@ -4,9 +4,9 @@ the backend registry, read by every entry point.
 CPU and CUDA tensors are folded as before; a device only the portable backend serves (MPS,
 XPU, ...) is folded by it, with the same bits; a device no registered backend serves is
 refused with a DeviceError by the functions and left to torch (and recorded) by the mode.
-Devices other than the CPU are simulated by changing which backends are registered: the
-host backend taken away, CPU tensors are a device only the portable path serves; every
-backend but an unavailable one taken away, a device nothing serves.
+Devices other than the CPU are simulated by changing which backends are registered: every
+backend but the portable one taken away, CPU tensors are a device only the portable path
+serves; every backend but an unavailable one taken away, a device nothing serves.
 """
 
 from __future__ import annotations
@@ -24,18 +24,17 @@ from bitfold.torch import devices, functional, plan_cache, sparse  # noqa: E402
 from bitfold.torch.ops import check_tensor  # noqa: E402
 
 
-@pytest.fixture
-def portable_only(monkeypatch):
-    """CPU tensors as on a device only the portable backend serves (MPS, XPU)."""
-    monkeypatch.delitem(registry._REGISTRY, "host")
-    assert registry.backend_for("torch", "cpu").name == "portable"
+def _only(monkeypatch, *names):
+    """Leave only the backends ``names`` registered (for the test)."""
+    for name in list(registry._REGISTRY):
+        if name not in names:
+            monkeypatch.delitem(registry._REGISTRY, name)
 
 
 @pytest.fixture
 def nothing_serves(monkeypatch):
-    """CPU tensors as on a device no registered backend serves."""
-    monkeypatch.delitem(registry._REGISTRY, "host")
-    monkeypatch.delitem(registry._REGISTRY, "portable")
+    """CPU tensors as on a device no registered backend serves: only an unavailable one left."""
+    _only(monkeypatch, "cuda")
     monkeypatch.setattr(cuda, "numba_cuda_loads", lambda: False)
     assert not devices.folds_on("cpu")
 
@@ -57,7 +56,7 @@ def test_folds_on_asks_the_registry():
 
 
 def test_without_the_portable_backend_other_devices_are_not_folded(monkeypatch):
-    monkeypatch.delitem(registry._REGISTRY, "portable")
+    _only(monkeypatch, "host", "cuda")
     monkeypatch.setattr(cuda, "numba_cuda_loads", lambda: False)
     assert devices.folds_on("cpu")
     assert not devices.folds_on("xpu") and not devices.folds_on("cuda")
@@ -72,7 +71,7 @@ def test_a_backend_that_cannot_run_on_a_device_does_not_make_it_foldable(monkeyp
 
     gpu = dataclasses.replace(host.BACKEND, name="fake-gpu", devices=("fakegpu",),
                               runs_on=lambda d: False, priority=200)  # fmt: skip
-    monkeypatch.delitem(registry._REGISTRY, "portable")
+    _only(monkeypatch, "host")
     registry.register(gpu)
     try:
         assert not devices.folds_on("fakegpu") and devices.folds_on("cpu")
@@ -127,7 +126,7 @@ def test_a_device_only_the_portable_backend_serves_is_folded_by_it(monkeypatch):
         return real(*args, **kwargs)
 
     portable = registry.get_backend("portable")
-    monkeypatch.delitem(registry._REGISTRY, "host")
+    _only(monkeypatch, "portable")
     monkeypatch.setitem(portable.folds, "exact", counted)  # type: ignore[index]
     got, mode = _folds_everywhere()
     assert len(calls) >= 5  # every fold went through the portable backend
