@@ -220,6 +220,62 @@ def hot_table(plan: Fold, device: Any, hot_min: int, chunk: int) -> HotTable:
 
 
 # -- the strategies ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExactLaunch:
+    """Everything an exact fold launches, worked out once per plan, device and shape of call.
+
+    The plan's tensors, the hot table, the grids and the kernels' constexpr
+    arguments: a warm fold only allocates its result (and the hot buckets'
+    state) and launches.
+    """
+
+    tensors: Any
+    lanes_grid: tuple[int, ...]
+    lanes: dict[str, Any]
+    hot: HotTable | None
+    hot_grid: tuple[int, ...]
+    hot_args: dict[str, Any]
+    round_grid: tuple[int, ...]
+    round_args: dict[str, Any]
+    state_shape: tuple[int, int]
+
+
+def exact_launch(
+    plan: Fold, device: Any, dtype: str, out_name: str, D: int, has_init: bool, hot_min: int,
+    chunk: int,
+) -> ExactLaunch:  # fmt: skip
+    """The :class:`ExactLaunch` of a fold (made on first use, kept by the plan)."""
+
+    def build() -> ExactLaunch:
+        kernels = _kernels()
+        fmt = limb_format_for(dtype)
+        dec = Decode.of(dtype, fmt).kwargs()
+        limbs, target = _limbs(fmt), _target(out_name, fmt)
+        block_d = min(kernels.next_power_of_2(D), 64)
+        block_k = max(1, LANES[fmt.name] // block_d)
+        hot = hot_table(plan, device, hot_min, chunk) if plan.size >= hot_min else None
+        hot = hot if hot is not None and hot.count else None
+        block_n = max(1, min(kernels.next_power_of_2(chunk), 4096 // block_d))
+        rows = hot.count * D if hot is not None else 0
+        block = LANES[fmt.name]
+        return ExactLaunch(
+            tensors=plan_tensors(plan, device),
+            lanes_grid=(triton_cdiv(plan.K, block_k), triton_cdiv(D, block_d)),
+            lanes=dict(**dec, HAS_INIT=has_init, **limbs, **target, BLOCK_K=block_k,
+                       BLOCK_D=block_d),
+            hot=hot,
+            hot_grid=(hot.nchunks if hot is not None else 1, triton_cdiv(D, block_d)),
+            hot_args=dict(**dec, **limbs, W=fmt.width, BLOCK_N=block_n, BLOCK_D=block_d),
+            round_grid=(triton_cdiv(rows, block),),
+            round_args=dict(**dec, HAS_TARGET=True, HAS_TERMS=True, HAS_INIT=has_init, **limbs,
+                            W=fmt.width, **target, BLOCK=block),
+            state_shape=(rows, fmt.width),
+        )
+
+    key = (NAME, "exact", str(device), dtype, out_name, D, has_init, hot_min, chunk)
+    return plan.prepared(key, build)
+
+
 def fold_exact(
     plan: Fold,
     values: Any,
@@ -235,72 +291,54 @@ def fold_exact(
     ``init`` ((K,) + trailing, the values' dtype and device) adds one term to
     every bucket. ``hot_min`` (positions from which a bucket is split over
     many programs) and ``chunk`` (positions a program of a hot bucket sums)
-    tune the kernels; they never change the result.
+    tune the kernels; they never change the result. Two or three launches:
+    the lanes; with hot buckets, their chunks and their rounding.
     """
     t, lib = _as_torch(values)
     _check_device(t)
     hot_min = positive_int_or_none(hot_min, "hot_min", _HOT_MEANING) or HOT_MIN
-    K, D, N = plan.K, spec.row_size, spec.positions
+    K, D = plan.K, spec.row_size
     chunk = positive_int_or_none(chunk, "chunk", _CHUNK_MEANING) or max(16, CHUNK_VALUES // D)
-    kernels = _kernels()
-    fmt = limb_format_for(spec.dtype)
-    dec = Decode.of(spec.dtype, fmt)
     bits = _bits(t, spec.dtype)
     init_bits = bits
     if init is not None:
         it, _ = _as_torch(init)
         _same_place(it, t, spec.dtype)
         init_bits = _bits(it, spec.dtype)
-    pt = plan_tensors(plan, t.device)
+    launch = exact_launch(plan, t.device, spec.dtype, out_name, D, init is not None, hot_min,
+                          chunk)  # fmt: skip
+    pt = launch.tensors
+    kernels = _kernels()
     out, out_bits = _out(t, (K, D), out_name)
     out_flat = out_bits.reshape(-1)
-    block_d = min(kernels.next_power_of_2(D), 64)
-    block_k = max(1, LANES[fmt.name] // block_d)
-    target = _target(out_name, fmt)
     with _launching(t, lib):
-        grid = (triton_cdiv(K, block_k), triton_cdiv(D, block_d))
-        kernels.lanes_kernel[grid](
-            bits, pt.order, pt.offsets, init_bits, out_flat, K, D, hot_min,
-            **dec.kwargs(), HAS_INIT=init is not None, **_limbs(fmt), **target,
-            BLOCK_K=block_k, BLOCK_D=block_d,
+        kernels.lanes_kernel[launch.lanes_grid](
+            bits, pt.order, pt.offsets, init_bits, out_flat, K, D, hot_min, **launch.lanes,
         )  # fmt: skip
-        if N >= hot_min:
-            hot = hot_table(plan, t.device, hot_min, chunk)
-            if hot.count:
-                _fold_hot(kernels, hot, bits, pt, init_bits, out_flat, D, dec, fmt, target,
-                          init is not None, chunk)  # fmt: skip
+        hot = launch.hot
+        if hot is not None:
+            torch = _torch()
+            state = torch.zeros(launch.state_shape, dtype=torch.int64, device=t.device)
+            kernels.hot_kernel[launch.hot_grid](
+                bits, pt.order, hot.chunks, state, D, **launch.hot_args
+            )  # fmt: skip
+            kernels.round_rows_kernel[launch.round_grid](
+                state, out_flat, hot.buckets, pt.counts, init_bits, launch.state_shape[0], D,
+                **launch.round_args,
+            )  # fmt: skip
     return _back(out.reshape((K, *spec.trailing)), lib)
 
 
-def _fold_hot(
-    kernels: Any, hot: HotTable, bits: Any, pt: Any, init_bits: Any, out_flat: Any, D: int,
-    dec: Decode, fmt: LimbFormat, target: dict[str, Any], has_init: bool, chunk: int,
-) -> None:  # fmt: skip
-    """Sum the hot buckets' chunks into a state of their own, then round each element once."""
-    torch = _torch()
-    state = torch.zeros((hot.count * D, fmt.width), dtype=torch.int64, device=bits.device)
-    block_d = min(kernels.next_power_of_2(D), 64)
-    block_n = max(1, min(kernels.next_power_of_2(chunk), 4096 // block_d))
-    kernels.hot_kernel[(hot.nchunks, triton_cdiv(D, block_d))](
-        bits, pt.order, hot.chunks, state, D, **dec.kwargs(), **_limbs(fmt), W=fmt.width,
-        BLOCK_N=block_n, BLOCK_D=block_d,
-    )  # fmt: skip
-    _round_rows(kernels, state, out_flat, fmt, target, dec, rows=hot.count * D, D=D,
-                targets=hot.buckets, terms=pt.counts, init_bits=init_bits if has_init else None)
-
-
 def _round_rows(
-    kernels: Any, state: Any, out_flat: Any, fmt: LimbFormat, target: dict[str, Any],
-    dec: Decode | None, *, rows: int, D: int = 1, targets: Any = None, terms: Any = None,
-    init_bits: Any = None,
+    kernels: Any, state: Any, out_flat: Any, fmt: LimbFormat, target: dict[str, Any], *,
+    rows: int,
 ) -> None:  # fmt: skip
+    """Round ``rows`` state rows once each into ``out_flat`` (an accumulator's result)."""
     block = LANES[fmt.name]
-    dec = dec or Decode.of("float32" if fmt.name == "f32" else "float64", fmt)
+    dec = Decode.of("float32" if fmt.name == "f32" else "float64", fmt)
     kernels.round_rows_kernel[(triton_cdiv(rows, block),)](
-        state, out_flat, state if targets is None else targets,
-        state if terms is None else terms, state if init_bits is None else init_bits, rows, D,
-        **dec.kwargs(), HAS_TARGET=targets is not None, HAS_TERMS=terms is not None,
-        HAS_INIT=init_bits is not None, **_limbs(fmt), W=fmt.width, **target, BLOCK=block,
+        state, out_flat, state, state, state, rows, 1, **dec.kwargs(), HAS_TARGET=False,
+        HAS_TERMS=False, HAS_INIT=False, **_limbs(fmt), W=fmt.width, **target, BLOCK=block,
     )  # fmt: skip
 
 
@@ -450,7 +488,7 @@ def round_state(state: Any, fmt: LimbFormat, out_name: str) -> Any:
     out, out_bits = _out(state, (rows,), out_name)
     if rows:
         with _launching(state, "torch"):
-            _round_rows(kernels, flat, out_bits, fmt, _target(out_name, fmt), None, rows=rows)
+            _round_rows(kernels, flat, out_bits, fmt, _target(out_name, fmt), rows=rows)
     return out.reshape(shape)
 
 
@@ -493,8 +531,10 @@ __all__ = [
     "BACKEND",
     "GPU_DEVICES",
     "NAME",
+    "ExactLaunch",
     "HotTable",
     "add_to_state",
+    "exact_launch",
     "exact_state",
     "expand",
     "fold_atomic",

@@ -591,7 +591,7 @@ def _widen(bits, PREC: tl.constexpr, TEXP: tl.constexpr):
 
 def next_power_of_2(n: int) -> int:
     """The smallest power of two at least ``n`` (Triton block shapes are powers of two)."""
-    return int(triton.next_power_of_2(int(n)))
+    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 __all__ = [
