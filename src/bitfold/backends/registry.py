@@ -232,11 +232,13 @@ def backend_for(
     if name is not None:
         chosen = get_backend(name)
         if not chosen.serves(family, device):
+            unavailable = chosen.available is not None and not chosen.available()
+            stuck = unavailable or (chosen.lists(family, device) and not chosen.can_run(device))
             raise DeviceError(
                 f"the {name} backend does not fold {what} that are {family} arrays on device "
                 f"{device!r}: it serves {', '.join(chosen.families)} arrays on "
                 f"{', '.join(chosen.devices)}"
-                + ("" if chosen.can_run(device) else ", and cannot run here")
+                + (", and cannot run here" if stuck else "")
             )
         return chosen
     for backend in backends():
