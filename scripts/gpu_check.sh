@@ -20,7 +20,8 @@
 #    -> OUT/gpu_bench.json;
 # 3. bitfold probe with its defaults on the GPU and on the CPU: the GPU's exact and ordered folds
 #    bit-identical run to run, the exact digest the CPU's (scripts/gpu_probe.py) -> OUT/probe_*;
-# 4. the GPU kernel cases on the device (tests/cuda_cases.py, BITFOLD_CUDA_DEVICE=1), with the
+# 4. the backend table on the Triton kernels with CUDA tensors -> OUT/triton_tests.*;
+# 5. the GPU kernel cases on the device (tests/cuda_cases.py, BITFOLD_CUDA_DEVICE=1), with the
 #    time left -> OUT/gpu_tests.*
 #
 # Each step has a time budget and its output in OUT/<step>.log; OUT/summary.json (written on any
@@ -197,13 +198,19 @@ step probe 100 "$PY" scripts/gpu_probe.py --gpu-timeout 65 --cpu-timeout 30 "$OU
 # compiles the kernels its tests launch: compiling dominates)
 PARALLEL=()
 "$PY" -c "import xdist" >/dev/null 2>&1 && PARALLEL=(-n 8)
+# the backend table on the Triton kernels with CUDA tensors: the oracle's and the host's bits
+step triton_tests 90 "$PY" -m pytest \
+    "tests/test_backend_table.py::test_the_backend_agrees_with_the_oracle_and_the_host" \
+    -k triton ${PARALLEL[@]+"${PARALLEL[@]}"} -v -p no:cacheprovider -o addopts= -rs \
+    --durations=10 --junitxml="$OUT/triton_tests.xml"
 step gpu_tests 170 "$PY" -m pytest tests/cuda_cases.py \
     "tests/test_cuda_compile.py::test_cuda_backend_loads_when_required" ${PARALLEL[@]+"${PARALLEL[@]}"} \
     -v -p no:cacheprovider -o addopts= -rs --durations=15 --junitxml="$OUT/gpu_tests.xml"
 
-if [ "${RC[gpu_tests]}" = 0 ] && [ "${RC[gpu_bench]}" = 0 ] && [ "${RC[probe]}" = 0 ]; then
+if [ "${RC[gpu_tests]}" = 0 ] && [ "${RC[gpu_bench]}" = 0 ] && [ "${RC[probe]}" = 0 ] \
+    && [ "${RC[triton_tests]}" = 0 ]; then
     log "GPU checks passed"
     exit 0
 fi
-log "GPU checks FAILED (gpu_bench exit ${RC[gpu_bench]}, gpu_tests exit ${RC[gpu_tests]}, probe exit ${RC[probe]})"
+log "GPU checks FAILED (gpu_bench exit ${RC[gpu_bench]}, triton_tests exit ${RC[triton_tests]}, gpu_tests exit ${RC[gpu_tests]}, probe exit ${RC[probe]})"
 exit 1
