@@ -29,13 +29,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from unittest import mock
 
 import pytest
+from machine_code import sass_opcodes as _sass_opcodes
 
 HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
@@ -142,39 +142,6 @@ SASS_EXPECTED = [
 #: reciprocal step of ptxas's unsigned integer division.
 FTZ_ALLOWED = {"ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU", "F2I.FTZ.U32.TRUNC.NTZ"}
 DIVISION = ("I2F.U32.RP", "MUFU.RCP")
-
-
-def _nvdisasm() -> str | None:
-    """``nvdisasm``: the wheel's, else on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin."""
-    spec = importlib.util.find_spec("nvidia")
-    for root in spec.submodule_search_locations if spec else []:
-        for found in sorted(Path(root).glob("cu*/bin/nvdisasm")):
-            return str(found)
-    on_path = shutil.which("nvdisasm")
-    if on_path:
-        return on_path
-    homes = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")] + ["/usr/local/cuda"]
-    for home in filter(None, homes):
-        found = Path(home) / "bin" / "nvdisasm"
-        if found.is_file() and os.access(found, os.X_OK):
-            return str(found)
-    return None
-
-
-def _sass_opcodes(cubin: bytes, tmp_path: Path) -> list[str]:
-    """The opcodes (with modifiers) of an sm_90 cubin's machine code, in order."""
-    tool = _nvdisasm()
-    assert tool, (
-        "nvdisasm missing (looked in the nvidia-cuda-nvdisasm wheel, on PATH, in $CUDA_HOME/bin "
-        "and /usr/local/cuda/bin): pip install nvidia-cuda-nvdisasm (in the cuda extra)"
-    )
-    path = tmp_path / "kernel.cubin"
-    path.write_bytes(cubin)
-    sass = subprocess.run([tool, "-c", str(path)], capture_output=True, text=True, check=True)
-    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)",
-                     sass.stdout, re.M)  # fmt: skip
-    assert ops, f"no instructions read from nvdisasm's output:\n{sass.stdout[:2000]}"
-    return ops
 
 
 def _instructions(ptx: str) -> str:
