@@ -53,7 +53,9 @@ Blind spots of the CPU interpreter, closed in the code
   only after the kernel that filled it has finished (stream order).
 * Float rounding: no float arithmetic touches an exact value; the ordered
   adds have no multiply (no FMA contraction).
-* Float-to-int conversions: none (bits are reinterpreted, never converted).
+* Float-to-int conversions: none of a value (bits are reinterpreted, never
+  converted); the only one in the machine code is ptxas's reciprocal in an
+  integer division of positions by the row size.
 
 Carry bound: a lane or chunk adds at most :data:`MAX_RUN` values before its
 tile is carried; a piece is below ``2^33``; so a limb stays below ``2^62``.
