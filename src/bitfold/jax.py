@@ -55,6 +55,7 @@ from .arrays import library_of
 from .backends import portable
 from .errors import DeviceError, FoldError, FoldTypeError, IndexRangeError, ShapeError
 from .formats import FLOATS, VALUE_DTYPES, dtype_name, resolve_out_dtype
+from .jax_psum import psum
 from .plan import Fold
 from .strategies import get_strategy
 from .validate import (
@@ -70,7 +71,7 @@ from .validate import (
 #: The paths a fold of JAX arrays can take (module docstring).
 PATHS = ("host", "portable")
 
-__all__ = ["MODES", "PATHS", "expand", "fold", "segment_sum"]
+__all__ = ["MODES", "PATHS", "expand", "fold", "psum", "segment_sum"]
 
 
 def _host_fold(plan: Fold, strategy: str, out_name: str, g: Any) -> np.ndarray:

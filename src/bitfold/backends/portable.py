@@ -203,7 +203,7 @@ def _carry(cols: list[Any], w: int) -> list[Any]:
     return out
 
 
-def _carried_table(ops: ArrayFamily, table: Any, words: Words, R: int) -> Any:
+def carried_table(ops: ArrayFamily, table: Any, words: Words, R: int) -> Any:
     """The flat table with its digits carried (the counters as they are)."""
     t2 = table.reshape(R, words.columns)
     cols = _carry([t2[:, i] for i in range(words.digits)], words.digit_bits)
@@ -242,7 +242,7 @@ def table_of(
             m = min(words.chunk, n - lo)
             if load + min(m, bound) > words.chunk:
                 table = ops.scatter_add(table, ops.concat(index), ops.concat(adds))
-                table, index, adds, load = _carried_table(ops, table, words, R), [], [], 0
+                table, index, adds, load = carried_table(ops, table, words, R), [], [], 0
             more = _terms(ops, values[lo : lo + m], rows[lo : lo + m], dtype, fmt, words)
             index, adds, load = index + more[0], adds + more[1], load + min(m, bound)
     return ops.scatter_add(table, ops.concat(index), ops.concat(adds))
@@ -636,7 +636,7 @@ def add_to_state(
     if words.digit_bits == 32 and place_of(state) == place_of(values):
         return merge_states(state, table.reshape(shape), fmt)
     if words.digit_bits != 32:  # digits below 2^w before regrouping
-        table = _carried_table(ops, table, words, plan.K * spec.row_size)
+        table = carried_table(ops, table, words, plan.K * spec.row_size)
     host_table = to_host_state(to_numpy(table), words, fmt).reshape(shape)
     return merge_states(state, from_numpy(host_table, like=state), fmt)
 
@@ -654,7 +654,7 @@ def merge_states(into: Any, other: Any, fmt: LimbFormat) -> Any:
     total = into + other
     shape = tuple(int(s) for s in total.shape)
     rows = math.prod(shape[:-1])
-    carried = _carried_table(_check_family(total), total.reshape(-1), words_for(fmt, True, 1), rows)
+    carried = carried_table(_check_family(total), total.reshape(-1), words_for(fmt, True, 1), rows)
     return carried.reshape(shape)
 
 
@@ -713,6 +713,7 @@ __all__ = [
     "NAME",
     "Words",
     "add_to_state",
+    "carried_table",
     "exact_state",
     "expand",
     "fold_atomic",
