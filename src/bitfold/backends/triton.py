@@ -22,6 +22,7 @@ results as the canonical NaN), ``atomic`` torch's ``index_add_``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -61,8 +62,9 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.cache
 def triton_loads() -> bool:
-    """Whether Triton and torch are installed (nothing is imported)."""
+    """Whether Triton and torch are installed (nothing is imported; looked up once)."""
     return all(importlib.util.find_spec(m) is not None for m in ("triton", "torch"))
 
 
