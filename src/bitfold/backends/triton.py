@@ -81,6 +81,7 @@ def _torch() -> Any:
     return torch
 
 
+@functools.cache
 def _kernels() -> Any:
     from ..kernels import triton as kernels
 
