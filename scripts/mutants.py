@@ -248,6 +248,34 @@ MUTATIONS = (
         ("tests/test_cli_errors.py", "-k", "unknown_flag"),
         "one of our own: bitfold probe --bogus printed bitfold's usage",
     ),
+    Mutation(
+        "Triton rounding: ties go up instead of to even",
+        "kernels/triton.py",
+        "    up = (q > 0) & half & (below | ((m & 1) == 1))\n",
+        "    up = (q > 0) & half\n",
+        ("tests/test_backend_table.py", "-k", "triton and boundaries"),
+        "the Triton kernels' own rounding: only boundary cases have ties",
+    ),
+    Mutation(
+        "Triton lanes: a -0.0 term counted as a non-negative zero",
+        "kernels/triton.py",
+        "        n_negzero += negzero.to(tl.int64)\n        n_nan += nan.to(tl.int64)\n"
+        "        n_pinf += pinf.to(tl.int64)\n        n_ninf += ninf.to(tl.int64)\n"
+        "    terms = run\n",
+        "        n_nan += nan.to(tl.int64)\n"
+        "        n_pinf += pinf.to(tl.int64)\n        n_ninf += ninf.to(tl.int64)\n"
+        "    terms = run\n",
+        ("tests/test_triton_backend.py", "-k", "special"),
+        "a bucket of -0.0 terms would sum to +0.0 on the GPU only",
+    ),
+    Mutation(
+        "Triton hot buckets: each chunk's last position left out",
+        "backends/triton.py",
+        "        end = torch.minimum(start + chunk, pt.offsets[buckets + 1][rank])\n",
+        "        end = torch.minimum(start + chunk - 1, pt.offsets[buckets + 1][rank])\n",
+        ("tests/test_triton_backend.py", "-k", "rows_with_hot"),
+        "the split of hot buckets must cover every position once",
+    ),
 )
 
 
