@@ -502,27 +502,33 @@ def goal_figures(check: Check, case: Case) -> None:
     times[ONE_SHOT] = check.step(f"{name}: {ONE_SHOT}", one_shot, need_s=5)
     bits.setdefault("triton_one_shot_equals_cpu", (times[ONE_SHOT] or {}).get("equals_cpu"))
 
-    def index_add() -> dict[str, Any]:
-        torch = check.libs.get("torch")
-        if torch is None:
-            raise Skip("torch with CUDA is not available")
-        it, gt = torch_inputs(check, case)
-        shape = (cfg.K, *gt.shape[1:])
-        before = torch.are_deterministic_algorithms_enabled()
-        torch.use_deterministic_algorithms(False)
-        try:
-
-            def call() -> Any:
-                return torch.zeros(shape, device="cuda").index_add_(0, it, gt)
-
-            entry = timed(check, call, torch.cuda.synchronize)
-            entry.update(device_time(check, call, entry["us"]))
-            return entry
-        finally:
-            torch.use_deterministic_algorithms(before)
-
-    times[INDEX_ADD] = check.step(f"{name}: index_add_", index_add)
+    times[INDEX_ADD] = check.step(
+        f"{name}: index_add_", lambda: torch_index_add(check, case, deterministic=False)
+    )
     numba_figures(check, case)
+
+
+def torch_index_add(check: Check, case: Case, *, deterministic: bool) -> dict[str, Any]:
+    """torch's ``zeros + index_add_`` of the case, atomic or under
+    ``torch.use_deterministic_algorithms``; the atomic one with its device time too."""
+    torch = check.libs.get("torch")
+    if torch is None:
+        raise Skip("torch with CUDA is not available")
+    it, gt = torch_inputs(check, case)
+    shape = (case.cfg.K, *gt.shape[1:])
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+
+        def call() -> Any:
+            return torch.zeros(shape, device="cuda").index_add_(0, it, gt)
+
+        entry = timed(check, call, torch.cuda.synchronize)
+        if not deterministic:
+            entry.update(device_time(check, call, entry["us"]))
+        return entry
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 def numba_fold(check: Check, case: Case, **kw: Any) -> Any:
@@ -589,24 +595,11 @@ def baselines(check: Check, case: Case) -> None:
 
     times["cupyx_scatter_add"] = check.step(f"{cfg.name}: cupyx.scatter_add", cupyx_scatter_add)
 
-    def deterministic() -> dict[str, Any]:
-        torch = libs.get("torch")
-        if torch is None:
-            raise Skip("torch with CUDA is not available")
-        it, gt = torch_inputs(check, case)
-        shape = (cfg.K, *g.shape[1:])
-        before = torch.are_deterministic_algorithms_enabled()
-        torch.use_deterministic_algorithms(True)
-        try:
-            return timed(check, lambda: torch.zeros(shape, device="cuda").index_add_(0, it, gt),
-                         torch.cuda.synchronize)  # fmt: skip
-        finally:
-            torch.use_deterministic_algorithms(before)
-
     # into one bucket of 10^8 values it takes ~12 s a call on an H200 (two calls)
     need = 30 if cfg.N * cfg.D >= 10**8 else 10
     times["torch_index_add_deterministic"] = check.step(
-        f"{cfg.name}: index_add_ deterministic", deterministic, need_s=need
+        f"{cfg.name}: index_add_ deterministic",
+        lambda: torch_index_add(check, case, deterministic=True), need_s=need,
     )
 
     def segment_sum() -> dict[str, Any]:

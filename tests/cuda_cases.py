@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 import pytest
-from oracle import FORMATS, exact_fold_oracle, ordered_fold_reference
+from oracle import boundary_buckets, exact_fold_oracle, ordered_fold_reference
 
 import bitfold
 
@@ -239,29 +239,11 @@ def test_exact_is_the_same_for_every_launch_shape_and_run():
 
 
 # -- float64 values rounded to narrower outputs, at the rounding boundaries ---------------------
-def _boundary_buckets(out: str) -> list[list[float]]:
-    """Buckets of float64 terms whose exact sums sit on, just below and just above the points
-    where rounding to ``out`` changes: ties, the subnormal floor and the overflow threshold."""
-    precision, sub_exp, emax = FORMATS[out]
-    ulp = 2.0 ** (1 - precision)  # of 1.0
-    half, tiny = ulp / 2, 2.0**-1000  # tiny: far below any output's precision, exact in float64
-    top = (2 - ulp) * 2.0**emax  # the largest finite value
-    top_half = 2.0 ** (emax - precision)  # half an ulp of it
-    smallest = 2.0**sub_exp
-    return [
-        [1.0, half], [1.0, half, tiny], [1.0, half, -tiny], [1.0 + ulp, half],
-        [-1.0, -half, -tiny], [-1.0 - ulp, -half], [3.0, -2.0, half, -half, half],
-        [smallest / 2], [smallest / 2, tiny], [-smallest / 2], [-smallest / 2, -tiny],
-        [smallest * 1.5], [smallest * 2.5], [smallest, -smallest / 2, -tiny],
-        [top, top_half], [top, top_half, -tiny], [-top, -top_half, tiny],
-        [2.0**emax, 2.0**emax, -top], [1e300, -1e300, half], [1e300, -(2.0**-1074)],
-        [-0.0, -0.0], [-0.0, 0.0], [],
-    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("out", ["float16", "bfloat16", "float32"])
 def test_float64_values_round_to_narrower_outputs_at_the_boundaries(out):
-    buckets = _boundary_buckets(out)
+    buckets = boundary_buckets(out)
     K = len(buckets)
     idx = np.array([k for k, b in enumerate(buckets) for _ in b])
     vals = np.array([t for b in buckets for t in b], np.float64)

@@ -100,3 +100,23 @@ def ordered_fold_reference(index, values, K: int, out: str = "float32") -> np.nd
     result = np.array(acc, dtype=out)
     result.view(UINT[out])[np.isnan(result)] = CANONICAL_NAN[out]  # documented: canonical NaN
     return result
+
+
+def boundary_buckets(out: str) -> list[list[float]]:
+    """float64 terms whose exact sums sit on, just below and just above the points where
+    rounding to ``out`` changes: ties, the subnormal floor, the overflow threshold."""
+    precision, sub_exp, emax = FORMATS[out]
+    ulp = 2.0 ** (1 - precision)  # of 1.0
+    half, tiny = ulp / 2, 2.0**-1000  # tiny: far below any output's precision, exact in float64
+    top = (2 - ulp) * 2.0**emax  # the largest finite value
+    top_half = 2.0 ** (emax - precision)  # half an ulp of it
+    smallest = 2.0**sub_exp
+    return [
+        [1.0, half], [1.0, half, tiny], [1.0, half, -tiny], [1.0 + ulp, half],
+        [-1.0, -half, -tiny], [-1.0 - ulp, -half], [3.0, -2.0, half, -half, half],
+        [smallest / 2], [smallest / 2, tiny], [-smallest / 2], [-smallest / 2, -tiny],
+        [smallest * 1.5], [smallest * 2.5], [smallest, -smallest / 2, -tiny],
+        [top, top_half], [top, top_half, -tiny], [-top, -top_half, tiny],
+        [2.0**emax, 2.0**emax, -top], [1e300, -1e300, half], [1e300, -(2.0**-1074)],
+        [-0.0, -0.0], [-0.0, 0.0], [],
+    ]  # fmt: skip

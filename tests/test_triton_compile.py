@@ -203,27 +203,29 @@ def test_builds_for_sm90(sm90, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_ptx_merges_with_64bit_integer_atomic_adds_and_no_cas(sm90, name):
     code = _ptx(sm90, name)
-    cas = _found(r"\b(?:atom|red)(?:\.\w+)*\.cas\b[.\w]*", code)
-    assert not cas, f"{name}: compare-and-swap in the PTX: {cas}"
     atomics = _found(r"\b(?:atom|red)\.[.\w]+", code)
-    if name.startswith(MERGING):
-        adds = [a for a in atomics if re.fullmatch(r"(atom|red)\.global(\.\w+)*\.add\.[us]64", a)]
-        assert adds, f"{name}: no 64-bit integer atomic add in the PTX (atomics: {atomics})"
-        others = sorted(set(atomics) - set(adds))
-        assert not others, f"{name}: atomics other than 64-bit integer adds: {others}"
-    else:
-        assert not atomics, f"{name}: atomics in a kernel that merges nothing: {atomics}"
+    _judge_atomics(
+        name, "PTX", _found(r"\b(?:atom|red)(?:\.\w+)*\.cas\b[.\w]*", code), atomics,
+        [a for a in atomics if re.fullmatch(r"(atom|red)\.global(\.\w+)*\.add\.[us]64", a)],
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_sass_merges_with_64bit_integer_atomic_adds_and_no_cas(sm90, name):
     ops = _sass(sm90, name)
-    cas = sorted({o for o in ops if "CAS" in o or "SPIN" in o})
-    assert not cas, f"{name}: compare-and-swap in the SASS: {cas}"
     atomics = sorted({o for o in ops if re.match(r"(ATOM|RED)[GS]?\.", o)})
+    _judge_atomics(
+        name, "SASS", sorted({o for o in ops if "CAS" in o or "SPIN" in o}), atomics,
+        [o for o in atomics if re.match(r"(ATOMG?|REDG?)\.E\.ADD\.(S|U)?64\b", o)],
+    )
+
+
+def _judge_atomics(name: str, where: str, cas: list, atomics: list, adds: list) -> None:
+    """No compare-and-swap; merging kernels: 64-bit integer atomic adds and nothing else;
+    the others: no atomics at all."""
+    assert not cas, f"{name}: compare-and-swap in the {where}: {cas}"
     if name.startswith(MERGING):
-        adds = [o for o in atomics if re.match(r"(ATOMG?|REDG?)\.E\.ADD\.(S|U)?64\b", o)]
-        assert adds, f"{name}: no native 64-bit integer atomic add in the SASS: {atomics}"
+        assert adds, f"{name}: no 64-bit integer atomic add in the {where} (atomics: {atomics})"
         others = sorted(set(atomics) - set(adds))
         assert not others, f"{name}: atomics other than 64-bit integer adds: {others}"
     else:
@@ -295,15 +297,9 @@ def _amdgcn(gfx942, name: str) -> str:
 @pytest.mark.parametrize("name", NAMES)
 def test_amd_merges_with_64bit_atomic_adds_and_no_cmpswap(gfx942, name):
     asm = _amdgcn(gfx942, name)
-    cas = _found(r"\b\w*cmpswap\w*", asm)
-    assert not cas, f"{name}: compare-and-swap in the gfx942 code: {cas}"
     atomics = _found(r"\b(?:global|flat|buffer|ds)_atomic\w*", asm)
-    if name.startswith(MERGING):
-        assert "global_atomic_add_x2" in atomics, f"{name}: no 64-bit global atomic add: {atomics}"
-        others = sorted(set(atomics) - {"global_atomic_add_x2"})
-        assert not others, f"{name}: atomics other than 64-bit adds: {others}"
-    else:
-        assert not atomics, f"{name}: atomics in a kernel that merges nothing: {atomics}"
+    _judge_atomics(name, "gfx942 code", _found(r"\b\w*cmpswap\w*", asm), atomics,
+                   [a for a in atomics if a == "global_atomic_add_x2"])  # fmt: skip
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -90,26 +90,12 @@ def _shr(x, s):
 
 @triton.jit
 def _bit_length(x):
-    """Number of bits of a non-negative int64 (0 for 0)."""
+    """Number of bits of a non-negative int64 (0 for 0): six halving steps."""
     n = tl.zeros_like(x)
-    big = (x >> 32) != 0
-    x = tl.where(big, x >> 32, x)
-    n += tl.where(big, 32, 0)
-    big = (x >> 16) != 0
-    x = tl.where(big, x >> 16, x)
-    n += tl.where(big, 16, 0)
-    big = (x >> 8) != 0
-    x = tl.where(big, x >> 8, x)
-    n += tl.where(big, 8, 0)
-    big = (x >> 4) != 0
-    x = tl.where(big, x >> 4, x)
-    n += tl.where(big, 4, 0)
-    big = (x >> 2) != 0
-    x = tl.where(big, x >> 2, x)
-    n += tl.where(big, 2, 0)
-    big = (x >> 1) != 0
-    x = tl.where(big, x >> 1, x)
-    n += tl.where(big, 1, 0)
+    for i in tl.static_range(6):
+        big = (x >> (32 >> i)) != 0
+        x = tl.where(big, x >> (32 >> i), x)
+        n += tl.where(big, 32 >> i, 0)
     return n + (x != 0).to(tl.int64)
 
 
@@ -171,6 +157,21 @@ def _add_pieces(acc, limb, j, a0, a1, a2):
         + tl.where(limb == jj, a0[None, :], 0)
         + tl.where(limb == jj + 1, a1[None, :], 0)
         + tl.where(limb == jj + 2, a2[None, :], 0)
+    )
+
+
+@triton.jit
+def _take(acc, n_negzero, n_nan, n_pinf, n_ninf, limb, raw, EXP_BITS: tl.constexpr,
+          FRAC_BITS: tl.constexpr, SHIFT: tl.constexpr, WIDE: tl.constexpr):  # fmt: skip
+    """One value a lane (its bits ``raw``) added to the tile, or counted if it is special."""
+    _finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS, SHIFT)
+    j, a0, a1, a2 = _pieces(m, p, negative, WIDE)
+    return (
+        _add_pieces(acc, limb, j, a0, a1, a2),
+        n_negzero + negzero.to(tl.int64),
+        n_nan + nan.to(tl.int64),
+        n_pinf + pinf.to(tl.int64),
+        n_ninf + ninf.to(tl.int64),
     )
 
 
@@ -318,25 +319,13 @@ def lanes_kernel(
         here = walk & (t < run)
         row = tl.load(order_ptr + tl.where(here, lo + t, 0), mask=here, other=0).to(tl.int64)
         raw = tl.load(bits_ptr + row * D + d, mask=here, other=0).to(tl.int64) & BITS_MASK
-        _finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS,
-                                                                    SHIFT)  # fmt: skip
-        j, a0, a1, a2 = _pieces(m, p, negative, WIDE)
-        acc = _add_pieces(acc, limb, j, a0, a1, a2)
-        n_negzero += negzero.to(tl.int64)
-        n_nan += nan.to(tl.int64)
-        n_pinf += pinf.to(tl.int64)
-        n_ninf += ninf.to(tl.int64)
+        acc, n_negzero, n_nan, n_pinf, n_ninf = _take(
+            acc, n_negzero, n_nan, n_pinf, n_ninf, limb, raw, EXP_BITS, FRAC_BITS, SHIFT, WIDE)
     terms = run
     if HAS_INIT:
         raw = tl.load(init_ptr + kc * D + d, mask=walk, other=0).to(tl.int64) & BITS_MASK
-        _finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS,
-                                                                    SHIFT)  # fmt: skip
-        j, a0, a1, a2 = _pieces(m, p, negative, WIDE)
-        acc = _add_pieces(acc, limb, j, a0, a1, a2)
-        n_negzero += negzero.to(tl.int64)
-        n_nan += nan.to(tl.int64)
-        n_pinf += pinf.to(tl.int64)
-        n_ninf += ninf.to(tl.int64)
+        acc, n_negzero, n_nan, n_pinf, n_ninf = _take(
+            acc, n_negzero, n_nan, n_pinf, n_ninf, limb, raw, EXP_BITS, FRAC_BITS, SHIFT, WIDE)
         terms = terms + 1
     bits = _round_tile(acc, limb, terms, terms - n_negzero, n_nan, n_pinf, n_ninf,
                        L, UNIT, PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
@@ -441,15 +430,11 @@ def round_rows_kernel(
             n_not_negzero += extra
     if HAS_INIT:
         raw = tl.load(init_ptr + dest, mask=live, other=0).to(tl.int64) & BITS_MASK
-        _finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS,
-                                                                    SHIFT)  # fmt: skip
-        j, a0, a1, a2 = _pieces(m, p, negative, WIDE)
-        acc = _add_pieces(acc, limb, j, a0, a1, a2)
+        acc, negzero, n_nan, n_pinf, n_ninf = _take(
+            acc, tl.zeros_like(n_terms), n_nan, n_pinf, n_ninf, limb, raw, EXP_BITS, FRAC_BITS,
+            SHIFT, WIDE)
         n_terms += 1
-        n_not_negzero += 1 - negzero.to(tl.int64)
-        n_nan += nan.to(tl.int64)
-        n_pinf += pinf.to(tl.int64)
-        n_ninf += ninf.to(tl.int64)
+        n_not_negzero += 1 - negzero
     bits = _round_tile(acc, limb, n_terms, n_not_negzero, n_nan, n_pinf, n_ninf,
                        L, UNIT, PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
     tl.store(out_ptr + dest, bits.to(out_ptr.dtype.element_ty), mask=live)
