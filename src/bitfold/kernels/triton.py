@@ -286,6 +286,23 @@ def _round_float_bits(
 
 # -- exact: lanes ------------------------------------------------------------------------------
 @triton.jit
+def _lanes(offsets_ptr, K, D, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's lanes: ``(column, live, bucket, its run's start, its count)`` a lane.
+
+    Lane ``i`` is column ``d`` of bucket ``k`` (neighbouring lanes: neighbouring
+    columns); lanes past ``K`` or ``D`` are not live and read bucket 0.
+    """
+    lane = tl.arange(0, BLOCK_K * BLOCK_D)
+    k = tl.program_id(0) * BLOCK_K + lane // BLOCK_D
+    d = tl.program_id(1) * BLOCK_D + lane % BLOCK_D
+    live = (k < K) & (d < D)
+    kc = tl.where(live, k, 0).to(tl.int64)
+    lo = tl.load(offsets_ptr + kc, mask=live, other=0)
+    count = tl.load(offsets_ptr + kc + 1, mask=live, other=0) - lo
+    return d, live, kc, lo, count
+
+
+@triton.jit
 def lanes_kernel(
     bits_ptr, order_ptr, offsets_ptr, init_ptr, out_ptr, K, D, hot_min,
     BITS_MASK: tl.constexpr, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr,
@@ -299,13 +316,7 @@ def lanes_kernel(
     Lanes of buckets with ``hot_min`` positions or more write nothing (the hot
     kernels fold them). ``init`` (bits in the values' format) is one more term.
     """
-    lane = tl.arange(0, BLOCK_K * BLOCK_D)
-    k = tl.program_id(0) * BLOCK_K + lane // BLOCK_D
-    d = tl.program_id(1) * BLOCK_D + lane % BLOCK_D
-    live = (k < K) & (d < D)
-    kc = tl.where(live, k, 0).to(tl.int64)
-    lo = tl.load(offsets_ptr + kc, mask=live, other=0)
-    count = tl.load(offsets_ptr + kc + 1, mask=live, other=0) - lo
+    d, live, kc, lo, count = _lanes(offsets_ptr, K, D, BLOCK_K, BLOCK_D)
     walk = live & (count < hot_min)
     run = tl.where(walk, count, 0)
     limb = tl.arange(0, L_PAD)[:, None]
@@ -490,19 +501,14 @@ def ordered_kernel(
     the caller) or float64. ``WIDE_ACC``: float64 output, float64 adds.
     ``NARROW``: float16/bfloat16 output; the sum of two output values is formed
     in float32 and rounded to the output with integer operations.
-    ``VAL_NARROW``: float64 values with a float32 or narrower output are
-    rounded to float32 by the hardware conversion (``NARROW`` outputs then
-    round again from float64 bits, see :func:`ordered_round`). The result is
+    ``VAL_NARROW``: float64 values with a narrower output: each value is
+    rounded once to the output, by the hardware conversion for float32 and by
+    :func:`_round_float_bits` from its float64 bits for the narrow ones. The result is
     written as float bits (float32/float64) or as the narrow pattern (int16);
     NaN results as the canonical NaN.
     """
-    lane = tl.arange(0, BLOCK_K * BLOCK_D)
-    k = tl.program_id(0) * BLOCK_K + lane // BLOCK_D
-    d = tl.program_id(1) * BLOCK_D + lane % BLOCK_D
-    live = (k < K) & (d < D)
-    kc = tl.where(live, k, 0).to(tl.int64)
-    lo = tl.load(offsets_ptr + kc, mask=live, other=0)
-    run = tl.where(live, tl.load(offsets_ptr + kc + 1, mask=live, other=0) - lo, 0)
+    d, live, kc, lo, count = _lanes(offsets_ptr, K, D, BLOCK_K, BLOCK_D)
+    run = tl.where(live, count, 0)
     if WIDE_ACC:
         acc = tl.zeros((BLOCK_K * BLOCK_D,), tl.float64)
     else:
