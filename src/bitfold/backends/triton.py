@@ -198,20 +198,21 @@ def hot_table(plan: Fold, device: Any, hot_min: int, chunk: int) -> HotTable:
     """The hot table (buckets of ``hot_min`` positions or more, cut in chunks of ``chunk``).
 
     Built once per plan, device and tuning with torch operations on the
-    device; its sizes are read once, when it is built.
+    device; its two sizes are read once (one wait for the device), when it is built.
     """
     torch = _torch()
 
     def build() -> HotTable:
         pt = plan_tensors(plan, device)
         counts = pt.counts.to(torch.int64)
-        buckets = torch.nonzero(counts >= hot_min).reshape(-1)
-        H = int(buckets.numel())
+        hot = counts >= hot_min
+        H, C = (int(n) for n in torch.stack(  # the table's two sizes, in one read
+            [hot.sum(), torch.where(hot, (counts + chunk - 1) // chunk, 0).sum()]).tolist())
+        buckets = torch.nonzero_static(hot, size=H).reshape(-1)
         if H == 0:
             empty = torch.zeros((0, 3), dtype=torch.int64, device=device)
             return HotTable(buckets, empty, 0, 0)
         per = (counts[buckets] + chunk - 1) // chunk
-        C = int(per.sum())
         rank = torch.repeat_interleave(torch.arange(H, device=device), per, output_size=C)
         first = torch.cumsum(per, 0) - per
         within = torch.arange(C, device=device) - first[rank]
