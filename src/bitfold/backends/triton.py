@@ -118,6 +118,11 @@ def _launching(t: Any, lib: str) -> Iterator[None]:
     (an external stream, no copy, no wait).
     """
     torch = _torch()
+    kind = t.device.type
+    if kind == "cpu" or (kind == "cuda" and lib == "torch"
+                         and t.device.index == torch.cuda.current_device()):  # fmt: skip
+        yield  # nothing to switch: the common case costs no context
+        return
     with contextlib.ExitStack() as stack:
         if t.device.type == "cuda":
             stack.enter_context(torch.cuda.device(t.device))
