@@ -112,14 +112,25 @@ def test_two_processes_of_four_devices_give_the_bits_of_one_process_of_eight():
 
 
 def test_bad_input_is_refused_by_name_before_any_work():
-    with pytest.raises(bitfold.FoldTypeError, match="int32"):
-        bj.psum(jnp.ones(3, jnp.int32), "i")
+    with pytest.raises(bitfold.FoldTypeError, match="complex64"):
+        bj.psum({"w": jnp.ones(3), "z": jnp.ones(3, jnp.complex64)}, "i")
     with pytest.raises(bitfold.FoldError, match="axis=5"):
         bj.psum(jnp.ones((2, 3)), "i", axis=5)
     with pytest.raises(bitfold.FoldError, match="twice"):
         bj.psum(jnp.ones((2, 3)), "i", axis=(0, -2))
     with pytest.raises(bitfold.FoldError, match="no mapped axis"):
         bj.psum(jnp.ones(3), "nowhere")
+
+
+def test_a_pytree_of_gradients_sums_leaf_by_leaf():
+    f = jax.pmap(lambda g: bj.psum(g, "i", axis=0), axis_name="i")
+    tiny = 2.0**-24
+    grads = {"w": jnp.array([[[1.0, 1.0], [tiny, tiny], [tiny, tiny], [tiny, tiny]]]),
+             "steps": jnp.array([[1, 2, 3]], jnp.int32), "h": [jnp.array([[0.5, -0.5]])]}
+    out = f(grads)
+    assert out["w"].tolist() == [[bucket_oracle([1.0, tiny, tiny, tiny])] * 2]
+    assert out["steps"].tolist() == [6] and out["steps"].dtype == jnp.int32
+    assert out["h"][0].tolist() == [0.0]
 
 
 def test_one_device_pmap_in_this_process():

@@ -132,25 +132,42 @@ _psum.defvjp(_psum_fwd, _psum_bwd)
 def psum(x: Any, axis_name: Any, *, axis: Any = None) -> Any:
     """The exact sum of ``x`` over the devices of ``axis_name`` (and over ``axis``), rounded once.
 
-    ``x``: a float16, bfloat16, float32 or float64 array, this device's terms;
-    ``axis_name``: the mapped axis (or a tuple of axes) of the enclosing
-    ``jax.shard_map`` or ``pmap``; ``axis``: None, or local axes of ``x``
-    summed too. Returns an array of ``x``'s dtype, the shape of ``x`` without
-    ``axis``: on every device, each element's exact real sum over every device
-    and ``axis`` rounded once to nearest-even. The same bits for any number of
-    devices and any split of the terms between devices and ``axis``.
+    ``x``: an array of this device's terms, or a pytree of them (a model's
+    gradients), as ``lax.psum`` takes; ``axis_name``: the mapped axis (or a
+    tuple of axes) of the enclosing ``jax.shard_map`` or ``pmap``; ``axis``:
+    None, or local axes of every leaf summed too. Float leaves (float16,
+    bfloat16, float32, float64) come back in their dtype, the shape without
+    ``axis``: on every device, each element's exact real sum over every
+    device and ``axis`` rounded once to nearest-even, the same bits for any
+    number of devices and any split of the terms. Integer and boolean leaves
+    are summed by ``lax.psum`` itself (an integer sum is exact already);
+    complex leaves are refused.
 
     >>> import jax, jax.numpy as jnp, bitfold.jax
     >>> f = jax.pmap(lambda x: bitfold.jax.psum(x, "i", axis=0), axis_name="i")
     >>> f(jnp.array([[1.0, 2.0**-24, 2.0**-24, 2.0**-24]])).tolist()  # float32 adds give 1.0
     [1.000000238418579]
     """
-    if not isinstance(x, jax.Array) and not hasattr(x, "aval"):
-        x = jnp.asarray(x)
-    dtype = dtype_name(x)
-    if dtype not in VALUE_DTYPES:
-        raise FoldTypeError(
-            f"psum adds floating-point arrays ({', '.join(VALUE_DTYPES)}); got dtype {dtype} "
-            "(integer sums are exact already: use jax.lax.psum)"
-        )
-    return _psum(x, axis_name, _axes(axis, x.ndim))
+    leaves, tree = jax.tree.flatten(x)
+    for leaf in leaves:
+        _check_leaf(leaf)
+    return jax.tree.unflatten(tree, [_leaf_psum(leaf, axis_name, axis) for leaf in leaves])
+
+
+def _check_leaf(leaf: Any) -> None:
+    """Refuse a leaf that is neither a float of :data:`VALUE_DTYPES` nor an integer, by dtype."""
+    kind = jnp.result_type(leaf)
+    if dtype_name(kind) in VALUE_DTYPES or jnp.issubdtype(kind, jnp.integer) or kind == jnp.bool_:
+        return
+    raise FoldTypeError(
+        f"psum adds floating-point arrays ({', '.join(VALUE_DTYPES)}) exactly, and integers "
+        f"as lax.psum does; got dtype {dtype_name(kind)}"
+    )
+
+
+def _leaf_psum(leaf: Any, axis_name: Any, axis: Any) -> Any:
+    x = leaf if isinstance(leaf, jax.Array) or hasattr(leaf, "aval") else jnp.asarray(leaf)
+    axes = _axes(axis, x.ndim)
+    if dtype_name(x) not in VALUE_DTYPES:  # integers: lax.psum's sum is exact
+        return lax.psum(jnp.sum(x, axis=axes) if axes else x, axis_name)
+    return _psum(x, axis_name, axes)
