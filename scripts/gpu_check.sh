@@ -20,7 +20,9 @@
 #    -> OUT/gpu_bench.json;
 # 3. bitfold probe with its defaults on the GPU and on the CPU: the GPU's exact and ordered folds
 #    bit-identical run to run, the exact digest the CPU's (scripts/gpu_probe.py) -> OUT/probe_*;
-# 4. the backend table on the Triton kernels with CUDA tensors -> OUT/triton_tests.*;
+# 4. the exact all-reduce: one-process NCCL group, two processes on the GPU over gloo, the
+#    GradientSum step against DDP's (scripts/gpu_allreduce.py) -> OUT/allreduce.json;
+# 4b. the backend table on the Triton kernels with CUDA tensors -> OUT/triton_tests.*;
 # 5. the GPU kernel cases on the device (tests/cuda_cases.py, BITFOLD_CUDA_DEVICE=1), with the
 #    time left -> OUT/gpu_tests.*
 #
@@ -173,7 +175,9 @@ if [ $SMOKE = 1 ]; then
     # the Triton interpreter and the simulator are slow: the benchmark stops at its budget
     step gpu_bench 300 "$PY" scripts/gpu_check.py --smoke --budget 240 --out "$OUT/gpu_bench.json"
     step probe 60 "$PY" scripts/gpu_probe.py --smoke "$OUT"
+    step allreduce 60 "$PY" scripts/gpu_allreduce.py "$OUT/allreduce.json" --smoke --budget 45
     [ "${RC[gpu_bench]}" = 0 ] && [ "${RC[imports]}" = 0 ] && [ "${RC[probe]}" = 0 ] &&
+        [ "${RC[allreduce]}" = 0 ] &&
         { log "smoke passed"; exit 0; }
     log "smoke FAILED"
     exit 1
@@ -183,8 +187,8 @@ export BITFOLD_CUDA_DEVICE=1 BITFOLD_REQUIRE_CUDA=1
 unset NUMBA_ENABLE_CUDASIM TRITON_INTERPRET
 # the benchmark first: its goals' figures come first within it, and its own budget stops it in
 # time to write its JSON before the step's limit (25 s later), leaving RESERVE seconds for the
-# probe (~20 s on an H200) and the device tests (~50 s)
-RESERVE=${GPU_CHECK_RESERVE:-130}
+# probe (~20 s on an H200), the all-reduce (~40 s) and the device tests (Triton first)
+RESERVE=${GPU_CHECK_RESERVE:-160}
 BENCH_BUDGET=$(($(left) - 25 - RESERVE))
 [ "$BENCH_BUDGET" -gt 220 ] && BENCH_BUDGET=220
 # at least 60 s asked of the benchmark; the step's own limit (the time left) still stops it, and
@@ -198,6 +202,9 @@ step probe 100 "$PY" scripts/gpu_probe.py --gpu-timeout 65 --cpu-timeout 30 "$OU
 # compiles the kernels its tests launch: compiling dominates)
 PARALLEL=()
 "$PY" -c "import xdist" >/dev/null 2>&1 && PARALLEL=(-n 8)
+# the exact all-reduce: a one-process NCCL group, two processes on the GPU over gloo (the CPU's
+# bits), the GradientSum step against DDP's
+step allreduce 60 "$PY" scripts/gpu_allreduce.py "$OUT/allreduce.json" --budget 45
 # the backend table on the Triton kernels with CUDA tensors: the oracle's and the host's bits
 step triton_tests 90 "$PY" -m pytest \
     "tests/test_backend_table.py::test_the_backend_agrees_with_the_oracle_and_the_host" \
@@ -208,9 +215,9 @@ step gpu_tests 170 "$PY" -m pytest tests/cuda_cases.py \
     -v -p no:cacheprovider -o addopts= -rs --durations=15 --junitxml="$OUT/gpu_tests.xml"
 
 if [ "${RC[gpu_tests]}" = 0 ] && [ "${RC[gpu_bench]}" = 0 ] && [ "${RC[probe]}" = 0 ] \
-    && [ "${RC[triton_tests]}" = 0 ]; then
+    && [ "${RC[triton_tests]}" = 0 ] && [ "${RC[allreduce]}" = 0 ]; then
     log "GPU checks passed"
     exit 0
 fi
-log "GPU checks FAILED (gpu_bench exit ${RC[gpu_bench]}, triton_tests exit ${RC[triton_tests]}, gpu_tests exit ${RC[gpu_tests]}, probe exit ${RC[probe]})"
+log "GPU checks FAILED (gpu_bench exit ${RC[gpu_bench]}, allreduce exit ${RC[allreduce]}, triton_tests exit ${RC[triton_tests]}, gpu_tests exit ${RC[gpu_tests]}, probe exit ${RC[probe]})"
 exit 1

@@ -1,0 +1,236 @@
+"""The exact all-reduce on a GPU machine, for ``make gpu-check``: bits and time, JSON out.
+
+    python scripts/gpu_allreduce.py OUT.json [--smoke] [--budget SECONDS]
+
+Steps, each recorded in ``steps`` as ``ok``, ``failed`` (with the error) or
+``skipped`` (with the reason); the JSON is written whatever fails:
+
+* ``one_process``: a one-process group (NCCL with CUDA tensors): the exact
+  all-reduce of ``N`` float32 elements (10^8 on a GPU) against
+  ``dist.all_reduce`` of the same tensor, medians of wall time; one rank's sum
+  is its own tensor, so the result must be the input's bits.
+* ``two_processes``: two processes on the one GPU, a gloo group with CUDA
+  tensors: each rank's exact all-reduce must equal the exact sum of both
+  ranks' tensors computed in this process on the CPU
+  (:class:`bitfold.dense.DenseSum`), bit for bit.
+* ``gradient_sum_step``: a small MLP's training step on one device with
+  :class:`bitfold.GradientSum` (add, then the exact reduce) against the same
+  step under ``DistributedDataParallel``, medians and their ratio.
+
+The exact all-reduce makes its words on the host today (the figures are the
+baseline of a device path). ``--smoke`` runs every step with gloo and CPU
+tensors at small sizes, without a GPU (the times mean nothing there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return int(s.getsockname()[1])
+
+
+def _median_us(fn: Callable[[], Any], sync: Callable[[], None], repeats: int = 5) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def _values(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))).astype(np.float32)
+
+
+def _bits(a: Any) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a, np.float32)).view(np.uint32)
+
+
+class Run:
+    """The report and its steps, written to ``out`` at every change."""
+
+    def __init__(self, out: Path, smoke: bool, budget: float) -> None:
+        self.out, self.smoke, self.deadline = out, smoke, time.monotonic() + budget
+        self.report: dict[str, Any] = {"smoke": smoke, "steps": {}}
+
+    def step(self, name: str, fn: Callable[[], dict[str, Any]], need_s: float) -> None:
+        if time.monotonic() + need_s > self.deadline:
+            self.report["steps"][name] = {"status": "skipped", "reason": "the budget is spent"}
+        else:
+            try:
+                self.report["steps"][name] = {"status": "ok", **fn()}
+            except Skip as e:
+                self.report["steps"][name] = {"status": "skipped", "reason": str(e)}
+            except Exception as e:  # recorded, the next step still runs
+                self.report["steps"][name] = {"status": "failed", "error": repr(e),
+                                              "traceback": traceback.format_exc()[-2000:]}
+        self.write()
+
+    def write(self) -> None:
+        self.out.write_text(json.dumps(self.report, indent=2))
+
+
+class Skip(Exception):
+    """A step that cannot run here, with the reason."""
+
+
+def _init_one(backend: str) -> Any:
+    import torch.distributed as dist
+
+    store = dist.FileStore(tempfile.mktemp(prefix="bitfold-allreduce-"), 1)
+    dist.init_process_group(backend, store=store, rank=0, world_size=1)
+    return dist
+
+
+def one_process(smoke: bool) -> dict[str, Any]:
+    import torch
+
+    from bitfold.distributed import exact_all_reduce
+
+    cuda = not smoke
+    if cuda and not torch.cuda.is_available():
+        raise Skip("torch sees no CUDA device")
+    dist = _init_one("nccl" if cuda else "gloo")
+    try:
+        n = 10**5 if smoke else 10**8
+        device = "cuda" if cuda else "cpu"
+        x = torch.from_numpy(_values(n, 1)).to(device)
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        exact = exact_all_reduce(x)
+        plain = x.clone()
+        return {
+            "backend": "nccl" if cuda else "gloo",
+            "elements": n,
+            "exact_us": _median_us(lambda: exact_all_reduce(x), sync, 3),
+            "float32_all_reduce_us": _median_us(lambda: dist.all_reduce(plain), sync),
+            "equals_input": bool(np.array_equal(_bits(exact.cpu()), _bits(x.cpu()))),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank_main(rank: int, port: int, n: int, device: str, queue: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from bitfold.distributed import exact_all_reduce
+
+    dist.init_process_group("gloo", init_method=f"tcp://localhost:{port}", rank=rank,
+                            world_size=2)  # fmt: skip
+    try:
+        x = torch.from_numpy(_values(n, 10 + rank)).to(device)
+        queue.put((rank, _bits(exact_all_reduce(x).cpu()).tolist()))
+    finally:
+        dist.destroy_process_group()
+
+
+def two_processes(smoke: bool) -> dict[str, Any]:
+    import torch
+    import torch.multiprocessing as mp
+
+    from bitfold.dense import DenseSum
+
+    device = "cpu" if smoke else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise Skip("torch sees no CUDA device")
+    n = 10**4 if smoke else 10**6
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, n, device, queue)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    want = DenseSum((n,), "float32").add(_values(n, 10)).add(_values(n, 11)).result("float32")
+    want_bits = _bits(want).tolist()
+    return {"device": device, "elements": n,
+            "each_rank_equals_cpu": [got[r] == want_bits for r in (0, 1)]}  # fmt: skip
+
+
+def gradient_sum_step(smoke: bool) -> dict[str, Any]:
+    import torch
+
+    from bitfold.distributed import GradientSum
+
+    cuda = not smoke
+    if cuda and not torch.cuda.is_available():
+        raise Skip("torch sees no CUDA device")
+    dist = _init_one("nccl" if cuda else "gloo")
+    try:
+        device = "cuda" if cuda else "cpu"
+        torch.manual_seed(0)
+        width = 256 if smoke else 4096
+        model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
+                                    torch.nn.Linear(width, 10)).to(device)  # fmt: skip
+        x = torch.randn(64, width, device=device)
+        y = torch.randint(0, 10, (64,), device=device)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        summed = GradientSum(list(model.parameters()))
+
+        def ddp_step() -> None:
+            loss_fn(ddp(x), y).backward()
+            ddp.zero_grad(set_to_none=True)
+
+        def exact_step() -> None:
+            loss_fn(model(x), y).backward()
+            summed.add().reduce()
+            model.zero_grad(set_to_none=True)
+
+        t_ddp, t_exact = _median_us(ddp_step, sync), _median_us(exact_step, sync)
+        return {"device": device, "parameters": sum(p.numel() for p in model.parameters()),
+                "ddp_step_us": t_ddp, "gradient_sum_step_us": t_exact,
+                "ratio": t_exact / t_ddp, "goal": 1.3, "met": t_exact / t_ddp <= 1.3}  # fmt: skip
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--budget", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("MASTER_ADDR", "localhost")
+    run = Run(args.out, args.smoke, args.budget)
+    run.step("one_process", lambda: one_process(args.smoke), need_s=5)
+    run.step("two_processes", lambda: two_processes(args.smoke), need_s=15)
+    run.step("gradient_sum_step", lambda: gradient_sum_step(args.smoke), need_s=5)
+    steps = run.report["steps"]
+    bits_ok = [b for b in (steps.get("one_process", {}).get("equals_input"),
+                           *steps.get("two_processes", {}).get("each_rank_equals_cpu", []))
+               if b is not None]  # fmt: skip
+    failed = [name for name, s in steps.items() if s["status"] == "failed"]
+    run.report["bits_equal_cpu"] = all(bits_ok) if bits_ok else None  # None: nothing compared
+    run.write()
+    return 1 if failed or run.report["bits_equal_cpu"] is False else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
