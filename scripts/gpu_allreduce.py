@@ -124,12 +124,35 @@ def one_process(smoke: bool) -> dict[str, Any]:
         return {
             "backend": "nccl" if cuda else "gloo",
             "elements": n,
+            "wire_bytes_per_element": _wire_bytes(_gradient_like(min(n, 10**7))),
             "exact_us": _median_us(lambda: exact_all_reduce(x), sync, 3),
             "float32_all_reduce_us": _median_us(lambda: dist.all_reduce(plain), sync),
             "equals_input": bool(np.array_equal(_bits(exact.cpu()), _bits(x.cpu()))),
         }
     finally:
         dist.destroy_process_group()
+
+
+def _wire_bytes(flat: np.ndarray) -> dict[str, float]:
+    """Bytes an element takes on the exact all-reduce's wire for these values, by rank count:
+    the int64 words of its layout (:func:`bitfold.dense.wire_layout`) and the bounds (three
+    int32 a block of :data:`bitfold.dense.BLOCK` elements)."""
+    from bitfold.dense import array_bounds, wire_layout
+    from bitfold.formats import F32
+
+    bounds = array_bounds(flat)
+    if bounds is None:
+        return {}
+    out = {}
+    for ranks in (2, 8, 64):
+        layout = wire_layout(bounds, flat.size, ranks, F32.limbs)
+        out[str(ranks)] = (layout.words * 8 + bounds.shape[0] * 12) / flat.size
+    return out
+
+
+def _gradient_like(n: int) -> np.ndarray:
+    """Standard normal float32 values: the spread of an ordinary gradient's elements."""
+    return np.random.default_rng(3).standard_normal(n).astype(np.float32)
 
 
 def _rank_main(rank: int, port: int, n: int, device: str, queue: Any) -> None:

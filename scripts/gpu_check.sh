@@ -205,6 +205,8 @@ PARALLEL=()
 # the exact all-reduce: a one-process NCCL group, two processes on the GPU over gloo (the CPU's
 # bits), the GradientSum step against DDP's
 step allreduce 60 "$PY" scripts/gpu_allreduce.py "$OUT/allreduce.json" --budget 45
+# the step on 8 and 64 GPUs predicted from those figures (on paper; judged, not a failure)
+step dp_model 15 "$PY" benchmarks/dp_model.py "$OUT/allreduce.json" --json "$OUT/dp_model.json"
 # the backend table on the Triton kernels with CUDA tensors: the oracle's and the host's bits
 step triton_tests 90 "$PY" -m pytest \
     "tests/test_backend_table.py::test_the_backend_agrees_with_the_oracle_and_the_host" \
