@@ -43,7 +43,7 @@ from bitfold.cli.bench.contenders import (
     PaddedScatter,
     Runner,
 )
-from bitfold.cli.bench.goals import ISSUE10, goal_lines, goals
+from bitfold.cli.bench.goals import FOLD_GOALS, goal_lines, goals
 
 STATUSES = {"ok", "failed", "oom", "skipped"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -766,8 +766,8 @@ def test_goal_lines_say_met_or_by_how_much_it_was_missed() -> None:
     assert "hot N = 1,000 K = 10,000,000: 40.0 B" in mem and mem.endswith("→ met")
 
 
-def test_every_issue10_goal_has_its_limit() -> None:
-    limits = {g.key: g.limit for g in ISSUE10}
+def test_every_fold_goal_has_its_limit() -> None:
+    limits = {g.key: g.limit for g in FOLD_GOALS}
     assert limits == {"k-scalar": 1.0, "rows": 1.0, "rows-new-plan": 2.0, "half": 1.0,
                       "float64": 1.5, "seed": 1.0, "memory": 48.0}  # fmt: skip
 

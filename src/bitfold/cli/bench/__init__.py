@@ -8,7 +8,7 @@
 * :mod:`.worker`: peak memory and thread-count digests in fresh processes
   (``python -m bitfold.cli.bench.worker SPEC``);
 * :mod:`.startup`: Numba's cold and warm start;
-* :mod:`.load`: the seed configuration under one extra busy process (issue 20);
-* :mod:`.goals`, :mod:`.issue20`: the goals of issues 3, 10 and 20, judged from the results;
+* :mod:`.load`: the seed configuration under one extra busy process under load;
+* :mod:`.goals`, :mod:`.sweep_goals`: the goals each run is judged against, from its results;
 * :mod:`.report`, :mod:`.plots`: ``summary.md``, the table and the PNG plots.
 """

@@ -4,7 +4,7 @@ A case is fully described by a small dict (``Case.spec``), so that a worker
 process can rebuild exactly the same index and values from it: every input
 comes from ``numpy.random.default_rng(0)`` in a fixed order of draws. A case
 of scalars folds N values (shape ``(N,)``) into K sums; a case of rows (``D``
-set, issue 10) folds N rows of D values (shape ``(N, D)``) into a ``(K, D)``
+set) folds N rows of D values (shape ``(N, D)``) into a ``(K, D)``
 table, the index drawn exactly as for scalars. The specs of scalar cases have
 no ``d`` key, so they are the same as before rows existed.
 
@@ -42,13 +42,13 @@ DTYPES = ("float32", "float16", "bfloat16", "float64")
 #: Bytes of one value of each dtype (bfloat16 is not a NumPy dtype).
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
-#: Issue 10's four shapes of folds of rows, (N, D, K): embedding gradients and graph messages.
+#: The four shapes of folds of rows, (N, D, K): embedding gradients and graph messages.
 ROW_SHAPES = ((262_144, 64, 50_000), (65_536, 768, 50_000), (1_000_000, 64, 100_000),
               (262_144, 64, 1_000_000))  # fmt: skip
 #: The D sweep holds N * D at this many values (= 262,144 x 64), K = 50,000.
 D_SWEEP_VALUES = 1 << 24
 D_SWEEP = (1, 4, 16, 64, 256, 768)
-#: Issue 10's memory goal: these maps, into up to 10^7 buckets.
+#: The memory goal's maps, into up to 10^7 buckets.
 MEMORY_SKEWS = ("uniform", "zipf1.3", "hot")
 
 #: sweep name -> (what it varies, full-run points, quick-run points); a point is
@@ -88,7 +88,7 @@ SWEEPS: dict[str, tuple[str, list[_Point], list[_Point]]] = {
         [(1_000_000, SEED_K, "uniform", d) for d in DTYPES],
     ),
     "memory": (
-        "memory of a plan plus one exact fold: issue 3's Zipf(1.3) map of 3 million values "
+        "memory of a plan plus one exact fold: the Zipf(1.3) map of 3 million values "
         "into 100,000 buckets, then uniform, Zipf(1.3) and hot maps into up to 1e7 buckets",
         [(3_000_000, 100_000, "zipf1.3", "float32")]
         + [
@@ -109,8 +109,8 @@ SWEEPS: dict[str, tuple[str, list[_Point], list[_Point]]] = {
         + [(ROW_SHAPES[0][0] // 4, ROW_SHAPES[0][2], "zipf1.3", "float32", ROW_SHAPES[0][1])],
     ),
     "oneshot": (
-        "one-shot folds (issue 20): the seed configuration, K = 1e5 and 1e6 (N = 3,145,728), "
-        "and rows (262,144, 64, 50,000); uniform, float32",
+        "one-shot folds (the plan built in the call): the seed configuration, K = 1e5 and 1e6 "
+        "(N = 3,145,728), and rows (262,144, 64, 50,000); uniform, float32",
         [(SEED_N, k, "uniform", "float32") for k in (SEED_K, 100_000, 1_000_000)]
         + [(n, k, "uniform", "float32", d) for n, d, k in ROW_SHAPES[:1]],
         [(SEED_N, SEED_K, "uniform", "float32")]
@@ -125,15 +125,15 @@ SWEEPS: dict[str, tuple[str, list[_Point], list[_Point]]] = {
 }
 
 
-#: Issue 20's rows against XLA: the ``rows`` sweep's six shapes (the same cases: they run once).
+#: Rows against XLA: the ``rows`` sweep's six shapes (the same cases: they run once).
 SWEEPS["xla-rows"] = (
-    "rows against XLA (issue 20): the six shapes of the rows sweep, Zipf(1.3) included",
+    "rows against XLA: the six shapes of the rows sweep, Zipf(1.3) included",
     SWEEPS["rows"][1],
     SWEEPS["rows"][2],
 )
 #: Sweeps that are phases of their own rather than cases: timed apart from the case loop.
 PHASE_SWEEPS: dict[str, str] = {
-    "load": "the seed configuration with one extra busy process on the machine (issue 20): "
+    "load": "the seed configuration with one extra busy process on the machine: "
     "bitfold-exact against np.add.at",
 }
 #: Every name ``--sweeps`` accepts, in the order of a full run.

@@ -11,8 +11,9 @@ contenders (:mod:`bitfold.cli.bench.contenders`) and writes into ``--out``:
   steps compiled by ``bitfold.torch.compile`` against ``torch.compile``
   (:mod:`bitfold.cli.bench.compiled_steps`), the seed configuration under one
   extra busy process (the ``load`` sweep, :mod:`bitfold.cli.bench.load`) and the
-  goals of issues 3, 10 and 11 (:mod:`bitfold.cli.bench.goals`) and of issue 20
-  (:mod:`bitfold.cli.bench.issue20`; goal 6 from ``--allreduce-json``);
+  goals of the folds, the seed configuration and the training steps
+  (:mod:`bitfold.cli.bench.goals`) and of the one-shot, XLA, large-K, load and all-reduce
+  measurements (:mod:`bitfold.cli.bench.sweep_goals`; goal 6 from ``--allreduce-json``);
 * ``summary.md`` generated from it (:mod:`bitfold.cli.bench.report`);
 * PNG plots (:mod:`bitfold.cli.bench.plots`);
 
@@ -131,7 +132,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"phases to leave out: {', '.join(PHASES)}",
     )
     parser.add_argument("--allreduce-json", metavar="PATH", default=None,
-                        help="benchmarks/allreduce.py's results, judged as issue 20's goal 6 "
+                        help="benchmarks/allreduce.py's results, judged as the all-reduce goal "
                         "(default: allreduce.json in the output folder, if there)")  # fmt: skip
     parser.add_argument("--from-json", metavar="RESULTS", default=None,
                         help="measure nothing: rewrite the table, summary.md and plots of a "
@@ -197,7 +198,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     from ...repro.fingerprint import physical_memory, usable_cores
     from .cases import ALL_SWEEPS, check_sweeps
     from .contenders import baseline_for, resolve
-    from .issue20 import find_allreduce
+    from .sweep_goals import find_allreduce
 
     if args.repeats is not None and args.repeats < 1:
         raise FoldError(f"--repeats must be at least 1; got {args.repeats}")
@@ -404,10 +405,10 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     from .cases import build_cases, describe_sweep
     from .compiled_steps import measure_compiled_steps
     from .goals import goals
-    from .issue20 import find_allreduce, issue20
     from .load import measure_load
     from .startup import measure_startup
     from .steps import measure_steps
+    from .sweep_goals import find_allreduce, sweep_goals
 
     t_start = time.perf_counter()
     load_at_start = load_average()
@@ -478,7 +479,7 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
         "allreduce": find_allreduce(cfg.get("allreduce_json"), cfg["out"]),
     }
     res["goals"] = goals(res)
-    res["goals"]["issue20"] = issue20(res, res["goals"])
+    res["goals"]["issue20"] = sweep_goals(res, res["goals"])
     res["phase_seconds"] = phases
     res["duration_s"] = time.perf_counter() - t_start
     return res
@@ -511,7 +512,7 @@ def _from_json(args: argparse.Namespace) -> int:
     skip = _names(args.skip) or []
     if "plots" not in skip and importlib.util.find_spec("matplotlib") is None:
         raise FoldError("the plots need matplotlib: pip install 'bitfold[plot]', or --skip plots")
-    from .issue20 import find_allreduce
+    from .sweep_goals import find_allreduce
 
     folder = os.path.dirname(os.path.abspath(path))
     out = check_out_dir(args.out or folder)

@@ -1,4 +1,4 @@
-"""Whole training steps compiled: ``bitfold.torch.compile`` against ``torch.compile`` (issue 18).
+"""Whole training steps compiled: ``bitfold.torch.compile`` against ``torch.compile``.
 
 The two models of :mod:`bitfold.cli.bench.steps` (message passing, an
 embedding bag), each trained with Adam in three settings, each on its own copy
@@ -73,7 +73,7 @@ def measure_compiled_steps(*, repeats: int = 15, scale: float = 1.0) -> dict[str
 def summary_lines(res: dict[str, Any] | None) -> list[str]:
     """Markdown lines for ``summary.md`` (empty when the phase did not run)."""
     return step_table(
-        res, "### Compiled training steps: bitfold.torch.compile against torch.compile (issue 18)",
+        res, "### Compiled training steps: bitfold.torch.compile against torch.compile",
         base=("compiled", "torch.compile"),
         others=(("exact_compiled", "bitfold.torch.compile"), ("exact_mode", "eager exact_mode")),
         counts_key="exact_counts", counts_title="folds made exact (compile counts)",

@@ -218,7 +218,7 @@ def _bitfold(strategy: str) -> Callable[[Inputs], Runner]:
 
 def _bitfold_new_plan(inp: Inputs) -> Runner:
     """The one-shot fold, the plan built inside every call: ``bitfold.segment_sum(values, idx,
-    K)``, the public entry point for it (ids that change each step; issue 20's one-shot fold)."""
+    K)``, the public entry point for it (ids that change each step: a one-shot fold)."""
     from ...functions import segment_sum
 
     values = _bitfold_values(inp)

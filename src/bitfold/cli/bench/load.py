@@ -1,4 +1,4 @@
-"""The seed configuration timed while one extra busy process loads the machine (issue 20).
+"""The seed configuration timed while one extra busy process loads the machine.
 
 :func:`busy_process` starts a child process that spins a pure-Python loop (one
 core's worth of work, wherever the scheduler puts it) and kills it on the way

@@ -5,7 +5,7 @@
 * ``memory_vs_skew.png``: peak memory above the inputs (bytes/element) by skew;
 * ``seed_bars.png``: median time of every contender at the seed configuration;
 * ``time_vs_k.png``: median time against K (scalars, up to 10^7), log-log;
-* ``rows_bars.png``: median time of every contender on each fold of rows (issue 10's shapes);
+* ``rows_bars.png``: median time of every contender on each fold of rows (the rows sweep's shapes);
 * ``time_vs_d.png``: median time against the row width D at a fixed N x D;
 * ``dtype_bars.png``: median time of every contender for each value dtype;
 * ``memory_vs_k.png``: bitfold-exact's plan plus one fold, bytes per index entry above the

@@ -19,8 +19,8 @@ from .goals import (
     output_bytes,
     row,
 )
-from .issue20 import issue20, issue20_lines, load_lines
 from .steps import summary_lines as steps_summary
+from .sweep_goals import load_lines, sweep_goal_lines, sweep_goals
 
 __all__ = ["MEMORY_GOAL_BYTES_PER_ELEMENT", "MEMORY_GOAL_BYTES_PER_ENTRY", "goal_lines", "goals",
            "row", "summary_markdown", "text_table"]  # fmt: skip
@@ -132,7 +132,7 @@ def text_table(res: dict[str, Any]) -> str:
         out.append("")
     earlier = goals(res)
     out.extend(goal_lines(earlier))
-    out.extend(f"issue 20, {line}" for line in issue20_lines(issue20(res, earlier)))
+    out.extend(f"issue 20, {line}" for line in sweep_goal_lines(sweep_goals(res, earlier)))
     return "\n".join(out)
 
 
@@ -247,7 +247,7 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         out += [
             "## Goals",
             "",
-            "Issue 10's goals (1 to 5) are ratios of medians measured in this run on the same "
+            "The fold goals (1 to 5) are ratios of medians measured in this run on the same "
             "inputs (or peak memory, goal 5); ✗ marks a case that misses its goal.",
             "",
             *(f"- {line}" for line in goal_lines(g)),
@@ -260,7 +260,7 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         "all-reduce's own results); ✗ marks a case that misses its goal; a goal whose sweep "
         "did not run says \"not measured\".",
         "",
-        *(f"- {line}" for line in issue20_lines(issue20(res, g))),
+        *(f"- {line}" for line in sweep_goal_lines(sweep_goals(res, g))),
         "",
     ]
     seed = seed_case(res)

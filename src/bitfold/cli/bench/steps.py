@@ -1,6 +1,6 @@
 """Whole training steps under ``bitfold.torch.exact_mode()`` against the same steps in PyTorch.
 
-Two small models whose gradients go through scatter-adds (issue 11's speed goal:
+Two small models whose gradients go through scatter-adds (the training-step goal:
 an exact step at most 1.5x the plain one, on the CPU):
 
 * ``graph``: a two-layer message-passing network on a random graph (4,000

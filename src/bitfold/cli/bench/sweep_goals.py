@@ -1,9 +1,11 @@
-"""Issue 20's goals, judged from ``results.json`` (and the all-reduce's own JSON, goal 6).
+"""The goals of the one-shot, rows-against-XLA, large-K, load and all-reduce measurements.
+
+Judged from ``results.json`` (and, for goal 6, the all-reduce's own JSON).
 
 Each goal is a ratio of medians of two contenders on the same case in the same
 run (:class:`bitfold.cli.bench.goals.Goal`), except goal 6 (read from the JSON
 that ``benchmarks/allreduce.py`` writes) and goal 7 (the verdicts of the goals
-met before this issue):
+met before these):
 
 1. one-shot ``bitfold.segment_sum`` (``bitfold-exact-new-plan``) at most 1.0x
    ``torch.index_add_`` on every case of the ``oneshot`` sweep;
@@ -18,8 +20,9 @@ met before this issue):
 6. the exact all-reduce at most 3x a float32 all-reduce (2 and 4 processes, 4M
    and 16M elements), and a data-parallel step with ``GradientSum`` at most
    1.3x the DDP step;
-7. no goal met before is lost: issue 10's rows, dtype and memory goals, the
-   seed configuration, and the training steps (issues 11 and 18).
+7. no goal met before is lost: the fold goals of rows, dtypes and memory
+   (:data:`bitfold.cli.bench.goals.FOLD_GOALS`), the seed configuration, and the
+   training steps, eager and compiled.
 
 A goal none of whose cases ran says so ("not measured") and names what to run.
 """
@@ -78,11 +81,11 @@ CASE_GOALS: tuple[tuple[Goal, str], ...] = (
           lambda r: r["cases"], _label, peer="numpy-add-at"), "load"),
 )  # fmt: skip
 
-#: Goal 7: issue 10's goals (by key) whose verdicts must stay met, with their names.
-# Issue 10's goals that were met before issue 20 (benchmarks/results/2026-12-03-cpu-2core):
-# its goal 1 (scalars at large K) is issue 20's goal 3, and its goal 2 with the plan built once
-# was already missed (3.65x at (262,144, 64, 1,000,000)); both stay judged in issue 10's lines.
-KEPT_ISSUE10 = (("rows-new-plan", "issue 10 goal 2, rows against index_add_, plan in the call"),
+#: Goal 7: the fold goals (by key) whose verdicts must stay met, with their names: those
+#: met in benchmarks/results/2026-12-03-cpu-2core. Fold goal 1 (scalars at large K) is goal 3
+#: here, and fold goal 2 with the plan built once was already missed (3.65x at (262,144, 64,
+#: 1,000,000)); both stay judged among the fold goals.
+KEPT_FOLD_GOALS = (("rows-new-plan", "issue 10 goal 2, rows against index_add_, plan in the call"),
                 ("half", "issue 10 goal 3, float16 and bfloat16"),
                 ("float64", "issue 10 goal 3, float64"),
                 ("seed", "issue 10 goal 4, the seed configuration"),
@@ -210,12 +213,12 @@ def allreduce_goals(data: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 # -- goal 7 ----------------------------------------------------------------------------------
 def kept_goal(earlier: dict[str, Any]) -> dict[str, Any]:
-    """Goal 7: the verdicts of the goals met before this issue, from ``goals.goals(res)``."""
-    issue10 = {g["key"]: g for g in earlier.get("issue10", [])}
-    refs = [{"name": name, "met": issue10[key]["met"] if key in issue10 else None,
-             "worst": issue10.get(key, {}).get("worst"),
-             "unit": issue10.get(key, {}).get("unit", "x")}
-            for key, name in KEPT_ISSUE10]  # fmt: skip
+    """Goal 7: the verdicts of the goals met before these, from ``goals.goals(res)``."""
+    fold_goals = {g["key"]: g for g in earlier.get("issue10", [])}
+    refs = [{"name": name, "met": fold_goals[key]["met"] if key in fold_goals else None,
+             "worst": fold_goals.get(key, {}).get("worst"),
+             "unit": fold_goals.get(key, {}).get("unit", "x")}
+            for key, name in KEPT_FOLD_GOALS]  # fmt: skip
     for key, name in KEPT_STEPS:
         models = earlier.get(key)
         met = None if not models else all(m["met"] for m in models.values())
@@ -226,8 +229,8 @@ def kept_goal(earlier: dict[str, Any]) -> dict[str, Any]:
             "goal": "the earlier goals' verdicts stay met", "refs": refs, "met": met}  # fmt: skip
 
 
-def issue20(res: dict[str, Any], earlier: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 20's goal records, in order; ``earlier`` is ``goals.goals(res)``."""
+def sweep_goals(res: dict[str, Any], earlier: dict[str, Any]) -> list[dict[str, Any]]:
+    """The goal records of these measurements, in order; ``earlier`` is ``goals.goals(res)``."""
     records = [_case_goal(res, goal, sweep) for goal, sweep in CASE_GOALS]
     records += allreduce_goals(res.get("allreduce"))
     records.append(kept_goal(earlier))
@@ -241,7 +244,7 @@ def _worst(ref: dict[str, Any]) -> str:
     return f" (worst {unit.format(ref['worst'])})"
 
 
-def issue20_lines(records: list[dict[str, Any]]) -> list[str]:
+def sweep_goal_lines(records: list[dict[str, Any]]) -> list[str]:
     """One line per goal: its figure on every case and whether it is met, or by how much not."""
     lines = []
     for g in records:

@@ -24,12 +24,12 @@ from bitfold.cli.bench import command as bench
 from bitfold.cli.bench import load as bench_load
 from bitfold.cli.bench import measure as bench_measure
 from bitfold.cli.bench.goals import goals
-from bitfold.cli.bench.issue20 import (
+from bitfold.cli.bench.sweep_goals import (
     allreduce_goals,
-    issue20,
-    issue20_lines,
     kept_goal,
     read_allreduce,
+    sweep_goal_lines,
+    sweep_goals,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,10 +87,10 @@ def _results() -> dict:
 
 
 def _by_key(res: dict) -> dict[str, dict]:
-    return {g["key"]: g for g in issue20(res, goals(res))}
+    return {g["key"]: g for g in sweep_goals(res, goals(res))}
 
 
-def test_issue20_goals_are_judged_case_by_case() -> None:
+def test_sweep_goals_are_judged_case_by_case() -> None:
     got = _by_key(_results())
     one = got["oneshot"]
     assert [p["value"] for p in one["points"][:2]] == pytest.approx([0.5, 1.2])
@@ -114,7 +114,7 @@ def test_a_goal_whose_cases_are_absent_is_not_measured() -> None:
     for key in ("oneshot", "xla-rows", "large-k", "ordered", "exact-seed", "load",
                 "allreduce", "dp-step", "kept"):  # fmt: skip
         assert got[key]["met"] is None, key
-    lines = issue20_lines(issue20(res, goals(res)))
+    lines = sweep_goal_lines(sweep_goals(res, goals(res)))
     assert len(lines) == 9
     assert all(line.endswith(("not measured on every case", "not measured on every goal"))
                for line in lines)  # fmt: skip
@@ -136,7 +136,7 @@ def test_goal_6_from_the_allreduce_json() -> None:
                                    "gradientsum_ms": 14.0}]}  # fmt: skip
     step = allreduce_goals(slow)[1]  # the ratio from the times when none is recorded
     assert step["met"] is False and step["worst"] == pytest.approx(1.4)
-    line = issue20_lines([ar])[0]
+    line = sweep_goal_lines([ar])[0]
     assert "2 processes, 16M elements: 3.50x (140 vs 40 ms) ✗" in line
     assert line.endswith("MISSED by 17% (worst 3.50x)")
 
@@ -175,7 +175,7 @@ def test_goal_7_is_the_earlier_verdicts() -> None:
     earlier["issue10"][2]["met"] = False  # half lost
     kept = kept_goal(earlier)
     assert kept["met"] is False
-    line = issue20_lines([kept])[0]
+    line = sweep_goal_lines([kept])[0]
     assert "issue 10 goal 3, float16 and bfloat16: MISSED (worst 0.50x)" in line
     assert "memory per entry: met (worst 30.0 B)" in line and line.endswith("→ MISSED")
     del earlier["steps"]
@@ -250,7 +250,7 @@ def test_an_orphaned_busy_process_stops_by_itself() -> None:
 
 
 # -- end to end ------------------------------------------------------------------------------
-def test_the_issue20_sweeps_run_end_to_end(tmp_path) -> None:
+def test_the_goal_sweeps_run_end_to_end(tmp_path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "allreduce.json").write_text(json.dumps(ALLREDUCE))  # found in the output folder
