@@ -10,7 +10,7 @@ PIP := $(PY) -m pip
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 TORCH_CPU ?= torch==2.13.0
 
-.PHONY: probe test lint bench readme-perf gpu-check mutants clean
+.PHONY: probe test lint bench readme-perf docs gpu-check mutants clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,7 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 
 # The test extras install these; the suite fails (not skips) if one cannot load.
-REQUIRED_BACKENDS := torch,triton,jax,sklearn,safetensors,numba_cuda,torch_geometric,grimp,importlinter,hypothesis,matplotlib,numpy_groupies,tqdm,ml_dtypes
+REQUIRED_BACKENDS := torch,triton,jax,sklearn,safetensors,numba_cuda,torch_geometric,grimp,importlinter,hypothesis,matplotlib,numpy_groupies,tqdm,ml_dtypes,mkdocs,mkdocstrings,material
 
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
@@ -54,9 +54,13 @@ mutants: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test
 	$(VENV)/bin/bitfold bench $(ARGS)
 
-# Copy a run's generated summary into the README's performance block.
+# Copy a run's generated summary into the performance page of the docs (docs/performance.md).
 readme-perf: $(PY)
 	$(PY) benchmarks/readme_performance.py $(or $(RESULTS),benchmarks/results/2026-12-04-r7-summary-cpu-2core)
+
+# The documentation site, into site/ (mkdocs.yml; the test extras install MkDocs).
+docs: $(VENV)/.installed-test
+	$(VENV)/bin/mkdocs build --strict
 
 # On a machine with an NVIDIA GPU, with the python3 already there (no venv, no install, works
 # offline; ARGS=--install to pip-install first): the GPU benchmark and the GPU tests in at most
