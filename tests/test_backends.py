@@ -233,7 +233,7 @@ def test_accumulator_options_go_to_the_backend_that_takes_them():
 
 def test_init_rules_are_declared_per_backend():
     """The host folds into init with every strategy and any float dtype; CUDA with exact only,
-    in the values' dtype (README, "How the code is organised"). backend_compare.py checks
+    in the values' dtype (docs/architecture.md, "Modules"). backend_compare.py checks
     both against the running code."""
     host_rule, cuda_rule = (registry.get_backend(n).init for n in ("host", "cuda"))
     assert host_rule.strategies == FOLDS and host_rule.mixed_dtypes

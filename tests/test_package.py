@@ -1,4 +1,7 @@
-"""Packaging promises: light import, entry points, the README example, installed backends."""
+"""Packaging promises: light import, entry points, docstring examples, installed backends.
+
+The README's and the documentation's code blocks run in tests/test_docs.py.
+"""
 
 from __future__ import annotations
 
@@ -38,31 +41,6 @@ def test_python_m_bitfold_and_console_script():
         [sys.executable, "-m", "bitfold", "--help"], capture_output=True, text=True, check=True
     )
     assert "probe" in out.stdout
-
-
-def _readme_python_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
-
-
-def test_readme_examples_run():
-    blocks = _readme_python_blocks()
-    assert blocks, "the README has no python example"
-    for block in blocks:
-        exec(compile(block, "README.md", "exec"), {})
-
-
-def test_readme_fragments_say_what_they_leave_out_and_compile():
-    """```python blocks run as written (above); ```py blocks are fragments: each starts by
-    saying what it leaves out, and compiles."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    fragments = re.findall(r"```py\n(.*?)```", text, flags=re.S)
-    assert fragments, "the README has no fragment (```py block)"
-    for block in fragments:
-        assert block.startswith("# a fragment: "), block.splitlines()[0]
-        compile(block, "README.md", "exec")
-    other = set(re.findall(r"```(\w+)\n", text)) - {"python", "py", "sh", "text", "json"}
-    assert not other, f"code blocks of another language: {other}"
 
 
 def test_docstring_examples():

@@ -548,7 +548,7 @@ def test_embedding_bag_takes_int32_ids_empty_bags_and_rounds_each_bag_once():
 def test_embedding_bag_mean_with_include_last_offset_divides_by_the_bags_size():
     """Each bag's mean is its correctly rounded sum divided once by its number of ids; the ids
     after the last offset belong to no bag. (torch's CPU kernel divides the last bag by the
-    ids from its start to the input's end: 3 here, a difference the README lists.)"""
+    ids from its start to the input's end: 3 here, a difference docs/guides/pytorch.md lists.)"""
     weight = torch.eye(6)
     got = bt.embedding_bag(torch.arange(6), weight, torch.tensor([0, 2, 4]),
                            include_last_offset=True)  # fmt: skip

@@ -14,32 +14,12 @@ times its per-sample weight); a mean is that sum divided once by the count.
 In-place (``index_add_``) and ``out=`` forms write their result where ATen
 would. Every other op runs untouched.
 
-Every op it makes exact, and what it leaves, is one row of
-:data:`bitfold.torch.rules.RULES` (a rule's ``description`` says what is
-exact; the README's table lists them): in short,
-
-* the scatter family: ``scatter_add``, ``scatter(reduce="add")``,
-  ``scatter_reduce`` and ``index_reduce`` "sum"/"mean", ``index_add``,
-  ``index_put`` / ``put`` with ``accumulate=True`` (the backward of ``x[idx]``);
-* embeddings: the backward of ``embedding`` (``padding_idx``,
-  ``scale_grad_by_freq``) and of ``embedding_bag`` (modes sum, mean, max), and
-  the *forward* of ``embedding_bag``: each bag the correctly rounded sum of its
-  rows (times ``per_sample_weights``, each product rounded as torch rounds it;
-  ids equal to ``padding_idx`` left out), a mean that sum divided once by the
-  bag's size; mode max is exact already;
-* weighted counts: ``bincount`` with floating ``weights``, ``histogram`` and
-  ``histogramdd`` with ``weight`` (torch's bin edges; :mod:`.histograms`);
-* max-pooling gradients (``max_pool2d/3d_with_indices_backward``, adaptive and
-  fractional): each element the exact sum of what the windows that took it
-  send back;
-* ``segment_reduce`` "sum"/"mean" (:mod:`.segment`), products with a sparse
-  COO/CSR/CSC factor (:mod:`.sparse`), ``coalesce`` and conversions (to
-  CSR/CSC or dense) of an uncoalesced COO tensor, ``torch.sparse.sum`` over
-  dims;
-* the ops of extension packages (``torch_scatter``, ``torch_sparse``,
-  ``pyg_lib``), seen above autograd by name: sums, means and gathers
-  translated into exact ATen folds (:mod:`.extension_ops`); their other folds
-  and unknown ops recorded in ``passed``.
+Every op it makes exact is one row of :data:`bitfold.torch.rules.RULES` (a
+rule's ``description`` says what is exact): that table is the one list, and
+the documentation's coverage page (``docs/exact-mode-coverage.md``) is
+generated from it. The ops of extension packages (``torch_scatter``,
+``torch_sparse``, ``pyg_lib``) are seen above autograd by name and
+translated into exact ATen folds (:mod:`.extension_ops`).
 
 Untouched: integer tensors and maxima/minima (exact in any order already),
 writes (``index_put`` without accumulate, ``index_copy``, ``scatter``),
