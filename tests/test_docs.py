@@ -76,13 +76,15 @@ def test_readme_is_a_front_door():
         assert (ROOT / link).is_file(), link
 
 
-def test_results_the_pages_cite_exist():
-    """A results path named on a page (a folder or file under benchmarks/results) exists."""
-    path = re.compile(r"benchmarks/results/[\w./-]*[\w/](?![\w$-])")
+def test_paths_the_pages_cite_exist():
+    """A repository path named on a page (results, examples, scripts, tests, sources) exists."""
+    path = re.compile(
+        r"(?<![\w/.])(?:benchmarks|examples|scripts|tests|src/bitfold)/[\w./-]*[\w/](?![\w$-])"
+    )
     cited = {c for page in PAGES for c in path.findall(page.read_text(encoding="utf-8"))}
     assert cited
     missing = sorted(c for c in cited if not (ROOT / c).exists())
-    assert not missing, f"pages cite results that are not committed: {missing}"
+    assert not missing, f"pages cite paths that are not committed: {missing}"
 
 
 def test_coverage_table_has_every_rule():
