@@ -76,6 +76,23 @@ def test_readme_is_a_front_door():
         assert (ROOT / link).is_file(), link
 
 
+def test_readme_headline_figures_are_in_the_results_it_names():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("## Headline figures")
+    section = text[start : text.index("\n## ", start + 1)]
+    table, sources = section.split("Sources:", 1)
+    paths = re.findall(r"`(benchmarks/results/[^`]+)`", sources)
+    assert len(paths) >= 3
+    found = ""
+    for path in paths:
+        folder = ROOT / path
+        found += "".join(f.read_text(encoding="utf-8") for f in sorted(folder.glob("*.md")))
+    figures = re.findall(r"(\d[\d,.]*)(?:x| ms| µs)", table)
+    assert len(figures) >= 12
+    missing = [f for f in figures if f not in found]
+    assert not missing, f"README figures not in {paths}: {missing}"
+
+
 def test_paths_the_pages_cite_exist():
     """A repository path named on a page (results, examples, scripts, tests, sources) exists."""
     path = re.compile(
