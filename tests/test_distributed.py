@@ -81,16 +81,17 @@ def _batches(dtype):
     return X.to(dtype), torch.randint(0, 3, (MICRO * N_MICRO,), generator=g)
 
 
-def _train_rank(rank, world, init, out, dtype_name, exact):
-    """Three SGD steps of 10 micro-batches dealt round-robin; rank 0 writes the digest."""
+def _train_rank(rank, world, init, out, dtype_name, exact, n_micro=N_MICRO, words=None):
+    """Three SGD steps of ``n_micro`` micro-batches dealt round-robin; rank 0 writes the
+    digest."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     dtype = getattr(torch, dtype_name)
     model, (X, y) = _model(dtype), _batches(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    gs = GradientSum(model.parameters(), timeout=60)
+    gs = GradientSum(model.parameters(), timeout=60, words=words)
     for _step in range(3):
         partial = [torch.zeros_like(p) for p in model.parameters()]
-        for j in range(rank, N_MICRO, world):
+        for j in range(rank, n_micro, world):
             sl = slice(j * MICRO, (j + 1) * MICRO)
             loss = torch.nn.functional.cross_entropy(model(X[sl]).float(), y[sl], reduction="sum")
             loss.backward()
@@ -101,7 +102,7 @@ def _train_rank(rank, world, init, out, dtype_name, exact):
                     acc += p.grad
                     p.grad = None
         if exact:
-            gs.reduce(mean_over=MICRO * N_MICRO)
+            gs.reduce(mean_over=MICRO * n_micro)
         else:  # the usual way: float partial sums, a float all-reduce
             for acc, p in zip(partial, model.parameters(), strict=True):
                 dist.all_reduce(acc)
@@ -115,12 +116,21 @@ def _train_rank(rank, world, init, out, dtype_name, exact):
     leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
 
 
-def _digest_for(tmp_path, world, dtype_name="float32", exact=True):
-    out = tmp_path / f"digest-{world}-{dtype_name}-{exact}"
-    init = f"file://{tmp_path / f'rdv-{world}-{dtype_name}-{exact}'}"
-    torch.multiprocessing.spawn(_train_rank, args=(world, init, str(out), dtype_name, exact),
-                                nprocs=world, join=True)  # fmt: skip
+def _digest_for(tmp_path, world, dtype_name="float32", exact=True, n_micro=N_MICRO, words=None):
+    out = tmp_path / f"digest-{world}-{dtype_name}-{exact}-{words}"
+    init = f"file://{tmp_path / f'rdv-{world}-{dtype_name}-{exact}-{words}'}"
+    torch.multiprocessing.spawn(_train_rank, nprocs=world, join=True,
+                                args=(world, init, str(out), dtype_name, exact, n_micro, words))
     return out.read_text()
+
+
+@pytest.mark.slow
+def test_device_words_train_the_host_words_bits(tmp_path):
+    """Four micro-batches a step: one a rank on 4 ranks (kept on the device, its words made
+    there), two or four a rank on 2 or 1 (summed on the host first): one digest."""
+    digests = {(w, words): _digest_for(tmp_path, w, n_micro=4, words=words)
+               for w, words in ((1, "host"), (2, "device"), (4, "device"), (4, "host"))}
+    assert len(set(digests.values())) == 1, digests
 
 
 @pytest.mark.slow

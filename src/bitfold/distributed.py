@@ -49,13 +49,29 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import dense_device
 from .arrays import from_numpy, to_numpy
-from .dense import DenseSum, WireLayout, array_bounds, array_words, wire_layout
+from .dense import (
+    BLOCK,
+    WIDE_MAX_RANKS,
+    DenseSum,
+    WireLayout,
+    array_bounds,
+    array_words,
+    wire_layout,
+)
 from .errors import DistributedError, FoldError, FoldTypeError
 from .formats import VALUE_DTYPES, dtype_name, resolve_out_dtype
 from .validate import check_has_data, checked_options, positive_int_or_none
 
-__all__ = ["GradientSum", "exact_all_reduce", "exact_allreduce_hook"]
+__all__ = ["WORDS", "GradientSum", "exact_all_reduce", "exact_allreduce_hook"]
+
+#: Where the words of an array's exact all-reduce are made and read: ``"host"`` (NumPy and
+#: Numba, after one copy of the array to the host) or ``"device"`` (PyTorch's operations on
+#: the tensor's own device, :mod:`bitfold.dense_device`). The default: ``"device"`` for a
+#: tensor off the CPU, ``"host"`` otherwise. Both make the same words: ranks of one group may
+#: use either.
+WORDS = ("host", "device")
 
 #: Each thread's words buffer for exact all-reduces of arrays, kept between calls.
 _SPARE = threading.local()
@@ -97,6 +113,21 @@ def _check_timeout(timeout: Any) -> float:
     return float(timeout)
 
 
+def _check_words(words: Any, x: Any) -> str:
+    """Where ``x``'s words are made: ``words`` checked (None: by the array's device)."""
+    if words is None:
+        on_device = isinstance(x, torch.Tensor) and x.device.type != "cpu"
+        return "device" if on_device else "host"
+    if words not in WORDS:
+        raise FoldError(f"words must be one of {WORDS} or None (by the device); got {words!r}")
+    if words == "device" and not isinstance(x, torch.Tensor):
+        raise FoldTypeError(
+            f"words='device' makes the words with PyTorch on the tensor's device; got a "
+            f"{type(x).__qualname__} (pass a torch.Tensor, or words='host')"
+        )
+    return str(words)
+
+
 def _check_mean_over(mean_over: Any) -> int:
     """``mean_over`` as a count to divide by: a positive integer (None: 1), or a refusal."""
     count = positive_int_or_none(mean_over, "mean_over", "the count the sum is divided by")
@@ -112,6 +143,7 @@ def exact_all_reduce(
     out_dtype: Any = None,
     mean_over: int = 1,
     ranges: list[tuple[int, int, Any]] | None = None,
+    words: str | None = None,
 ) -> Any:
     """Sum ``s`` over every rank of ``group`` exactly; each element rounded once.
 
@@ -129,12 +161,21 @@ def exact_all_reduce(
       one flat NumPy array a range.
 
     The same bits on every rank. ``timeout`` (seconds) and ``mean_over`` (a
-    positive integer) are checked before any collective.
+    positive integer) are checked before any collective. ``words`` (:data:`WORDS`)
+    says where an array's words are made and read: on a tensor's device
+    (``"device"``, the default off the CPU: no copy of the array to the host,
+    one host read of the layout's size) or on the host; the bits are the same.
     """
     timeout = _check_timeout(timeout)
     mean_over = _check_mean_over(mean_over)
     if not isinstance(s, DenseSum):
+        where = _check_words(words, s)
+        if where == "device":
+            return _all_reduce_on_device(s, group, timeout, out_dtype, mean_over)
         return _all_reduce_array(s, group, timeout, out_dtype, mean_over)
+    if words not in (None, "host"):
+        raise FoldError(f"a DenseSum's words are made on the host: words must be None or "
+                        f"'host'; got {words!r}")  # fmt: skip
     ranges = ranges or [(0, s.size, out_dtype)]
     words, layout, negzero = _exchange(s, s.bounds(), lambda layout: s.encode(layout, reuse=True),
                                        s.negzero, group, timeout)  # fmt: skip
@@ -160,18 +201,46 @@ def _exchange(
     ranks = dist.get_world_size(group)
     bounds = _reduce(bounds, dist.ReduceOp.MAX, group, timeout, "the bounds all-reduce")
     layout = wire_layout(bounds, s.size, ranks, s.format.limbs)
+    words, negzero = _exchange_words(s, layout, encode, negzero, group, timeout)
+    return words, layout, negzero
+
+
+def _exchange_words(
+    s: DenseSum,
+    layout: WireLayout,
+    encode: Callable[[WireLayout], np.ndarray],
+    negzero: Callable[[], np.ndarray],
+    group: Any,
+    timeout: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_exchange` after the bounds: the words (SUM) and the zero signs (MIN)."""
     words = _reduce(encode(layout), dist.ReduceOp.SUM, group, timeout, "the exact all-reduce")
     signs = layout.sign_elements()
     if not signs.size:  # known from the bounds: no collective when no block needs it, and
-        return words, layout, np.zeros(0, np.int32)  # every zero sum is +0.0
+        return words, np.zeros(0, np.int32)  # every zero sum is +0.0
     flags = np.zeros(s.size, np.int32)  # +0.0 for a zero sum, but where the signs travel
     flags[signs] = _reduce(negzero()[signs], dist.ReduceOp.MIN, group, timeout,
                            "the zero signs")  # fmt: skip
-    return words, layout, flags
+    return words, flags
 
 
-def _all_reduce_array(x: Any, group: Any, timeout: float, out_dtype: Any, mean_over: int) -> Any:
-    """:func:`exact_all_reduce` of one array, through a :class:`DenseSum`, back in its kind."""
+def _negative_zeros(flat: Any) -> Any:
+    """1 (int32) where an element of float32 or float64 ``flat`` (NumPy or torch) is ``-0.0``."""
+    if isinstance(flat, torch.Tensor):
+        ints = flat.view(torch.int64 if flat.dtype == torch.float64 else torch.int32)
+        return (ints == torch.iinfo(ints.dtype).min).to(torch.int32)
+    ints = flat.view(f"i{flat.itemsize}")
+    return (ints == np.iinfo(ints.dtype).min).astype(np.int32)
+
+
+def _on_group_device(t: torch.Tensor, group: Any) -> torch.Tensor:
+    """``t`` where the group's collectives take it (a CUDA device for NCCL; else where it is)."""
+    device = _device_of(group)
+    return t if device.type == "cpu" else t.to(device)
+
+
+def _checked_array(x: Any, out_dtype: Any) -> tuple[str, str]:
+    """``(dtype, out dtype)`` names of an array to all-reduce, or a refusal naming it."""
     if not hasattr(x, "dtype") or not hasattr(x, "shape"):
         raise FoldTypeError(
             "exact_all_reduce sums a tensor, a NumPy array or a DenseSum; got "
@@ -183,8 +252,75 @@ def _all_reduce_array(x: Any, group: Any, timeout: float, out_dtype: Any, mean_o
         raise FoldTypeError(
             f"exact_all_reduce sums float16, bfloat16, float32 or float64 values; got {name}"
         )
+    return name, resolve_out_dtype(name, name if out_dtype is None else out_dtype)
+
+
+def _all_reduce_on_device(
+    x: torch.Tensor, group: Any, timeout: float, out_dtype: Any, mean_over: int
+) -> torch.Tensor:
+    """:func:`exact_all_reduce` of one tensor with its words made and read on its device."""
+    _, out_name = _checked_array(x, out_dtype)
+    flat = dense_device.widened(x)
+    (out,) = _reduce_on_device(flat, group, timeout, [(0, flat.numel(), out_name)], mean_over)
+    return out.reshape(x.shape)
+
+
+def _reduce_on_device(
+    flat: torch.Tensor,
+    group: Any,
+    timeout: float,
+    ranges: list[tuple[int, int, str]],
+    mean_over: int,
+) -> list[torch.Tensor]:
+    """The exact sum over the ranks of ``flat`` (float32 or float64), ``(start, stop, dtype)``
+    ranges of it each rounded once, with the words made and read where ``flat`` lies.
+
+    The bounds, the layout, the words and the rounding are PyTorch operations on ``flat``'s
+    device; the host reads three integers of the layout (its size, whether every block is
+    half, thirds or narrow, whether zero signs travel). A layout with a wide, wider or full
+    block (a span over 63 bits, a NaN, an infinity) is encoded and decoded on the host
+    instead: the same words, so the ranks agree whichever way each went.
+    """
+    s = DenseSum((flat.numel(),), "float64" if flat.dtype == torch.float64 else "float32")
+    ranks = dist.get_world_size(group)
+    bounds = _on_group_device(dense_device.array_bounds(flat, BLOCK), group)
+    _collective(bounds, dist.ReduceOp.MAX, group, timeout, "the bounds all-reduce")
+    layout = dense_device.device_layout(bounds.to(flat.device), s.size, ranks, BLOCK,
+                                        ranks <= WIDE_MAX_RANKS, s.format.limbs)  # fmt: skip
+    count, fast, any_sign = layout.totals()
+    if not fast:  # the rare wide, wider and full blocks: their words are made on the host
+        s.add(flat.cpu().numpy())
+        host_layout = wire_layout(bounds.cpu().numpy(), s.size, ranks, s.format.limbs)
+        words, negzero = _exchange_words(s, host_layout, s.encode, s.negzero, group, timeout)
+        return [_host_tensor(s.decode(words, host_layout, negzero, dt, mean_over=mean_over,
+                                      start=a, stop=b), dt).to(flat.device)
+                for a, b, dt in ranges]  # fmt: skip
+    words = _on_group_device(dense_device.array_words(flat, layout, count), group)
+    _collective(words, dist.ReduceOp.SUM, group, timeout, "the exact all-reduce")
+    flags = None
+    if any_sign:  # only where every rank holds a -0.0 in a block: the signs of zero sums
+        at = layout.sign_elements()
+        signs = _on_group_device(_negative_zeros(flat)[at], group)
+        _collective(signs, dist.ReduceOp.MIN, group, timeout, "the zero signs")
+        flags = torch.zeros(s.size, dtype=torch.int32, device=flat.device)
+        flags[at] = signs.to(flat.device)
+    words = words.to(flat.device)
+    rounded = {dt: dense_device.decode(words, layout, flags, dt, mean_over)
+               for dt in dict.fromkeys(dt for _, _, dt in ranges)}  # fmt: skip
+    return [rounded[dt][a:b] for a, b, dt in ranges]
+
+
+def _host_tensor(result: np.ndarray, out_name: str) -> torch.Tensor:
+    """A host decode's ``result`` as a CPU tensor of ``out_name`` (a bfloat16 result comes as
+    float32 holding its values: the cast is exact)."""
+    t = torch.from_numpy(result)
+    return t.to(torch.bfloat16) if out_name == "bfloat16" else t
+
+
+def _all_reduce_array(x: Any, group: Any, timeout: float, out_dtype: Any, mean_over: int) -> Any:
+    """:func:`exact_all_reduce` of one array, through a :class:`DenseSum`, back in its kind."""
+    name, out_name = _checked_array(x, out_dtype)
     s = DenseSum(tuple(int(n) for n in x.shape), "float64" if name == "float64" else "float32")
-    out_name = resolve_out_dtype(name, name if out_dtype is None else out_dtype)
     flat = np.ascontiguousarray(to_numpy(x)).reshape(-1)  # bfloat16 comes widened: exact
     if flat.dtype == np.float16 or not flat.dtype.isnative:
         flat = flat.astype(np.float32 if flat.dtype.itemsize <= 4 else np.float64)  # exact
@@ -203,9 +339,8 @@ def _all_reduce_array(x: Any, group: Any, timeout: float, out_dtype: Any, mean_o
             return s.add(flat.reshape(s.shape)).encode(layout) if words is None else words
 
         words, layout, negzero = _exchange(
-            s, bounds, encode, lambda: (flat.view(f"i{flat.itemsize}") == np.iinfo(
-                f"i{flat.itemsize}").min).astype(np.int32), group, timeout,
-        )  # fmt: skip
+            s, bounds, encode, lambda: _negative_zeros(flat), group, timeout
+        )
         result = s.decode(words, layout, negzero, out_name, mean_over=mean_over)
     return from_numpy(result.reshape(s.shape), like=x, dtype_name=out_name)
 
@@ -237,7 +372,14 @@ class GradientSum:
     """
 
     @checked_options
-    def __init__(self, params: Iterable[Any], *, group: Any = None, timeout: float = 300.0) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        *,
+        group: Any = None,
+        timeout: float = 300.0,
+        words: str | None = None,
+    ) -> None:
         self.params = [p for p in params]
         for i, p in enumerate(self.params):
             if not isinstance(p, torch.Tensor) or dtype_name(p) not in VALUE_DTYPES:
@@ -266,10 +408,47 @@ class GradientSum:
             for family, members in self._families.items()
         }
         self._had_grad = np.zeros(len(self.params), np.int32)
+        off_cpu = bool(self.params) and all(p.device.type != "cpu" for p in self.params)
+        if words is not None and words not in WORDS:
+            raise FoldError(f"words must be one of {WORDS} or None (by the device); got {words!r}")
+        self.words = words or ("device" if off_cpu else "host")
+        #: Each family's one step's gradients, flat, kept on their device until a second
+        #: add or the reduce (device words only).
+        self._pending: dict[str, torch.Tensor] = {}
+
+    def _flat_grads(self, family: str) -> torch.Tensor | None:
+        """The family's gradients in one flat tensor (-0.0 for a parameter without one: it adds
+        nothing), widened exactly to float32 or float64; None when none has a gradient."""
+        members = self._families[family]
+        if all(self.params[i].grad is None for i in members):
+            return None
+        dtype = torch.float64 if family == "float64" else torch.float32
+        parts = []
+        for i in members:
+            p = self.params[i]
+            if p.grad is None:
+                parts.append(torch.full((p.numel(),), -0.0, dtype=dtype, device=p.device))
+            else:
+                self._had_grad[i] = 1
+                parts.append(p.grad.detach().reshape(-1).to(dtype))
+        device = parts[0].device
+        return torch.cat([q.to(device) for q in parts])
 
     def add(self) -> GradientSum:
-        """Take every parameter's ``.grad`` into the exact sums; set ``.grad`` to None."""
+        """Take every parameter's ``.grad`` into the exact sums; set ``.grad`` to None.
+
+        With device words, one add a step stays on the device (it is its own exact sum); a
+        second add in the same step takes both into the host's exact sum."""
         for family, members in self._families.items():
+            if self.words == "device" and not self._sums[family].adds:
+                if family not in self._pending:
+                    flat = self._flat_grads(family)
+                    if flat is not None:
+                        self._pending[family] = flat
+                    for i in members:
+                        self.params[i].grad = None
+                    continue
+                self._sums[family].add(self._pending.pop(family).cpu().numpy())
             parts: list[Any] = []
             any_grad = False
             for i in members:
@@ -312,16 +491,21 @@ class GradientSum:
                 n = self.params[i].numel()
                 ranges.append((start, start + n, dtype_name(self.params[i])))
                 start += n
-            results = exact_all_reduce(s, group=group, timeout=self.timeout,
-                                       mean_over=mean, ranges=ranges)  # fmt: skip
+            pending = self._pending.pop(family, None)
+            if pending is None and self.words == "device" and not s.adds:
+                pending = torch.full((s.size,), -0.0, device=self.params[members[0]].device,
+                                     dtype=torch.float64 if family == "float64" else torch.float32)
+            if pending is not None:  # one add on the device: its words made there
+                results = _reduce_on_device(pending, group, self.timeout, ranges, mean)
+            else:
+                results = exact_all_reduce(s, group=group, timeout=self.timeout,
+                                           mean_over=mean, ranges=ranges)  # fmt: skip
             for i, out in zip(members, results, strict=True):
                 p = self.params[i]
                 if not had[i]:
                     p.grad = None
                     continue
-                t = torch.from_numpy(out)
-                if p.dtype == torch.bfloat16:
-                    t = t.to(torch.bfloat16)  # float32 holding bfloat16 values: exact
+                t = out if isinstance(out, torch.Tensor) else _host_tensor(out, dtype_name(p))
                 p.grad = t.reshape(p.shape).to(p.device)
             s.reset()
         self._had_grad[:] = 0
