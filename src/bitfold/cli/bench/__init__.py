@@ -9,6 +9,6 @@
   (``python -m bitfold.cli.bench.worker SPEC``);
 * :mod:`.startup`: Numba's cold and warm start;
 * :mod:`.load`: the seed configuration under one extra busy process under load;
-* :mod:`.goals`, :mod:`.sweep_goals`: the goals each run is judged against, from its results;
+* :mod:`.steps`, :mod:`.compiled_steps`: whole training steps, eager and compiled;
 * :mod:`.report`, :mod:`.plots`: ``summary.md``, the table and the PNG plots.
 """

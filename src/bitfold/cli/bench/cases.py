@@ -48,7 +48,7 @@ ROW_SHAPES = ((262_144, 64, 50_000), (65_536, 768, 50_000), (1_000_000, 64, 100_
 #: The D sweep holds N * D at this many values (= 262,144 x 64), K = 50,000.
 D_SWEEP_VALUES = 1 << 24
 D_SWEEP = (1, 4, 16, 64, 256, 768)
-#: The memory goal's maps, into up to 10^7 buckets.
+#: The memory sweep's maps, into up to 10^7 buckets.
 MEMORY_SKEWS = ("uniform", "zipf1.3", "hot")
 
 #: sweep name -> (what it varies, full-run points, quick-run points); a point is

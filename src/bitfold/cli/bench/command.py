@@ -9,11 +9,8 @@ contenders (:mod:`bitfold.cli.bench.contenders`) and writes into ``--out``:
   (:mod:`bitfold.cli.bench.startup`), whole training steps under
   ``exact_mode`` against plain PyTorch (:mod:`bitfold.cli.bench.steps`), the same
   steps compiled by ``bitfold.torch.compile`` against ``torch.compile``
-  (:mod:`bitfold.cli.bench.compiled_steps`), the seed configuration under one
-  extra busy process (the ``load`` sweep, :mod:`bitfold.cli.bench.load`) and the
-  goals of the folds, the seed configuration and the training steps
-  (:mod:`bitfold.cli.bench.goals`) and of the one-shot, XLA, large-K, load and all-reduce
-  measurements (:mod:`bitfold.cli.bench.sweep_goals`; goal 6 from ``--allreduce-json``);
+  (:mod:`bitfold.cli.bench.compiled_steps`) and the seed configuration under one
+  extra busy process (the ``load`` sweep, :mod:`bitfold.cli.bench.load`);
 * ``summary.md`` generated from it (:mod:`bitfold.cli.bench.report`);
 * PNG plots (:mod:`bitfold.cli.bench.plots`);
 
@@ -131,9 +128,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"phases to leave out: {', '.join(PHASES)}",
     )
-    parser.add_argument("--allreduce-json", metavar="PATH", default=None,
-                        help="benchmarks/allreduce.py's results, judged as the all-reduce goal "
-                        "(default: allreduce.json in the output folder, if there)")  # fmt: skip
     parser.add_argument("--from-json", metavar="RESULTS", default=None,
                         help="measure nothing: rewrite the table, summary.md and plots of a "
                         "saved results.json (into --out, default its folder)")  # fmt: skip
@@ -198,7 +192,6 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     from ...repro.fingerprint import physical_memory, usable_cores
     from .cases import ALL_SWEEPS, check_sweeps
     from .contenders import baseline_for, resolve
-    from .sweep_goals import find_allreduce
 
     if args.repeats is not None and args.repeats < 1:
         raise FoldError(f"--repeats must be at least 1; got {args.repeats}")
@@ -223,7 +216,6 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     ram = physical_memory() or 8 << 30
     limit = int(args.memory_limit * 2**30) if args.memory_limit else min(2 << 30, ram // 4)
     out = check_out_dir(args.out or _default_out(args.device, usable_cores() or 1))
-    find_allreduce(args.allreduce_json, out)  # a bad one (given or in --out) is refused now
     return {
         "quick": bool(args.quick),
         "device": args.device,
@@ -236,7 +228,6 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "baseline": baseline_for(args.device),
         "memory_limit_bytes": limit,
         "skip": skip,
-        "allreduce_json": args.allreduce_json,
         "out": out,
     }
 
@@ -257,8 +248,6 @@ def _command_line(args: argparse.Namespace) -> str:
         parts += ["--scale", f"{args.scale:g}"]
     if args.memory_limit is not None:
         parts += ["--memory-limit", f"{args.memory_limit:g}"]
-    if args.allreduce_json:
-        parts += ["--allreduce-json", args.allreduce_json]
     if args.out:
         parts += ["--out", args.out]
     return " ".join(parts)
@@ -404,11 +393,9 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
     from ..progress import progress_bar
     from .cases import build_cases, describe_sweep
     from .compiled_steps import measure_compiled_steps
-    from .goals import goals
     from .load import measure_load
     from .startup import measure_startup
     from .steps import measure_steps
-    from .sweep_goals import find_allreduce, sweep_goals
 
     t_start = time.perf_counter()
     load_at_start = load_average()
@@ -476,10 +463,7 @@ def run(cfg: dict[str, Any], command: str) -> dict[str, Any]:
         "steps": steps,
         "compiled_steps": compiled,
         "load": load,
-        "allreduce": find_allreduce(cfg.get("allreduce_json"), cfg["out"]),
     }
-    res["goals"] = goals(res)
-    res["goals"]["issue20"] = sweep_goals(res, res["goals"])
     res["phase_seconds"] = phases
     res["duration_s"] = time.perf_counter() - t_start
     return res
@@ -512,14 +496,8 @@ def _from_json(args: argparse.Namespace) -> int:
     skip = _names(args.skip) or []
     if "plots" not in skip and importlib.util.find_spec("matplotlib") is None:
         raise FoldError("the plots need matplotlib: pip install 'bitfold[plot]', or --skip plots")
-    from .sweep_goals import find_allreduce
-
-    folder = os.path.dirname(os.path.abspath(path))
-    out = check_out_dir(args.out or folder)
-    res["allreduce"] = find_allreduce(args.allreduce_json, out, folder) or res.get("allreduce")
+    out = check_out_dir(args.out or os.path.dirname(os.path.abspath(path)))
     parts = ["bitfold", "bench", "--from-json", path]
-    if args.allreduce_json:
-        parts += ["--allreduce-json", args.allreduce_json]
     if args.out:
         parts += ["--out", args.out]
     res["rewritten_by"] = " ".join(parts)  # the summary says its figures were not measured here

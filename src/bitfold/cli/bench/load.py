@@ -121,3 +121,24 @@ def measure_load(
         "load_average_during": during,
         "results": rows,
     }
+
+
+def summary_lines(load: dict[str, Any] | None) -> list[str]:
+    """``summary.md``'s section on the ``load`` phase (empty when it did not run)."""
+    if not load:
+        return []
+    title = "## Under load: one extra busy process"
+    if load.get("status") != "ok":
+        return [title, "", f"skipped: {load.get('reason', 'unknown')}", ""]
+    busy = load.get("busy") or {}
+    share = busy.get("cpu_share")
+    took = "" if share is None else f", which took {share:.0%} of a core"
+    lines = [title, "", f"{load['case']['id']}, timed while {busy.get('what', 'a busy process')} "
+             f"ran{took}; load average before {load.get('load_average_before') or '—'}, during "
+             f"{load.get('load_average_during') or '—'}.", "",
+             "| contender | median ms | repeats |", "|---|---|---|"]  # fmt: skip
+    for r in load["results"]:
+        ms = "—" if r.get("median_s") is None else f"{r['median_s'] * 1e3:.3g}"
+        cell = ms if r["status"] == "ok" else f"{r['status']}: {r.get('reason')}"
+        lines.append(f"| `{r['contender']}` | {cell} | {r.get('repeats', '—')} |")
+    return [*lines, ""]

@@ -19,8 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .goals import MEMORY_GOAL_BYTES_PER_ELEMENT, MEMORY_GOAL_BYTES_PER_ENTRY, output_bytes, row
-from .report import cases_of, contenders_in, seed_case
+from .report import cases_of, contenders_in, output_bytes, row, seed_case
 
 _DPI = 100
 
@@ -138,10 +137,6 @@ def _memory_bars(res: dict[str, Any], path: str) -> bool:
                         transform=ax.get_xaxis_transform())  # fmt: skip
     if top:
         ax.set_ylim(top=top * 8)  # room for the OOM labels
-    goal = MEMORY_GOAL_BYTES_PER_ELEMENT
-    ax.axhline(goal, color="black", linestyle=":", linewidth=1)
-    ax.text(len(cases) - 0.5, goal * 1.08, f"goal for bitfold-exact: {goal:g} B/element",
-            ha="right", va="bottom", fontsize=7)  # fmt: skip
     handles = [plt.Rectangle((0, 0), 1, 1, **_bar_style(n)) for n in names]
     ax.legend(handles, names, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_xticks(range(len(cases)), [c["skew"] for c in cases])
@@ -255,12 +250,8 @@ def _memory_vs_k(res: dict[str, Any], path: str) -> bool:
     for skew, xy in pts.items():
         xs, ys = zip(*sorted(xy), strict=True)
         ax.plot(xs, ys, marker="o", label=skew)
-    goal = MEMORY_GOAL_BYTES_PER_ENTRY
-    ax.axhline(goal, color="black", linestyle=":", linewidth=1)
-    ax.text(min(x for xy in pts.values() for x, _ in xy), goal * 1.02, f"goal: {goal:g} B",
-            fontsize=7, va="bottom")  # fmt: skip
     ax.set_xscale("log")
-    ax.set_ylim(bottom=0, top=max(goal, *(y for xy in pts.values() for _, y in xy)) * 1.2)
+    ax.set_ylim(bottom=0, top=max(y for xy in pts.values() for _, y in xy) * 1.2)
     ax.set_xlabel("K (buckets, log)")
     ax.set_ylabel("bytes per index entry above inputs and output")
     ax.set_title(f"bitfold-exact: plan + one fold, N = {cases[0]['n']:,} {cases[0]['dtype']}",

@@ -1,4 +1,4 @@
-"""Reading ``results.json``: the stdout table and ``summary.md`` (goals: :mod:`.goals`).
+"""Reading ``results.json``: the stdout table and ``summary.md``.
 
 Everything here is a function of the results dict alone, so the summary can
 be regenerated from a saved ``results.json`` (``bitfold bench --from-json``).
@@ -11,19 +11,8 @@ from typing import Any
 
 from ...repro.fingerprint import summary
 from .compiled_steps import summary_lines as compiled_summary
-from .goals import (
-    MEMORY_GOAL_BYTES_PER_ELEMENT,
-    MEMORY_GOAL_BYTES_PER_ENTRY,
-    goal_lines,
-    goals,
-    output_bytes,
-    row,
-)
+from .load import summary_lines as load_summary
 from .steps import summary_lines as steps_summary
-from .sweep_goals import load_lines, sweep_goal_lines, sweep_goals
-
-__all__ = ["MEMORY_GOAL_BYTES_PER_ELEMENT", "MEMORY_GOAL_BYTES_PER_ENTRY", "goal_lines", "goals",
-           "row", "summary_markdown", "text_table"]  # fmt: skip
 
 #: The sweep parameter each sweep varies (None: several parameters, or a single point).
 VARIES = {"seed": None, "memory": None, "rows": None, "xla-rows": None, "oneshot": None,
@@ -41,6 +30,23 @@ def cases_of(res: dict[str, Any], sweep: str) -> list[dict[str, Any]]:
     if key in ("n", "k", "d"):
         cases.sort(key=lambda c: c.get(key) or 0)
     return cases
+
+
+def row(res: dict[str, Any], case_id: str, contender: str) -> dict[str, Any] | None:
+    """The result row of ``contender`` on a case, or None."""
+    for r in res["results"]:
+        if r["case"] == case_id and r["contender"] == contender:
+            return r
+    return None
+
+
+def output_bytes(case: dict[str, Any]) -> int:
+    """Bytes of a case's sums (recorded by the bench; derived for older results)."""
+    if case.get("output_bytes") is not None:
+        return int(case["output_bytes"])
+    return (
+        int(case["k"]) * max(1, int(case.get("d") or 0)) * (8 if case["dtype"] == "float64" else 4)
+    )
 
 
 def contenders_in(res: dict[str, Any]) -> list[str]:
@@ -125,15 +131,88 @@ def case_table(res: dict[str, Any], case: dict[str, Any]) -> list[str]:
 
 
 def text_table(res: dict[str, Any]) -> str:
-    """The stdout table: every case, then the goals."""
+    """The stdout table: every case, then the run at a glance."""
     out: list[str] = []
     for case in res["cases"]:
         out.extend(case_table(res, case))
         out.append("")
-    earlier = goals(res)
-    out.extend(goal_lines(earlier))
-    out.extend(f"issue 20, {line}" for line in sweep_goal_lines(sweep_goals(res, earlier)))
+    out.extend(glance_lines(res))
     return "\n".join(out)
+
+
+# -- at a glance -----------------------------------------------------------------------------
+#: The memory sweep's headline map: Zipf(1.3) into 100,000 buckets (3 million values).
+MEMORY_CASE = {"k": 100_000, "skew": "zipf1.3"}
+
+
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    if not (a and b and a["status"] == b["status"] == "ok"):
+        return None
+    return a["median_s"] / b["median_s"] if a.get("median_s") and b.get("median_s") else None
+
+
+def _seed_line(res: dict[str, Any], seed: dict[str, Any]) -> str:
+    exact = row(res, seed["id"], "bitfold-exact")
+    where = f"At the seed configuration ({case_title(seed)})"
+    if exact is None:
+        return f"{where}, `bitfold-exact` did not run."
+    if exact["status"] != "ok":
+        return f"{where}, `bitfold-exact` {exact['status']}: {exact.get('reason') or ''}".strip()
+    peers = dict.fromkeys((res["settings"]["baseline"], "numpy-add-at", "torch-scatter-add"))
+    ratios = [f"{x:.2f}x `{p}`" for p in peers if (x := _ratio(exact, row(res, seed["id"], p)))]
+    time = f"`bitfold-exact` took {_ms(exact.get('median_s'))} ms a fold"
+    bits = (("identical_repeats", "the same bits on every repeat"),
+            ("identical_threads", "under another thread count"))  # fmt: skip
+    same = [f"{what}: {_yes(exact[key])}" for key, what in bits if exact.get(key) is not None]
+    ratio = f" ({', '.join(ratios)})" if ratios else ""
+    return f"{where}, {time}{ratio}" + (f"; {', '.join(same)}." if same else ".")
+
+
+def _memory_line(res: dict[str, Any]) -> str | None:
+    cases = cases_of(res, "memory")
+    want = (c for c in cases if all(c[k] == v for k, v in MEMORY_CASE.items()))
+    case = next(want, None) or next(iter(cases), None)
+    r = None if case is None else row(res, case["id"], "bitfold-exact")
+    if r is None or r["status"] != "ok" or r.get("peak_bytes") is None:
+        return None
+    entry = (r["peak_bytes"] - output_bytes(case)) / max(1, case["n"])
+    return (f"Memory: a plan plus one exact fold of {case['n']:,} values into {case['k']:,} "
+            f"buckets ({case['skew']}) took {_num(r.get('bytes_per_element'), '{:.1f}')} bytes "
+            f"per value above the inputs ({entry:.1f} above the inputs and the output), peak "
+            "in a fresh process.")  # fmt: skip
+
+
+def glance_lines(res: dict[str, Any]) -> list[str]:
+    """The run in a few plain sentences: the seed configuration, memory, Numba's start-up and
+    the training steps, each from the results alone."""
+    out = []
+    seed = seed_case(res)
+    if seed is not None:
+        out.append(_seed_line(res, seed))
+    memory = _memory_line(res)
+    if memory:
+        out.append(memory)
+    st = res.get("startup") or {}
+    if st.get("status") == "ok":
+        out.append(f"Numba start-up: a fresh process took {st['cold']['process_s']:.1f} s with an "
+                   f"empty cache, {st['warm']['process_s']:.1f} s with the cache the first one "
+                   "wrote.")  # fmt: skip
+    steps = res.get("steps") or {}
+    if steps.get("status") == "ok":
+        for name, m in steps["models"].items():
+            r = m["over_plain"]
+            out.append(f"A training step of the {name} model under `exact_mode`: "
+                       f"{r['exact_mode']:.2f}x the plain step (under "
+                       f"`torch.use_deterministic_algorithms`: "
+                       f"{r['deterministic']:.2f}x).")  # fmt: skip
+    compiled = res.get("compiled_steps") or {}
+    if compiled.get("status") == "ok":
+        for name, m in compiled["models"].items():
+            r = m["over_compiled"]
+            out.append(f"A training step of the {name} model compiled by "
+                       f"`bitfold.torch.compile`: {r['exact_compiled']:.2f}x the `torch.compile` "
+                       f"step (eager under `exact_mode`: {r['exact_mode']:.2f}x).")  # fmt: skip
+    return out
 
 
 # -- summary.md ------------------------------------------------------------------------------
@@ -225,9 +304,7 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         f"# bitfold bench — {res['date'][:10]}, {s['device']}",
         "",
         f"- command: `{res['command']}`",
-        *([f"- rewritten by `{res['rewritten_by']}` (measured nothing: every figure is the "
-           "command's, goal 6 read from the all-reduce results it names)"]
-          if res.get("rewritten_by") else []),
+        *[f"- rewritten by `{by}` (measured nothing)" for by in [res.get("rewritten_by")] if by],
         f"- machine: {facts['cpu']}, {facts['cores']} usable cores"
         + (f", {facts['memory_bytes'] / 2**30:.0f} GiB RAM" if facts["memory_bytes"] else "")
         + (f", GPU {facts['gpu']}" if facts["gpu"] else ""),
@@ -242,27 +319,9 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         "written; peak memory is above the inputs, setup plus one call, in a fresh process",
         "",
     ]
-    g = goals(res)
-    if g:
-        out += [
-            "## Goals",
-            "",
-            "The fold goals (1 to 5) are ratios of medians measured in this run on the same "
-            "inputs (or peak memory, goal 5); ✗ marks a case that misses its goal.",
-            "",
-            *(f"- {line}" for line in goal_lines(g)),
-            "",
-        ]
-    out += [
-        "## Issue 20 goals",
-        "",
-        "Ratios of medians measured in this run on the same inputs (goal 6: from the "
-        "all-reduce's own results); ✗ marks a case that misses its goal; a goal whose sweep "
-        "did not run says \"not measured\".",
-        "",
-        *(f"- {line}" for line in sweep_goal_lines(sweep_goals(res, g))),
-        "",
-    ]
+    glance = glance_lines(res)
+    if glance:
+        out += ["## At a glance", "", *(f"- {line}" for line in glance), ""]
     seed = seed_case(res)
     if seed is not None:
         out += [f"## The seed configuration ({case_title(seed)})", ""]
@@ -298,7 +357,7 @@ def summary_markdown(res: dict[str, Any], plots: list[str]) -> str:
         cases = cases_of(res, sweep)
         if cases:
             out += _sweep_table(res, sweep, cases, title.format(base=base), metric)
-    out += load_lines(res.get("load"))
+    out += load_summary(res.get("load"))
     out += [line.replace("### ", "## ", 1) for line in steps_summary(res.get("steps"))]
     out += [line.replace("### ", "## ", 1) for line in compiled_summary(res.get("compiled_steps"))]
     skipped = sorted(
