@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 import bitfold
-from bitfold.cli.timing import time_call
 from bitfold.torch import plan_cache
 from bitfold.torch.folds import fold_rows
 
@@ -40,7 +39,13 @@ def median_ms(fn: Callable[[], Any], calls: int = 11) -> float:
     """Median milliseconds of ``calls`` calls of ``fn`` after two warm-up calls (the second
     meeting of an index keeps its plan)."""
     fn()
-    return 1e3 * time_call(fn, calls).median_s
+    fn()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
 
 
 def measure(n: int, d: int, k: int, rounds: int) -> dict[str, Any]:
