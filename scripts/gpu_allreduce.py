@@ -6,19 +6,22 @@ Steps, each recorded in ``steps`` as ``ok``, ``failed`` (with the error) or
 ``skipped`` (with the reason); the JSON is written whatever fails:
 
 * ``one_process``: a one-process group (NCCL with CUDA tensors): the exact
-  all-reduce of ``N`` float32 elements (10^8 on a GPU) against
-  ``dist.all_reduce`` of the same tensor, medians of wall time; one rank's sum
-  is its own tensor, so the result must be the input's bits.
+  all-reduce of ``N`` float32 elements (10^8 on a GPU), its words made on the
+  device and on the host, against ``dist.all_reduce`` of the same tensor,
+  medians of wall time; one rank's sum is its own tensor, so the result must
+  be the input's bits. The device words alone (bounds, layout, words, decode:
+  :mod:`bitfold.dense_device`) are timed against one read and one write of
+  the tensor (a copy), with the goal of at most 2x.
 * ``two_processes``: two processes on the one GPU, a gloo group with CUDA
   tensors: each rank's exact all-reduce must equal the exact sum of both
   ranks' tensors computed in this process on the CPU
-  (:class:`bitfold.dense.DenseSum`), bit for bit.
+  (:class:`bitfold.dense.DenseSum`), bit for bit; rank 0 makes its words on
+  the device, rank 1 once on the device and once on the host.
 * ``gradient_sum_step``: a small MLP's training step on one device with
   :class:`bitfold.GradientSum` (add, then the exact reduce) against the same
   step under ``DistributedDataParallel``, medians and their ratio.
 
-The exact all-reduce makes its words on the host today (the figures are the
-baseline of a device path). ``--smoke`` runs every step with gloo and CPU
+``--smoke`` runs every step with gloo and CPU
 tensors at small sizes, without a GPU (the times mean nothing there).
 """
 
@@ -119,18 +122,46 @@ def one_process(smoke: bool) -> dict[str, Any]:
         device = "cuda" if cuda else "cpu"
         x = torch.from_numpy(_values(n, 1)).to(device)
         sync = torch.cuda.synchronize if cuda else (lambda: None)
-        exact = exact_all_reduce(x)
+        exact = exact_all_reduce(x, words="device")
+        host = exact_all_reduce(x, words="host")
         plain = x.clone()
+        coding, copy = _device_coding_us(x, sync), _median_us(lambda: plain.copy_(x), sync)
         return {
             "backend": "nccl" if cuda else "gloo",
             "elements": n,
             "wire_bytes_per_element": _wire_bytes(_gradient_like(min(n, 10**7))),
-            "exact_us": _median_us(lambda: exact_all_reduce(x), sync, 3),
+            "exact_us": _median_us(lambda: exact_all_reduce(x, words="device"), sync, 3),
+            "exact_host_words_us": _median_us(lambda: exact_all_reduce(x, words="host"),
+                                              sync, 3),
             "float32_all_reduce_us": _median_us(lambda: dist.all_reduce(plain), sync),
+            "device_encode_decode_us": coding,
+            "read_write_us": copy,
+            "encode_decode_over_read_write": coding / copy,
+            "goal_encode_decode": 2.0,
+            "met_encode_decode": coding / copy <= 2.0,
             "equals_input": bool(np.array_equal(_bits(exact.cpu()), _bits(x.cpu()))),
+            "host_words_equal_input": bool(np.array_equal(_bits(host.cpu()), _bits(x.cpu()))),
         }
     finally:
         dist.destroy_process_group()
+
+
+def _device_coding_us(x: Any, sync: Callable[[], None]) -> float:
+    """Median time of the device words' own work on ``x`` (one rank, no collective): bounds,
+    layout (with its one host read), words, and the decode of those words."""
+    from bitfold import dense_device
+    from bitfold.dense import BLOCK, DenseSum
+
+    limbs = DenseSum(1).format.limbs
+
+    def coding() -> None:
+        bounds = dense_device.array_bounds(x, BLOCK)
+        layout = dense_device.device_layout(bounds, x.numel(), 1, BLOCK, True, limbs)
+        count, _, _ = layout.totals()
+        words = dense_device.array_words(x, layout, count)
+        dense_device.decode(words, layout, None, "float32")
+
+    return _median_us(coding, sync, 3)
 
 
 def _wire_bytes(flat: np.ndarray) -> dict[str, float]:
@@ -165,7 +196,9 @@ def _rank_main(rank: int, port: int, n: int, device: str, queue: Any) -> None:
                             world_size=2)  # fmt: skip
     try:
         x = torch.from_numpy(_values(n, 10 + rank)).to(device)
-        queue.put((rank, _bits(exact_all_reduce(x).cpu()).tolist()))
+        device_words = _bits(exact_all_reduce(x, words="device").cpu()).tolist()
+        mixed = _bits(exact_all_reduce(x, words="host" if rank else "device").cpu()).tolist()
+        queue.put((rank, (device_words, mixed)))
     finally:
         dist.destroy_process_group()
 
@@ -192,7 +225,8 @@ def two_processes(smoke: bool) -> dict[str, Any]:
     want = DenseSum((n,), "float32").add(_values(n, 10)).add(_values(n, 11)).result("float32")
     want_bits = _bits(want).tolist()
     return {"device": device, "elements": n,
-            "each_rank_equals_cpu": [got[r] == want_bits for r in (0, 1)]}  # fmt: skip
+            "each_rank_equals_cpu": [got[r][0] == want_bits for r in (0, 1)],
+            "mixed_host_and_device_words_equal_cpu": [got[r][1] == want_bits for r in (0, 1)]}
 
 
 def gradient_sum_step(smoke: bool) -> dict[str, Any]:
@@ -215,7 +249,7 @@ def gradient_sum_step(smoke: bool) -> dict[str, Any]:
         loss_fn = torch.nn.CrossEntropyLoss()
         sync = torch.cuda.synchronize if cuda else (lambda: None)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
-        summed = GradientSum(list(model.parameters()))
+        summed = GradientSum(list(model.parameters()), words="device")
 
         def ddp_step() -> None:
             loss_fn(ddp(x), y).backward()
@@ -246,8 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     run.step("two_processes", lambda: two_processes(args.smoke), need_s=15)
     run.step("gradient_sum_step", lambda: gradient_sum_step(args.smoke), need_s=5)
     steps = run.report["steps"]
-    bits_ok = [b for b in (steps.get("one_process", {}).get("equals_input"),
-                           *steps.get("two_processes", {}).get("each_rank_equals_cpu", []))
+    one, two = steps.get("one_process", {}), steps.get("two_processes", {})
+    bits_ok = [b for b in (one.get("equals_input"), one.get("host_words_equal_input"),
+                           *two.get("each_rank_equals_cpu", []),
+                           *two.get("mixed_host_and_device_words_equal_cpu", []))
                if b is not None]  # fmt: skip
     failed = [name for name, s in steps.items() if s["status"] == "failed"]
     run.report["bits_equal_cpu"] = all(bits_ok) if bits_ok else None  # None: nothing compared

@@ -23,7 +23,10 @@ def test_smoke_run_gives_the_cpus_bits_and_every_figure(tmp_path):
     steps = report["steps"]
     assert {s["status"] for s in steps.values()} == {"ok"}, steps
     assert steps["one_process"]["equals_input"] is True
+    assert steps["one_process"]["host_words_equal_input"] is True
+    assert steps["one_process"]["device_encode_decode_us"] > 0
     assert steps["two_processes"]["each_rank_equals_cpu"] == [True, True]
+    assert steps["two_processes"]["mixed_host_and_device_words_equal_cpu"] == [True, True]
     step = steps["gradient_sum_step"]
     assert step["ratio"] == step["gradient_sum_step_us"] / step["ddp_step_us"]
     assert report["bits_equal_cpu"] is True
