@@ -80,8 +80,9 @@ def compare(label: str, run) -> bool:
     t0 = time.perf_counter()
     given, shuffled = run("given"), run("shuffled")
     same = given == shuffled
-    print(f"{label:<28} edges as given {given[:23]}...  shuffled {shuffled[:23]}...  "
-          f"same: {'yes' if same else 'no'}  ({time.perf_counter() - t0:.1f} s)")
+    print(f"{label}: {'one digest' if same else 'two digests'} ({time.perf_counter() - t0:.1f} s)")
+    print(f"  edges as given  {given}")
+    print(f"  edges shuffled  {shuffled}")
     return same
 
 

@@ -107,14 +107,17 @@ def train(args: argparse.Namespace, reduce: str, rank: int, world: int) -> str:
         if reduce == "ddp":  # the usual DDP step: this rank's share in one forward, a mean loss
             x, y = torch.cat([x for x, _ in mine]), torch.cat([y for _, y in mine])
             torch.nn.functional.cross_entropy(ddp(x), y).backward()  # the hook averages
-        for x, y in mine if reduce != "ddp" else ():
-            torch.nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
-            if reduce == "exact":
-                grads.add()  # exact running sum of .grad; .grad is cleared
+        else:
+            for x, y in mine:
+                torch.nn.functional.cross_entropy(model(x), y, reduction="sum").backward()
+                if reduce == "exact":
+                    grads.add()  # exact running sum of .grad; .grad is cleared
         if reduce == "exact":
             grads.reduce(mean_over=batch)  # exact sum over every rank, divided by B once
         elif reduce == "plain":
             for prm in model.parameters():  # .grad summed in float32, micro-batch by micro-batch
+                if prm.grad is None:  # a rank without micro-batches this step
+                    prm.grad = torch.zeros_like(prm)
                 dist.all_reduce(prm.grad)
                 prm.grad /= batch
         opt.step()
@@ -145,6 +148,9 @@ def main() -> None:
 
     torch.set_num_threads(1)  # the thread count can change a micro-batch's bits: fix it
     rank, world = join_group()
+    if "ddp" in modes and args.micro_batches % world:
+        p.error(f"--reduce ddp gives every process an equal share: --micro-batches "
+                f"({args.micro_batches}) must be a multiple of the {world} processes")
     if rank == 0:
         print(f"world size {world}: {args.steps} steps of {args.micro_batches} micro-batches x "
               f"{args.micro_batch} examples")
