@@ -1,11 +1,12 @@
 """The exact all-reduce's words made on the tensor's device: the host's words, bit for bit.
 
 :mod:`bitfold.dense_device` makes the bounds, the layout, the words and the
-rounding with PyTorch's own operations (run here on CPU tensors, the same
-operations a CUDA tensor takes). Each is checked against the host's Numba
-kernels (:mod:`bitfold.dense`), and the rounded sums against the Fraction
-oracle; gloo groups with the device words forced give the host's bits,
-ranks of one group mixing both.
+rounding with its Triton kernels (here in Triton's CPU interpreter) or with
+PyTorch's own operations (run here on CPU tensors, the same operations a
+CUDA tensor takes). Each is checked against the host's Numba kernels
+(:mod:`bitfold.dense`), and the rounded sums against the Fraction oracle;
+gloo groups with the device words forced give the host's bits, ranks of one
+group mixing both.
 """
 
 from __future__ import annotations
@@ -66,26 +67,36 @@ def _layouts(x: np.ndarray, ranks: int):
     return s, host, device
 
 
-@pytest.mark.parametrize("name", ARRAYS)
-def test_bounds_are_the_hosts(name):
-    x = _arrays(1)[name]
-    host = array_bounds(x)
-    device = dense_device.array_bounds(torch.from_numpy(x), BLOCK).numpy()
-    assert np.array_equal(device, host)
-
-
-def test_a_nan_or_an_infinity_marks_its_block_as_a_dense_sum_does():
+def test_a_nan_or_an_infinity_marks_its_block_as_a_dense_sum_does(engine):
     x = _arrays(2)["spread"]
     x[70], x[300] = np.nan, -np.inf
     want = DenseSum(x.size).add(x).bounds()
-    got = dense_device.array_bounds(torch.from_numpy(x), BLOCK).numpy()
+    got = dense_device.array_bounds(torch.from_numpy(x), BLOCK, engine).numpy()
     assert np.array_equal(got[:, 1], want[:, 1]) and got[1, 1] == kernels.SPECIAL_HI
     assert np.array_equal(got[:, 0], want[:, 0])
 
 
+ENGINES = ["torch", "triton"]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request):
+    """PyTorch's operations, or the Triton kernels (in Triton's interpreter without a GPU)."""
+    if request.param == "triton":
+        pytest.importorskip("triton", reason="triton is not installed")
+    return request.param
+
+
+@pytest.mark.parametrize("name", ARRAYS)
+def test_bounds_are_the_hosts(name, engine):
+    x = _arrays(1)[name]
+    got = dense_device.array_bounds(torch.from_numpy(x), BLOCK, engine).numpy()
+    assert np.array_equal(got, array_bounds(x))
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 4, 8, 40, WIDE_MAX_RANKS + 1])
 @pytest.mark.parametrize("name", ARRAYS)
-def test_layout_and_words_are_the_hosts(name, ranks):
+def test_layout_and_words_are_the_hosts(name, ranks, engine):
     x = _arrays(3)[name]
     _, host, device = _layouts(x, ranks)
     for field in ("classes", "lo", "offsets", "signs"):
@@ -94,7 +105,7 @@ def test_layout_and_words_are_the_hosts(name, ranks):
     count, fast, any_sign = device.totals()
     assert (count, any_sign) == (host.words, bool(host.signs.any()))
     if fast:
-        words = dense_device.array_words(torch.from_numpy(x), device, count).numpy()
+        words = dense_device.array_words(torch.from_numpy(x), device, count, engine).numpy()
         assert np.array_equal(words, array_words(x, host))
 
 
@@ -130,7 +141,7 @@ def _bits(t: torch.Tensor) -> np.ndarray:
 
 @pytest.mark.parametrize("mean_over", [1, 3, 4, 7])
 @pytest.mark.parametrize("name", ARRAYS)
-def test_reduced_words_round_to_the_oracles_bits(name, mean_over):
+def test_reduced_words_round_to_the_oracles_bits(name, mean_over, engine):
     """Three ranks' words summed (as the all-reduce does) and rounded on the device: the
     oracle's bits, the host decode's, in every output dtype."""
     ranks = 3
@@ -142,7 +153,8 @@ def test_reduced_words_round_to_the_oracles_bits(name, mean_over):
                                         s.format.limbs)  # fmt: skip
     count, fast, any_sign = device.totals()
     assert fast
-    words = sum(dense_device.array_words(torch.from_numpy(t), device, count) for t in terms)
+    words = sum(dense_device.array_words(torch.from_numpy(t), device, count, engine)
+                for t in terms)  # fmt: skip
     flags = None
     if any_sign:
         flags = torch.from_numpy(np.minimum.reduce(
@@ -151,7 +163,7 @@ def test_reduced_words_round_to_the_oracles_bits(name, mean_over):
     outs = ["float64", "float32"] if terms[0].dtype == np.float64 else [
         "float32", "float16", "bfloat16", "float64"]  # fmt: skip
     for out in outs:
-        got = dense_device.decode(words, device, flags, out, mean_over)
+        got = dense_device.decode(words, device, flags, out, mean_over, engine)
         host_flags = flags.numpy() if flags is not None else np.zeros(0, np.int32)
         want = s.decode(words.numpy(), host, host_flags, out, mean_over=mean_over)
         oracle = _oracle(terms, out, mean_over)
@@ -159,7 +171,7 @@ def test_reduced_words_round_to_the_oracles_bits(name, mean_over):
         assert np.array_equal(_bits(got), oracle.view(INT[oracle.itemsize])), out
 
 
-def test_rounding_reaches_infinity_and_the_subnormals():
+def test_rounding_reaches_infinity_and_the_subnormals(engine):
     """Sums past float16's range round to infinity; tiny means to subnormals and to zero."""
     big = np.full(70, 60000.0, np.float32)
     tiny = np.full(70, 2.0**-149, np.float32)
@@ -170,8 +182,9 @@ def test_rounding_reaches_infinity_and_the_subnormals():
         bounds = np.maximum.reduce([array_bounds(t) for t in terms])
         device = dense_device.device_layout(torch.from_numpy(bounds), 70, 2, BLOCK, True, 10)
         count, _, _ = device.totals()
-        words = sum(dense_device.array_words(torch.from_numpy(t), device, count) for t in terms)
-        got = dense_device.decode(words, device, None, out, mean)
+        words = sum(dense_device.array_words(torch.from_numpy(t), device, count, engine)
+                    for t in terms)  # fmt: skip
+        got = dense_device.decode(words, device, None, out, mean, engine)
         want = _oracle(terms, out, mean)
         assert np.array_equal(_bits(got), want.view(INT[want.itemsize]))
     assert np.isinf(_oracle([big, big], "float16", 1)).all()

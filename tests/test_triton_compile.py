@@ -85,6 +85,14 @@ SELECTED = [
     "ordered[float64->bfloat16]",
     "ordered[float64->float32]",
     "ordered[float64->float64]",
+    "bounds[float32]",
+    "bounds[float64]",
+    "words[float32]",
+    "words[float64]",
+    "decode[int64->float16, init=False]",
+    "decode[int64->bfloat16, init=True]",
+    "decode[int64->float32, init=False]",
+    "decode[int64->float64, init=True]",
 ]
 
 
@@ -96,7 +104,7 @@ def _all_names() -> list[str]:
 
 NAMES = _all_names() if ALL and HAVE_TRITON else SELECTED
 MERGING = ("hot[", "scatter[")
-EXACT = ("lanes[", "round_rows[", "hot[", "scatter[")
+EXACT = ("lanes[", "round_rows[", "hot[", "scatter[", "bounds[", "words[", "decode[")
 
 
 # -- building (once a module, shared by the tests) ----------------------------------------------

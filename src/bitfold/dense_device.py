@@ -21,6 +21,12 @@ crosses to the host:
   ``mean_over``), rounded once to float16, bfloat16, float32 or float64, to
   nearest even, with integer operations only.
 
+Two engines make them: on a CUDA (or XPU) device with Triton, one Triton
+kernel a step (:mod:`bitfold.kernels.triton_words`: one read of the values
+for the bounds, one for the words, one pass for the decode); elsewhere (MPS,
+XPU without Triton, the CPU) the tensor operations below. ``engine="triton"``
+runs the kernels on CPU tensors under ``TRITON_INTERPRET=1`` (the tests).
+
 The wide, wider and full blocks (a span over 63 bits, a NaN, an infinity)
 are rare; a layout holding any is encoded and decoded on the host
 (:mod:`bitfold.distributed` decides, from one read of the layout's totals).
@@ -49,7 +55,47 @@ from .kernels.dense import (
     WIDER,
 )
 
-__all__ = ["DeviceLayout", "array_bounds", "array_words", "decode", "device_layout", "widened"]
+__all__ = [
+    "ENGINES",
+    "DeviceLayout",
+    "array_bounds",
+    "array_words",
+    "decode",
+    "device_layout",
+    "widened",
+]
+
+#: The ways the words are made: Triton kernels, or PyTorch's tensor operations.
+ENGINES = ("triton", "torch")
+#: Blocks a Triton program takes (a tile of ``BLOCKS * BLOCK`` elements).
+_TRITON_BLOCKS = 16
+
+
+def _engine(flat: torch.Tensor, engine: str | None) -> str:
+    """``engine``, or by the device: Triton on a CUDA or XPU device where it imports."""
+    if engine is not None:
+        return engine
+    if flat.device.type not in ("cuda", "xpu"):
+        return "torch"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "torch"
+    return "triton"
+
+
+def _bits_view(flat: torch.Tensor) -> tuple[torch.Tensor, dict[str, int]]:
+    """``flat``'s bits as integers, and the kernels' constants that read them."""
+    f = FLOATS["float64" if flat.dtype == torch.float64 else "float32"]
+    if flat.dtype == torch.float64:
+        return flat.view(torch.int64), {"EXP_BITS": f.exponent_bits,
+                                         "FRAC_BITS": f.fraction_bits, "BITS_MASK": -1}
+    return flat.view(torch.int32), {"EXP_BITS": f.exponent_bits, "FRAC_BITS": f.fraction_bits,
+                                     "BITS_MASK": 0xFFFFFFFF}  # fmt: skip
+
+
+def _grid(blocks: int) -> tuple[int]:
+    return (max(1, -(-blocks // _TRITON_BLOCKS)),)
 
 
 def widened(x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +136,7 @@ def _blocked(x: torch.Tensor, block: int, fill: int) -> torch.Tensor:
     return x.view(-1, block)
 
 
-def array_bounds(flat: torch.Tensor, block: int) -> torch.Tensor:
+def array_bounds(flat: torch.Tensor, block: int, engine: str | None = None) -> torch.Tensor:
     """Each block's ``(-lo, hi, -z)`` (int32, on ``flat``'s device) of float32 or float64 values.
 
     ``lo``: the lowest set bit's exponent over the block's non-zero values
@@ -98,6 +144,16 @@ def array_bounds(flat: torch.Tensor, block: int) -> torch.Tensor:
     for none; ``SPECIAL_HI`` for a block holding a NaN or an infinity);
     ``z``: 1 when the block holds a ``-0.0``.
     """
+    blocks = -(-flat.numel() // block)
+    if _engine(flat, engine) == "triton":
+        from .kernels.triton_words import bounds_kernel
+
+        bits, consts = _bits_view(flat)
+        out = torch.empty((blocks, 3), dtype=torch.int32, device=flat.device)
+        bounds_kernel[_grid(blocks)](bits, out, flat.numel(), blocks, **consts, NO_LO=NO_LO,
+                                     NO_HI=NO_HI, SPECIAL_HI=SPECIAL_HI, BLOCK=block,
+                                     BLOCKS=_TRITON_BLOCKS)  # fmt: skip
+        return out
     raw, special, m, e = _parts(flat)
     width = 64 if flat.dtype == torch.float64 else 32
     sign = (raw >> (width - 1)) & 1
@@ -191,9 +247,21 @@ def _lane_place(k: torch.Tensor, a: torch.Tensor, rw: torch.Tensor) -> tuple[tor
     return a + k % rw, k // rw
 
 
-def array_words(flat: torch.Tensor, layout: DeviceLayout, words: int) -> torch.Tensor:
+def array_words(
+    flat: torch.Tensor, layout: DeviceLayout, words: int, engine: str | None = None
+) -> torch.Tensor:
     """The ``words`` int64 words of ``flat`` (no NaN or infinity; every block half, thirds or
     narrow), equal to :func:`bitfold.dense.array_words`'s."""
+    if _engine(flat, engine) == "triton":
+        from .kernels.triton_words import words_kernel
+
+        bits, consts = _bits_view(flat)
+        out = torch.empty(words, dtype=torch.int64, device=flat.device)
+        blocks = layout.classes.numel()
+        words_kernel[_grid(blocks)](bits, layout.classes, layout.lo, layout.offsets, out,
+                                    flat.numel(), blocks, layout.split, **consts,
+                                    BLOCK=layout.block, BLOCKS=_TRITON_BLOCKS)  # fmt: skip
+        return out
     raw, _, m, e = _parts(flat)
     klass, lo, base, j, _, a, rw = _element_places(layout)
     shift = e - lo
@@ -316,12 +384,29 @@ def decode(
     negzero: torch.Tensor | None,
     out_name: str,
     mean_over: int = 1,
+    engine: str | None = None,
 ) -> torch.Tensor:
     """Every element's reduced sum (divided by ``mean_over``) rounded once, flat, in ``out_name``.
 
     ``negzero`` (int32 an element, 1 where every term on every rank was ``-0.0``) signs the
     zero sums; None: every zero sum is ``+0.0``.
     """
+    f = FLOATS[out_name]
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+             "float64": torch.float64}[out_name]  # fmt: skip
+    ints = {16: torch.int16, 32: torch.int32, 64: torch.int64}[f.width]
+    if _engine(words, engine) == "triton":
+        from .kernels.triton_words import decode_kernel
+
+        out = torch.empty(layout.size, dtype=ints, device=words.device)
+        blocks = layout.classes.numel()
+        decode_kernel[_grid(blocks)](
+            words, layout.classes, layout.lo, layout.offsets,
+            words if negzero is None else negzero, out, layout.size, blocks, layout.split,
+            mean_over, HAS_SIGNS=negzero is not None, PREC=f.precision, TEXP=f.exponent_bits,
+            SUBEXP=f.subnormal_exp, BLOCK=layout.block, BLOCKS=_TRITON_BLOCKS,
+        )  # fmt: skip
+        return out.view(dtype)
     s, unit = element_sums(words, layout)
     neg = s < 0
     mag = torch.where(neg, -s, s)
@@ -329,10 +414,6 @@ def decode(
     if mean_over > 1:
         mag, unit, sticky = _divided(mag, unit, mean_over)
     bits = _rounded_bits(mag, unit, sticky, out_name)
-    f = FLOATS[out_name]
     zero_sign = (s == 0) & (negzero != 0) if negzero is not None else torch.zeros_like(neg)
     signed = bits + torch.where(neg | zero_sign, -(1 << (f.width - 1)), 0)
-    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-             "float64": torch.float64}[out_name]  # fmt: skip
-    ints = {16: torch.int16, 32: torch.int32, 64: torch.int64}[f.width]
     return signed.to(ints).view(dtype)
