@@ -4,10 +4,10 @@ An entry is a :class:`Strategy`: its name, what it guarantees and the output
 dtypes it can round to. Its implementation on a backend comes from the
 backend registry (:mod:`bitfold.backends.registry`: each backend lists one
 function a strategy, and is refused when it lacks one). Every implementation
-has one signature, ``impl(plan, values, spec, out_name, *, init=None,
-**options)``, and receives values the one validator (:mod:`bitfold.validate`)
-has already accepted, so every strategy refuses the same bad input with the
-same errors.
+has one signature, ``(plan, values, spec, out_name, **options)`` (``init=``
+where the backend's init rule takes it), and receives values the one
+validator (:mod:`bitfold.validate`) has already accepted, so every strategy
+refuses the same bad input with the same errors.
 
 A new strategy is one entry here, its name in
 :data:`bitfold.backends.registry.FOLDS`, and one function in each backend's
@@ -16,16 +16,12 @@ entry; a new backend touches nothing here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from .backends.registry import FOLDS, get_backend
+from .backends.registry import FOLDS
 from .errors import FoldTypeError, UnknownStrategyError
 from .formats import OUT_DTYPES
 from .validate import checked_options
-
-Impl = Callable[..., Any]  # (plan, values, spec, out_name, **options) -> K sums
 
 
 @dataclass(frozen=True)
@@ -44,10 +40,6 @@ class Strategy:
                 f"(got {self.name!r}); use one of {', '.join(self.out_dtypes)}"
             )
         return out_name
-
-    def impl(self, backend: str) -> Impl:
-        """The implementation on ``backend`` (a registered backend has one for every strategy)."""
-        return get_backend(backend).fold(self.name)
 
 
 _ROUNDED = ("float16", "float32", "float64")  # no bfloat16 arithmetic: only exact rounds to it

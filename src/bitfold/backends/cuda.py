@@ -650,11 +650,9 @@ def _shaped(out: Any, kind: str, K: int, spec: Values) -> Any:
 
 
 def fold_ordered(
-    plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None, init: Any = None
+    plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None
 ) -> Any:
     """The ``ordered`` fold on the device: the same bits as the CPU ``ordered`` strategy."""
-    if init is not None:
-        raise FoldError("the GPU ordered fold adds into zeros only; use 'exact' with init")
     with _on_device(plan, values) as (dv, entry, kernels):
         D = spec.row_size
         rows = dv.floats().reshape(spec.positions, D)
@@ -668,11 +666,9 @@ def fold_ordered(
 
 
 def fold_atomic(
-    plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None, init: Any = None
+    plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None
 ) -> Any:
     """Float atomics (float32, or float64 for float64 output); a float16 result is rounded once."""
-    if init is not None:
-        raise FoldError("the GPU atomic fold adds into zeros only; use 'exact' with init")
     with _on_device(plan, values) as (dv, entry, kernels):
         shape = launch or entry.launch
         K, D = plan.K, spec.row_size

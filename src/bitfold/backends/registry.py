@@ -7,10 +7,14 @@ entry states, as data:
 * ``families`` and ``devices``: it serves values of one of these array
   families (:func:`bitfold.arrays.family_of`, e.g. ``"numpy"``, ``"torch"``)
   that live on one of these devices; selection looks at both together, so a
-  backend never claims values it cannot fold (JAX arrays on a GPU: no
-  registered backend, a clear :class:`bitfold.DeviceError`);
+  backend never claims values it cannot fold (JAX arrays on a GPU are listed
+  by no kernel backend, and go to ``portable``, which lists every device;
+  values that no available backend serves get a clear
+  :class:`bitfold.DeviceError`);
 * ``folds``: one implementation a strategy (:data:`FOLDS`), each
-  ``impl(plan, values, spec, out_name, *, init=None, **options)``;
+  ``impl(plan, values, spec, out_name, **options)``, with ``init=`` among
+  the options of the strategies its ``init`` rule names (only those are ever
+  passed one);
 * ``expand(plan, v, trailing)``;
 * the accumulator's state operations (:class:`bitfold.ExactAccumulator`):
   ``new_state(K, fmt, trailing, like)``, a zero state for values like
@@ -43,8 +47,8 @@ entry states, as data:
   and the next one is asked;
 * ``priority``: the order backends are asked in, highest first; backends of
   equal priority are asked in the order they were registered. The built-in
-  entries leave room between them — ``host`` 300, ``cuda`` (the numba-cuda
-  kernels) 100, ``portable`` -100 — so a new backend slots in by its number,
+  entries leave room between them — ``host`` 300, ``triton`` 200, ``cuda``
+  (the numba-cuda kernels) 100, ``portable`` -100 — so a new backend slots in by its number,
   not by where its ``register`` line sits (a GPU backend preferred to the
   numba-cuda kernels takes a number between 100 and 300).
 

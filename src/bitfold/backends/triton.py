@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..arrays import library_of, to_numpy
-from ..errors import DeviceError, FoldError, FoldTypeError
+from ..errors import DeviceError, FoldTypeError
 from ..formats import FLOATS, N_NOT_NEGZERO, N_TERMS, LimbFormat, decoding, limb_format_for
 from ..validate import Values, positive_int_or_none
 from . import host_state
@@ -363,10 +363,8 @@ def _same_place(it: Any, t: Any, dtype: str) -> None:
         )
 
 
-def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None) -> Any:
+def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
     """The ``ordered`` fold on the device: the host ``ordered`` bits."""
-    if init is not None:
-        raise FoldError("the triton ordered fold adds into zeros only; use 'exact' with init")
     t, lib = _as_torch(values)
     _check_device(t)
     kernels = _kernels()
@@ -391,10 +389,8 @@ def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str, *, init: 
     return _back(out.reshape((K, *spec.trailing)), lib)
 
 
-def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None) -> Any:
+def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
     """torch's float ``index_add_`` (float32, float64 for float64 output), rounded once after."""
-    if init is not None:
-        raise FoldError("the triton atomic fold adds into zeros only; use 'exact' with init")
     torch = _torch()
     t, lib = _as_torch(values)
     _check_device(t)
