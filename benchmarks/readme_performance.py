@@ -1,14 +1,16 @@
-"""Copy the generated benchmark summary into the documentation's performance page.
+"""Copy a benchmark run's generated summary into the documentation's performance page.
 
-The page's numbers are never typed by hand: this script takes the goal sections, the
-seed configuration, the folds of rows, the training steps and the plots of a
-``summary.md`` written by ``bitfold bench`` and replaces the block between the
+The page's numbers are never typed by hand: this script takes the sections of a
+``summary.md`` written by ``bitfold bench`` (the run at a glance, the seed configuration,
+the folds of rows, the training steps and the plots) and the run's goals, judged from its
+``results.json`` by ``benchmarks/bench_goals.py`` (or, in a summary written by an older
+bench, the goal sections it carries), and replaces the block between the
 ``<!-- bench-summary:begin -->`` and ``<!-- bench-summary:end -->`` markers of
 ``docs/performance.md``. Headings go one level down, the plots are linked where they are
 committed (``../benchmarks/results/<run>/<plot>.png``), and the labels naming the tickets
 that set a goal are left out (the goals say what they measure).
 
-    python benchmarks/readme_performance.py benchmarks/results/2026-12-03-cpu-2core
+    python benchmarks/readme_performance.py RESULTS_DIR [--allreduce ALLREDUCE.json]
     python benchmarks/readme_performance.py RESULTS_DIR --check   # exit 1 if the page differs
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,9 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- bench-summary:begin -->", "<!-- bench-summary:end -->"
 #: (heading pattern, required): the sections taken, in this order
+GOALS = ROOT / "benchmarks" / "bench_goals.py"
 SECTIONS = (
-    # goals: written by the bench of 2026-12-04 and before (benchmarks/bench_goals.py judges
-    # them now, from a run's results.json)
+    (r"## At a glance$", False),
+    # goal sections: in summaries of the bench of 2026-12-04 and before; today
+    # benchmarks/bench_goals.py judges the goals from results.json
     (r"## Goals$", False),
     (r"## (?!Goals$).*\bgoals$", False),
     (r"## The seed configuration\b", True),
@@ -55,12 +60,16 @@ def without_tickets(text: str) -> str:
     return text
 
 
-def block_from_summary(summary: str, source: str) -> str:
+def block_from_summary(summary: str, source: str, goals: str = "", note: str = "") -> str:
     """The page's block: the wanted sections of ``summary``, headings one level down.
 
-    Plots are linked relative to ``docs/`` at the folder of ``source``.
+    ``goals`` (a ``## Goals`` section) goes after the run at a glance when the summary
+    has no goal section of its own; ``note`` is added to the marker line. Plots are
+    linked relative to ``docs/`` at the folder of ``source``.
     """
     parts = [p.strip() for p in re.split(r"(?m)^(?=## )", summary)]
+    if goals and not any(re.match(r"## .*\b[Gg]oals$", p.split("\n", 1)[0]) for p in parts):
+        parts.append(goals.strip())
     chosen = []
     for pattern, required in SECTIONS:
         found = [p for p in parts if re.match(pattern, p.split("\n", 1)[0])]
@@ -70,7 +79,19 @@ def block_from_summary(summary: str, source: str) -> str:
     folder = source.rsplit("/", 1)[0]
     body = "\n\n".join("#" + p for p in chosen)
     body = re.sub(r"!\[([^\]]*)\]\(([\w.-]+\.png)\)", rf"![\1](../{folder}/\2)", body)
-    return f"{BEGIN}\n<!-- generated from {source}; do not edit by hand -->\n{body}\n{END}"
+    note = f" ({note})" if note else ""
+    return f"{BEGIN}\n<!-- generated from {source}{note}; do not edit by hand -->\n{body}\n{END}"
+
+
+def judged_goals(results: str, allreduce: str | None) -> str:
+    """``benchmarks/bench_goals.py``'s Markdown goal list for ``results`` (repo-relative)."""
+    command = [sys.executable, str(GOALS), results, "--markdown"]
+    if allreduce:
+        command += ["--allreduce", allreduce]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if out.returncode not in (0, 1):  # 1: a goal is missed, which the list says
+        raise SystemExit(f"bench_goals.py failed on {results}: {out.stderr.strip()}")
+    return out.stdout
 
 
 def spliced(page: str, block: str) -> str:
@@ -84,12 +105,21 @@ def spliced(page: str, block: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", help="a results folder written by bitfold bench")
+    parser.add_argument("--allreduce", metavar="JSON", default=None,
+                        help="benchmarks/allreduce.py's results, judged with the run's goals")
     parser.add_argument("--check", action="store_true", help="only check the page is current")
     args = parser.parse_args(argv)
-    folder = Path(args.results)
-    source = folder.resolve().relative_to(ROOT).as_posix() + "/summary.md"
+    folder = Path(args.results).resolve()
+    run = folder.relative_to(ROOT).as_posix()
+    source = run + "/summary.md"
     summary = (folder / "summary.md").read_text(encoding="utf-8")
-    block = without_tickets(block_from_summary(summary, source))
+    goals, note = "", ""
+    if (folder / "results.json").is_file() and GOALS.is_file():
+        allreduce = args.allreduce and Path(args.allreduce).resolve().relative_to(ROOT).as_posix()
+        goals = judged_goals(run + "/results.json", allreduce)
+        note = "goals: benchmarks/bench_goals.py"
+        note += f" --allreduce {allreduce}" if allreduce else ""
+    block = without_tickets(block_from_summary(summary, source, goals, note))
     page = PAGE.read_text(encoding="utf-8")
     new = spliced(page, block)
     if args.check:

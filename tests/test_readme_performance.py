@@ -22,9 +22,13 @@ def _script():
 
 def test_performance_block_matches_the_committed_summary():
     page = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
-    found = re.search(r"<!-- generated from (\S+)/summary\.md", page)
+    found = re.search(r"<!-- generated from (\S+)/summary\.md(?: \(goals: [^)]*?"
+                      r"(?: --allreduce (\S+))?\))?; do not edit", page)  # fmt: skip
     assert found, "docs/performance.md has no generated performance block"
-    assert _script().main([str(ROOT / found.group(1)), "--check"]) == 0
+    args = [str(ROOT / found.group(1)), "--check"]
+    if found.group(2):
+        args += ["--allreduce", str(ROOT / found.group(2))]
+    assert _script().main(args) == 0
     # the README keeps no copy of it
     assert "bench-summary:begin" not in (ROOT / "README.md").read_text(encoding="utf-8")
 
@@ -86,3 +90,17 @@ def test_block_takes_the_sections_links_the_plots_and_drops_ticket_labels():
 def test_a_summary_without_a_required_section_is_refused():
     with pytest.raises(SystemExit, match="Folds of rows"):
         _script().block_from_summary(SUMMARY.replace("## Folds of rows", "## Rows"), "x/summary.md")
+
+
+def test_goals_judged_apart_take_the_place_of_the_summary_s_own():
+    script = _script()
+    today = SUMMARY.replace("## Goals", "## At a glance").replace("## Issue 20 goals\n", "")
+    goals = "## Goals\n\n- seed: 0.46x → met\n"
+    block = script.block_from_summary(today, "r/summary.md", goals, "goals: x")
+    headings = re.findall(r"^### (.*)$", block, re.M)
+    assert headings[:2] == ["At a glance", "Goals"] and "- seed: 0.46x → met" in block
+    assert "<!-- generated from r/summary.md (goals: x); do not edit by hand -->" in block
+    # a summary with goal sections of its own keeps them
+    old = script.block_from_summary(SUMMARY, "r/summary.md", goals)
+    assert "- seed: 0.46x" not in old and "### Issue 20 goals" in old
+
