@@ -9,9 +9,9 @@ itself.
 
 Families also carry the few *operations* a fold written once against them
 needs (:mod:`bitfold.backends.portable`): zeros and constants on the values'
-device, reinterpretation of float bits as integers and back, casts,
-scatter-add / scatter-max / scatter-min into a flat array, gathers,
-``where``, reductions along an axis and a counted loop. Integer arithmetic,
+device, reinterpretation of float bits as integers and back, casts, a
+scatter-add into a flat array, gathers, ``where``, reductions along an axis
+and a counted loop. Integer arithmetic,
 shifts, masks and comparisons are the arrays' own Python operators, which
 NumPy, PyTorch, CuPy and JAX share. A new array library is one class here.
 """
@@ -138,14 +138,6 @@ class ArrayFamily:
         """
         raise self._missing("scatter_add")
 
-    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
-        """``target`` (1-D) with ``target[index[i]] = max(target[index[i]], src[i])``."""
-        raise self._missing("scatter_max")
-
-    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
-        """``target`` (1-D) with ``target[index[i]] = min(target[index[i]], src[i])``."""
-        raise self._missing("scatter_min")
-
     def take(self, x: Any, index: Any) -> Any:
         """``x[index]`` along the first axis."""
         raise self._missing("take")
@@ -182,8 +174,41 @@ class ArrayFamily:
         return carry
 
 
-class _Numpy(ArrayFamily):
+class _NumpyLike(ArrayFamily):
+    """A family whose library has NumPy's functions in one module (NumPy, CuPy, jax.numpy):
+    the operations that read the same in all three, written once against :meth:`xp`."""
+
+    def xp(self) -> Any:
+        """The library's NumPy-like module."""
+        raise NotImplementedError
+
+    def take(self, x: Any, index: Any) -> Any:
+        return self.xp().take(x, index, axis=0)
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        return self.xp().where(cond, a, b)
+
+    def clip(self, x: Any, lo: int, hi: int) -> Any:
+        return self.xp().clip(x, lo, hi)
+
+    def sum(self, x: Any, axis: int) -> Any:
+        return x.sum(axis=axis, dtype=x.dtype)
+
+    def amax(self, x: Any, axis: int) -> Any:
+        return x.max(axis=axis)
+
+    def stack(self, xs: list[Any], axis: int) -> Any:
+        return self.xp().stack(xs, axis=axis)
+
+    def concat(self, xs: list[Any]) -> Any:
+        return self.xp().concatenate(xs)
+
+
+class _Numpy(_NumpyLike):
     name = "numpy"
+
+    def xp(self) -> Any:
+        return np
 
     def is_appropriate(self, x: Any) -> bool:
         return isinstance(x, (np.ndarray, np.generic))  # a tuple: torch.compile reads it
@@ -206,35 +231,6 @@ class _Numpy(ArrayFamily):
     def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
         np.add.at(target, index, src)
         return target
-
-    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
-        np.maximum.at(target, index, src)
-        return target
-
-    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
-        np.minimum.at(target, index, src)
-        return target
-
-    def take(self, x: Any, index: Any) -> Any:
-        return np.take(x, index, axis=0)
-
-    def where(self, cond: Any, a: Any, b: Any) -> Any:
-        return np.where(cond, a, b)
-
-    def clip(self, x: Any, lo: int, hi: int) -> Any:
-        return np.clip(x, lo, hi)
-
-    def sum(self, x: Any, axis: int) -> Any:
-        return np.sum(x, axis=axis, dtype=x.dtype)
-
-    def amax(self, x: Any, axis: int) -> Any:
-        return np.max(x, axis=axis)
-
-    def stack(self, xs: list[Any], axis: int) -> Any:
-        return np.stack(xs, axis=axis)
-
-    def concat(self, xs: list[Any]) -> Any:
-        return np.concatenate(xs)
 
 
 class _Torch(ArrayFamily):
@@ -309,12 +305,6 @@ class _Torch(ArrayFamily):
     def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
         return target.index_add(0, index, src)
 
-    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
-        return target.scatter_reduce(0, index, src, "amax")
-
-    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
-        return target.scatter_reduce(0, index, src, "amin")
-
     def take(self, x: Any, index: Any) -> Any:
         return x.index_select(0, index)
 
@@ -343,8 +333,13 @@ class _Torch(ArrayFamily):
         return torch.cat(xs)
 
 
-class _Cupy(ArrayFamily):
+class _Cupy(_NumpyLike):
     name = "cupy"
+
+    def xp(self) -> Any:
+        import cupy
+
+        return cupy
 
     def is_appropriate(self, x: Any) -> bool:
         cupy = sys.modules.get("cupy")
@@ -367,7 +362,7 @@ class _Cupy(ArrayFamily):
         with cupy.cuda.Device(like.device.id):
             return cupy.asarray(result)
 
-    # operations: cupyx's scatters (int64 added as uint64: the same bits modulo 2^64)
+    # operations: cupyx's scatter-add (int64 added as uint64: the same bits modulo 2^64)
     def constant(self, like: Any, arr: np.ndarray) -> Any:
         import cupy
 
@@ -395,59 +390,24 @@ class _Cupy(ArrayFamily):
     def astype(self, x: Any, dtype: str) -> Any:
         return x.astype(dtype)
 
-    def _scatter(self, op: str, target: Any, index: Any, src: Any) -> Any:
+    def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
         import cupyx
 
-        if op == "scatter_add" and target.dtype == np.int64:  # cupyx adds uint64, not int64
+        if target.dtype == np.int64:  # cupyx adds uint64, not int64
             target_u, src_u = target.view(np.uint64), src.astype(np.int64).view(np.uint64)
             cupyx.scatter_add(target_u, index, src_u)
             return target
-        getattr(cupyx, op)(target, index, src.astype(target.dtype))
+        cupyx.scatter_add(target, index, src.astype(target.dtype))
         return target
 
-    def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
-        return self._scatter("scatter_add", target, index, src)
 
-    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
-        return self._scatter("scatter_max", target, index, src)
-
-    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
-        return self._scatter("scatter_min", target, index, src)
-
-    def take(self, x: Any, index: Any) -> Any:
-        import cupy
-
-        return cupy.take(x, index, axis=0)
-
-    def where(self, cond: Any, a: Any, b: Any) -> Any:
-        import cupy
-
-        return cupy.where(cond, a, b)
-
-    def clip(self, x: Any, lo: int, hi: int) -> Any:
-        import cupy
-
-        return cupy.clip(x, lo, hi)
-
-    def sum(self, x: Any, axis: int) -> Any:
-        return x.sum(axis=axis, dtype=x.dtype)
-
-    def amax(self, x: Any, axis: int) -> Any:
-        return x.max(axis=axis)
-
-    def stack(self, xs: list[Any], axis: int) -> Any:
-        import cupy
-
-        return cupy.stack(xs, axis=axis)
-
-    def concat(self, xs: list[Any]) -> Any:
-        import cupy
-
-        return cupy.concatenate(xs)
-
-
-class _Jax(ArrayFamily):
+class _Jax(_NumpyLike):
     name = "jax"
+
+    def xp(self) -> Any:
+        import jax.numpy as jnp
+
+        return jnp
 
     def is_appropriate(self, x: Any) -> bool:
         jax = sys.modules.get("jax")
@@ -507,43 +467,6 @@ class _Jax(ArrayFamily):
 
     def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
         return target.at[index].add(src)
-
-    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
-        return target.at[index].max(src)
-
-    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
-        return target.at[index].min(src)
-
-    def take(self, x: Any, index: Any) -> Any:
-        import jax.numpy as jnp
-
-        return jnp.take(x, index, axis=0)
-
-    def where(self, cond: Any, a: Any, b: Any) -> Any:
-        import jax.numpy as jnp
-
-        return jnp.where(cond, a, b)
-
-    def clip(self, x: Any, lo: int, hi: int) -> Any:
-        import jax.numpy as jnp
-
-        return jnp.clip(x, lo, hi)
-
-    def sum(self, x: Any, axis: int) -> Any:
-        return x.sum(axis=axis, dtype=x.dtype)
-
-    def amax(self, x: Any, axis: int) -> Any:
-        return x.max(axis=axis)
-
-    def stack(self, xs: list[Any], axis: int) -> Any:
-        import jax.numpy as jnp
-
-        return jnp.stack(xs, axis=axis)
-
-    def concat(self, xs: list[Any]) -> Any:
-        import jax.numpy as jnp
-
-        return jnp.concatenate(xs)
 
     def loop(self, n: int, body: Any, init: Any) -> Any:
         import jax
