@@ -23,6 +23,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"^<!-- generated: ([\w-]+) -->$", re.M)
+#: a Sphinx role before inline code in a rendered docstring (":func:`x`" -> "x" as code)
+SPHINX_ROLE = re.compile(r":(?:func|meth|mod|class|data|attr|exc|obj):(?=<code>)")
 #: a plot of a committed results folder, as the performance page links it
 PLOT_LINK = re.compile(r"\]\(\.\./(benchmarks/results/[\w.-]+/[\w.-]+\.png)\)")
 
@@ -161,3 +163,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if page.file.src_uri.count("/") == 0:
         markdown = PLOT_LINK.sub(lambda m: f"]({m.group(1)})", markdown)
     return markdown
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """Docstrings name objects with Sphinx roles; the reference shows the names as code."""
+    return SPHINX_ROLE.sub("", html)

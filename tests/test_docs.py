@@ -150,6 +150,7 @@ def test_site_builds_strict(tmp_path):
     assert "embedding_bag_backward" in coverage and "Untouched" in coverage
     api = (site / "api" / "torch" / "index.html").read_text(encoding="utf-8")
     assert 'id="bitfold.torch.exact_mode"' in api
+    assert ":func:<code>" not in api and ":mod:<code>" not in coverage  # roles shown as code
     performance = (site / "performance" / "index.html").read_text(encoding="utf-8")
     plots = re.findall(r'<img alt="[^"]*" src="\.\./([^"]+\.png)"', performance)
     assert plots and all((site / p).is_file() for p in plots)
