@@ -151,7 +151,26 @@ def psum(x: Any, axis_name: Any, *, axis: Any = None) -> Any:
     leaves, tree = jax.tree.flatten(x)
     for leaf in leaves:
         _check_leaf(leaf)
-    return jax.tree.unflatten(tree, [_leaf_psum(leaf, axis_name, axis) for leaf in leaves])
+    arrays = [leaf if isinstance(leaf, jax.Array) or hasattr(leaf, "aval") else jnp.asarray(leaf)
+              for leaf in leaves]  # fmt: skip
+    out: list[Any] = [None] * len(arrays)
+    if axis is None:  # float leaves of one dtype travel as one array: one sum, one collective
+        groups: dict[str, list[int]] = {}
+        for i, a in enumerate(arrays):
+            if dtype_name(a) in VALUE_DTYPES:
+                groups.setdefault(dtype_name(a), []).append(i)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            flat = jnp.concatenate([arrays[i].reshape(-1) for i in members])
+            summed = _psum(flat, axis_name, ())
+            at = 0
+            for i in members:
+                out[i] = summed[at : at + arrays[i].size].reshape(arrays[i].shape)
+                at += arrays[i].size
+    out = [_leaf_psum(a, axis_name, axis) if o is None else o for a, o in zip(arrays, out,
+                                                                              strict=True)]
+    return jax.tree.unflatten(tree, out)
 
 
 def _check_leaf(leaf: Any) -> None:
@@ -165,8 +184,7 @@ def _check_leaf(leaf: Any) -> None:
     )
 
 
-def _leaf_psum(leaf: Any, axis_name: Any, axis: Any) -> Any:
-    x = leaf if isinstance(leaf, jax.Array) or hasattr(leaf, "aval") else jnp.asarray(leaf)
+def _leaf_psum(x: Any, axis_name: Any, axis: Any) -> Any:
     axes = _axes(axis, x.ndim)
     if dtype_name(x) not in VALUE_DTYPES:  # integers: lax.psum's sum is exact
         return lax.psum(jnp.sum(x, axis=axes) if axes else x, axis_name)
