@@ -10,8 +10,9 @@ world size changes the model is how those gradients are summed:
   all-reduce and rounds once: the same parameter digest on 1, 2 or 4
   processes (and on any other number);
 * ``--reduce plain``: ``.grad`` accumulated in float32, then
-  ``torch.distributed.all_reduce``: the sums are grouped by process, so each
-  world size ends with its own digest;
+  ``torch.distributed.all_reduce``: the float sums are grouped by process
+  (``((g0 + g1) + g2) + g3`` on one, ``(g0 + g2) + (g1 + g3)`` on two), so the
+  digest changes with the world size;
 * ``--reduce ddp``: ``DistributedDataParallel`` with
   ``bitfold.distributed.exact_allreduce_hook``, the usual DDP step: each
   process runs its share of the batch in one forward with a mean loss, and
