@@ -57,8 +57,8 @@ bench: $(VENV)/.installed-test
 # Copy a run's generated summary, and its goals judged by benchmarks/bench_goals.py, into the
 # performance page of the docs (docs/performance.md).
 readme-perf: $(PY)
-	$(PY) benchmarks/readme_performance.py $(or $(RESULTS),benchmarks/results/2026-12-04-r7-final-cpu-2core) \
-		--allreduce $(or $(ALLREDUCE),benchmarks/results/2026-12-04-r7-allreduce-cpu-2core/run1.json)
+	$(PY) benchmarks/readme_performance.py $(or $(RESULTS),benchmarks/results/2026-12-04-full-cpu-2core) \
+		--allreduce $(or $(ALLREDUCE),benchmarks/results/2026-12-04-allreduce-cpu-2core/run1.json)
 
 # The documentation site, into site/ (mkdocs.yml; the test extras install MkDocs).
 docs: $(VENV)/.installed-test

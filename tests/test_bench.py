@@ -552,7 +552,7 @@ def test_what_each_contender_needs_on_cuda(monkeypatch) -> None:
 # -- rows, K up to 10^7, bfloat16, the peers of rows ---------------------------------------
 ROOT = Path(__file__).resolve().parents[1]
 #: A committed full run: its cases must still be built as they were.
-OLD_RESULTS = ROOT / "benchmarks" / "results" / "2026-12-04-r7-final-cpu-2core" / "results.json"
+OLD_RESULTS = ROOT / "benchmarks" / "results" / "2026-12-04-full-cpu-2core" / "results.json"
 
 
 # -- cases -----------------------------------------------------------------------------------

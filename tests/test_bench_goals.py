@@ -17,7 +17,7 @@ from bitfold.cli.bench import cases as bench_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 #: A committed full run whose results.json carries the verdicts its bench judged then.
-FULL_RUN = ROOT / "benchmarks" / "results" / "2026-12-04-r7-final-cpu-2core" / "results.json"
+FULL_RUN = ROOT / "benchmarks" / "results" / "2026-12-04-full-cpu-2core" / "results.json"
 
 
 def _script():
