@@ -29,7 +29,7 @@ import bitfold
 from bitfold.torch import plan_cache
 from bitfold.torch.folds import fold_rows
 
-#: (positions, row width, buckets): the README's rows shapes and the seed's scalar shapes
+#: (positions, row width, buckets): the bench's rows shapes and the seed's scalar shapes
 SHAPES = [(400_000, 64, 20_000), (262_144, 64, 50_000), (3_145_728, 1, 433),
           (3_145_728, 1, 1_000_000)]  # fmt: skip
 DEFAULT_OUT = Path("benchmarks/results/2026-12-04-plancache-cpu-2core/fold_rows.json")

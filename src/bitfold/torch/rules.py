@@ -79,7 +79,7 @@ def _present(*names: str) -> tuple[Any, ...]:
 
 _MASKED_PUT = _present("_unsafe_masked_index_put_accumulate")
 
-#: every torch fold rule, in the order of the README's table
+#: every torch fold rule; the documentation's coverage table is generated from this list
 RULES: tuple[Rule, ...] = (
     Rule("scatter_add", (aten.scatter_add, aten.scatter_add_), h.scatter_add,
          "exact, any dim; an index expanded along the trailing dims folds whole rows",
