@@ -21,8 +21,11 @@ only for the rare block that needs it (see :mod:`bitfold.dense`); last,
 only for blocks where every rank holds an element whose terms were all
 ``-0.0``, one flag an element (MIN): the sign of a zero sum.
 ``torch.distributed`` is the engine — gloo for CPU tensors, NCCL for CUDA
-tensors (the words are moved to the group's device); bitfold chooses what
-to send.
+tensors; bitfold chooses what to send. The words of a tensor on a GPU are
+made and read on that GPU (Triton kernels, :mod:`bitfold.dense_device`: no
+copy of a gradient to the host, one host read of the layout's size); those
+of a CPU tensor on the host (Numba). Both are the same words, so ranks may
+mix them (``words=`` on :func:`exact_all_reduce` and :class:`GradientSum`).
 
 Faults: every collective waits at most ``timeout`` seconds; a rank that died
 or hangs makes the others raise :class:`bitfold.errors.DistributedError`
@@ -369,6 +372,11 @@ class GradientSum:
     cannot), float64 gradients another; NaN and Inf follow the fold's
     contract. Every collective waits at most ``timeout`` seconds and raises
     :class:`bitfold.errors.DistributedError` past it.
+
+    ``words`` (:data:`WORDS`; default: ``"device"`` when every parameter is off the CPU):
+    with device words, a step's single ``add`` stays on the device and its all-reduce words
+    are made and read there; a second ``add`` in the step takes the sum to the host. The
+    bits are the same either way.
     """
 
     @checked_options
