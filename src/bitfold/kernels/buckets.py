@@ -381,8 +381,8 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
     last = offsets[k1] - 1
     high, below = np.empty(D, np.uint32), np.empty(D, np.uint32)
     for k in range(k0, k1):
-        lo = offsets[k]
-        hi = offsets[k + 1]
+        lo = np.int64(offsets[k])  # int64 as in a split bucket's task: one compiled callee
+        hi = np.int64(offsets[k + 1])
         if lo == hi and not has_init:
             for d in range(D):
                 out_bits[k, d] = 0
@@ -441,8 +441,8 @@ def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, 
     last = offsets[k1] - 1
     tiny = _cast_tiny(target)
     for k in range(k0, k1):
-        lo = offsets[k]
-        hi = offsets[k + 1]
+        lo = np.int64(offsets[k])  # as in _fold_buckets: one compiled segment_bits
+        hi = np.int64(offsets[k + 1])
         if lo == hi and not has_init:
             out_bits[k, 0] = 0
             continue

@@ -326,18 +326,6 @@ def _bin_range(index, values, bits, lo, hi, bins):  # pragma: no cover - compile
         flat[b * width + np.uint64(ix[t])] += as_double(vs[t], bt[t], 8, 23)  # DAZ-immune
 
 
-@njit(cache=True, nogil=True)
-def _binned_slot(index, values, lo, hi, bins, acc, sp, flush_every):  # pragma: no cover
-    bits = values.view(np.uint32)
-    start = lo
-    while start < hi:
-        stop = min(hi, start + flush_every)
-        _bin_range(index, values, bits, start, stop, bins)
-        _flush_bins(bins, acc, sp)
-        normalise_rows(acc)
-        start = stop
-
-
 #: bfloat16 values are widened to float32 (exactly) in blocks of this many, in the cache.
 BF16_BLOCK = 4096
 
@@ -355,13 +343,19 @@ def _bin_range_bf16(index, bits16, lo, hi, bins, wide_bits):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _binned_slot_bf16(index, bits16, lo, hi, bins, acc, sp, flush_every):  # pragma: no cover
-    """:func:`_binned_slot` for bfloat16 values given as their uint16 bit patterns."""
-    wide_bits = np.empty(BF16_BLOCK, np.uint32)
+def _binned_slot(index, values, lo, hi, bins, acc, sp, flush_every, bf16):  # pragma: no cover
+    """Positions ``lo .. hi-1`` into one slot's ``bins``, flushed into its limbs ``acc`` and
+    specials ``sp`` every ``flush_every``; ``values`` float32, or (``bf16``) bfloat16 values
+    given as their uint16 bit patterns."""
+    bits = np.empty(0, np.uint32) if bf16 else values.view(np.uint32)
+    wide_bits = np.empty(BF16_BLOCK if bf16 else 0, np.uint32)
     start = lo
     while start < hi:
         stop = min(hi, start + flush_every)
-        _bin_range_bf16(index, bits16, start, stop, bins, wide_bits)
+        if bf16:
+            _bin_range_bf16(index, values, start, stop, bins, wide_bits)
+        else:
+            _bin_range(index, values, bits, start, stop, bins)
         _flush_bins(bins, acc, sp)
         normalise_rows(acc)
         start = stop
@@ -373,10 +367,7 @@ def _binned_parallel(index, values, bins, limbs, specials, flush_every, bf16):  
     S = bins.shape[0]
     for s in prange(S):
         lo, hi = n * s // S, n * (s + 1) // S
-        if bf16:
-            _binned_slot_bf16(index, values, lo, hi, bins[s], limbs[s], specials[s], flush_every)
-        else:
-            _binned_slot(index, values, lo, hi, bins[s], limbs[s], specials[s], flush_every)
+        _binned_slot(index, values, lo, hi, bins[s], limbs[s], specials[s], flush_every, bf16)
 
 
 #: Position chunks of the dynamically scheduled binned kernel (fixed: never the thread count).
@@ -428,8 +419,8 @@ def exact_binned_accumulate(index, values, bins, limbs, specials, flush_every) -
     bf16 = values.dtype == np.uint16
     S = bins.shape[0]
     if S == 1:
-        slot = _binned_slot_bf16 if bf16 else _binned_slot
-        slot(index, values, 0, values.shape[0], bins[0], limbs[0], specials[0], flush_every)
+        _binned_slot(index, values, 0, values.shape[0], bins[0], limbs[0], specials[0],
+                     flush_every, bf16)  # fmt: skip
         return
     start_thread_pool()
     import numba

@@ -23,6 +23,15 @@ LINE_BYTES = 64
 MAX_LINES = 64
 
 
+def _prefetch(builder: ir.IRBuilder, ptr: ir.Value, write: bool) -> None:
+    """Emit ``llvm.prefetch`` of the cache line at ``ptr``: for reading or writing, kept in all
+    cache levels, data cache."""
+    i32 = ir.IntType(32)
+    fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+    builder.call(fn, [ptr, i32(int(write)), i32(3), i32(1)])
+
+
 @intrinsic
 def prefetch_row(typingctx, arr, row):  # pragma: no cover - compiled
     """Prefetch (for reading) the first cache lines of ``arr[row]``; ``arr`` is C-contiguous 2-D."""
@@ -41,16 +50,12 @@ def prefetch_row(typingctx, arr, row):  # pragma: no cover - compiled
         )  # fmt: skip
         itemsize = context.get_constant(types.intp, aryty.dtype.bitwidth // 8)
         row_bytes = builder.mul(shape[1], itemsize)
-        i32 = ir.IntType(32)
-        i64 = ir.IntType(64)
-        fnty = ir.FunctionType(ir.VoidType(), [start.type, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        base = builder.ptrtoint(start, i64)
+        base = builder.ptrtoint(start, ir.IntType(64))
         for offset in range(0, MAX_LINES * LINE_BYTES, LINE_BYTES):
             off = context.get_constant(types.intp, offset)
             with builder.if_then(builder.icmp_signed("<", off, row_bytes)):
                 line = builder.inttoptr(builder.add(base, off), start.type)
-                builder.call(fn, [line, i32(0), i32(3), i32(1)])  # read, keep, data cache
+                _prefetch(builder, line, write=False)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -65,10 +70,7 @@ def prefetch_item(typingctx, arr, i):  # pragma: no cover - compiled
         aryty, _ = signature.args
         ary = context.make_array(aryty)(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        builder.call(fn, [ptr, i32(1), i32(3), i32(1)])  # write, keep, data cache
+        _prefetch(builder, ptr, write=True)
         return context.get_dummy_value()
 
     return sig, codegen
