@@ -41,6 +41,7 @@ import numpy as np
 from ..errors import FoldError
 from ..formats import FLOATS, LimbFormat, limb_format_for
 from ..kernels import buckets, cpu, planning, stream
+from ..kernels.compiling import first_use
 from ..validate import Values
 from .host_arrays import empty_out, frozen, host_rows, host_values, target
 from .host_buffers import reused_empty
@@ -69,7 +70,11 @@ class Route:
     ``run(plan, values, spec, fmt, out_name, **options)`` returns a ``(K, D)``
     (or ``(K,)``) NumPy array of ``out_name``. ``scalars_only``, ``dtypes``
     (None: every dtype) and ``max_K`` (None: any K) say what a forced route
-    can fold.
+    can fold. ``first_use_s``: about how long its kernels take to compile on
+    a first use with an empty cache, said while they do (seconds of CPU on a
+    2-core VM, rounded up: 23.8 for float32 rows, 23.0 for float64 rows, 2.9
+    half-stream, 5.0 limbs, 3.3 partitioned-stream, 4.2 float-stream, 6.6
+    sorted-stream for float64).
     """
 
     name: str
@@ -79,6 +84,7 @@ class Route:
     scalars_only: bool = True
     dtypes: tuple[str, ...] | None = None
     max_K: int | None = None
+    first_use_s: int = 10  # each entry of TABLE says its own
 
 
 # -- shared by the streaming and bucket routes ------------------------------------------------
@@ -87,6 +93,11 @@ BUCKET_CHUNKS = 64
 #: Most private states of a streaming route, and the bytes they may take per value.
 STREAM_SLOTS = 16
 STREAM_SLOT_BYTES_PER_VALUE = 8
+#: Scalar folds into at most this many buckets stream in position order (``float-stream``), one
+#: float64 a bucket a slot (at 10^6 buckets this beats reading the values through the plan's
+#: order, and needs no order: a one-shot fold does not sort); ``partitioned-stream`` takes the
+#: upper part of that range, below this limit too.
+FLOAT_STREAM_MAX_K = 1 << 20
 
 
 def stream_slots(n: int, K: int) -> int:
@@ -240,45 +251,7 @@ def _run_limbs(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name:
     return round_state(state, fmt, out_name)
 
 
-# -- 5. float-stream ----------------------------------------------------------------------------
-#: Scalar folds into at most this many buckets stream in position order, one float64 a bucket
-#: a slot (at 10^6 buckets this beats reading the values through the plan's order, and needs
-#: no order: a one-shot fold does not sort).
-FLOAT_STREAM_MAX_K = 1 << 20
-
-
-#: Index dtypes the float stream reads from a one-shot plan's caller, unchecked (each entry is
-#: checked as its value is added): a kernel is compiled for each, so only the usual ones.
-UNCHECKED_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
-
-
-def _is_float_stream(s: Shape) -> bool:
-    # past FLOAT_STREAM_MAX_K a kept plan's sorted order pays back; a one-shot fold's radix sort
-    # does not: N = 3,145,728, two threads, into 1.5 x 10^6 buckets 15.9 ms streamed against
-    # 64 sorted, 3 x 10^6 38 against 90, 5 x 10^6 50 against 62 (a slot's sums: 8 bytes a
-    # bucket, at most one a value)
-    return s.dtype != "float64" and (s.K <= FLOAT_STREAM_MAX_K or (s.once and s.K <= s.n))
-
-
-def _run_float_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
-                      **_: Any) -> np.ndarray:  # fmt: skip
-    rows = host_rows(values, spec)
-    slots = stream_slots(rows.shape[0], plan.K)
-
-    def fill(out: np.ndarray) -> int:  # reads the order only to redo an inexact bucket
-        sums = reused_empty(plan, (slots, plan.K), np.float64)  # each slot's state
-        raw = plan.unchecked_index  # a one-shot plan's: each entry checked as it is read
-        if raw is not None and raw.dtype in UNCHECKED_DTYPES:
-            left = stream.float_sums(raw, rows[:, 0], sums, out, bounded=True)
-            if left >= 0:
-                return left
-        # a checked plan; or an entry outside [0, K), and plan.index raises the plan's error
-        return stream.float_sums(plan.index, rows[:, 0], sums, out)
-
-    return _cast_or_redo(plan, rows, fmt, out_name, fill)
-
-
-# -- 4. partitioned-stream (after the float stream here: it ends at the float stream's limit) --
+# -- 4. partitioned-stream ----------------------------------------------------------------------
 #: Scalar folds into more buckets than this (and at most FLOAT_STREAM_MAX_K) group their values
 #: by partition first: a float-stream slot's sums (8 bytes a bucket) no longer fit a core's L2
 #: cache, a partition's (2^16 buckets) do. In-process, two threads, N = 3,145,728: into 10^6
@@ -314,6 +287,38 @@ def _run_partitioned_stream(plan: Fold, values: Any, spec: Values, fmt: LimbForm
         sums = reused_empty(plan, (cpu.thread_count(), 1 << planning.PARTITION_BITS), np.float64)
         return stream.partition_sums(plan.index, rows[:, 0], dest, local, starts, grouped, sums,
                                      out)  # fmt: skip
+
+    return _cast_or_redo(plan, rows, fmt, out_name, fill)
+
+
+# -- 5. float-stream ----------------------------------------------------------------------------
+#: Index dtypes the float stream reads from a one-shot plan's caller, unchecked (each entry is
+#: checked as its value is added): a kernel is compiled for each, so only the usual ones.
+UNCHECKED_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
+
+
+def _is_float_stream(s: Shape) -> bool:
+    # past FLOAT_STREAM_MAX_K a kept plan's sorted order pays back; a one-shot fold's radix sort
+    # does not: N = 3,145,728, two threads, into 1.5 x 10^6 buckets 15.9 ms streamed against
+    # 64 sorted, 3 x 10^6 38 against 90, 5 x 10^6 50 against 62 (a slot's sums: 8 bytes a
+    # bucket, at most one a value)
+    return s.dtype != "float64" and (s.K <= FLOAT_STREAM_MAX_K or (s.once and s.K <= s.n))
+
+
+def _run_float_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
+                      **_: Any) -> np.ndarray:  # fmt: skip
+    rows = host_rows(values, spec)
+    slots = stream_slots(rows.shape[0], plan.K)
+
+    def fill(out: np.ndarray) -> int:  # reads the order only to redo an inexact bucket
+        sums = reused_empty(plan, (slots, plan.K), np.float64)  # each slot's state
+        raw = plan.unchecked_index  # a one-shot plan's: each entry checked as it is read
+        if raw is not None and raw.dtype in UNCHECKED_DTYPES:
+            left = stream.float_sums(raw, rows[:, 0], sums, out, bounded=True)
+            if left >= 0:
+                return left
+        # a checked plan; or an entry outside [0, K), and plan.index raises the plan's error
+        return stream.float_sums(plan.index, rows[:, 0], sums, out)
 
     return _cast_or_redo(plan, rows, fmt, out_name, fill)
 
@@ -390,30 +395,30 @@ _NARROW = ("float16", "bfloat16", "float32")
 TABLE: tuple[Route, ...] = (
     Route("buckets", _is_rows,
           "rows of {row_size} elements: each bucket's rows summed in a scratch, bucket by bucket",
-          _run_buckets, scalars_only=False),
+          _run_buckets, scalars_only=False, first_use_s=25),
     Route("half-stream", _is_half_stream,
           "float16 scalars ({n:,} < {HALF_STREAM_MAX_VALUES:,} values) into {K:,} buckets "
           "(<= {HALF_STREAM_MAX_K:,}): an exact int64 scatter-add in units of 2^-24",
-          _run_half_stream, dtypes=("float16",)),
+          _run_half_stream, dtypes=("float16",), first_use_s=3),
     Route("limbs", _is_limbs,
           "{dtype} scalars into {K:,} buckets (<= {LIMBS_MAX_K:,}, or float64 and "
           "<= {LIMBS_FLOAT64_MAX_K:,}): added into a cache-sized per-bucket limb state",
-          _run_limbs),
+          _run_limbs, first_use_s=5),
     Route("partitioned-stream", _is_partitioned_stream,
           "{dtype} scalars into {K:,} buckets ({PARTITIONED_MIN_K:,} < K <= "
           "{FLOAT_STREAM_MAX_K:,}), a plan kept for more than one fold: values grouped by "
           "partitions of 2^16 buckets, checked "
           "float64 sums in position order in the caches, inexact buckets redone",
-          _run_partitioned_stream, dtypes=_NARROW, max_K=planning.PARTITIONED_MAX_K),
+          _run_partitioned_stream, dtypes=_NARROW, max_K=planning.PARTITIONED_MAX_K, first_use_s=4),
     Route("float-stream", _is_float_stream,
           "{dtype} scalars into {K:,} buckets (<= {FLOAT_STREAM_MAX_K:,}, or a one-shot "
           "fold into at most one a value): checked float64 sums in position order, one a "
           "bucket, inexact buckets redone",
-          _run_float_stream, dtypes=_NARROW),
+          _run_float_stream, dtypes=_NARROW, first_use_s=5),
     Route("sorted-stream", _always,
           "{dtype} scalars into {K:,} buckets (past the other routes' limits): checked "
           "float64 sums in the plan's sorted order, inexact buckets redone",
-          _run_sorted_stream),
+          _run_sorted_stream, first_use_s=7),
 )  # fmt: skip
 
 #: The route names, in table order (all give the same bits).
@@ -454,7 +459,9 @@ def _constants() -> dict[str, int]:
 def run(route: Route, plan: Fold, values: Any, spec: Values, out_name: str,
         **options: Any) -> np.ndarray:  # fmt: skip
     """Fold with ``route`` (refused when it cannot fold these values); ``spec`` of scalars for
-    rows of one element. ``options`` (``kernel=``, ``carry_every=``) tune the ``limbs`` route."""
+    rows of one element. ``options`` (``kernel=``, ``carry_every=``) tune the ``limbs`` route.
+    A first use that compiles the route's kernels says so on stderr, once a process
+    (:mod:`bitfold.kernels.compiling`)."""
     if route.scalars_only and spec.trailing:
         raise FoldError(
             f"the {route.name!r} route folds scalars only; folds of rows take 'buckets'"
@@ -469,7 +476,10 @@ def run(route: Route, plan: Fold, values: Any, spec: Values, out_name: str,
             f"the {route.name!r} route folds into at most {route.max_K:,} buckets; "
             f"this plan has K = {plan.K:,}"
         )
-    return route.run(plan, values, spec, limb_format_for(spec.dtype), out_name, **options)
+    kind = "rows" if spec.trailing else "scalars"
+    with first_use(f"exact fold kernels for {spec.dtype} {kind}, {route.name} route",
+                   route.first_use_s):  # fmt: skip
+        return route.run(plan, values, spec, limb_format_for(spec.dtype), out_name, **options)
 
 
 __all__ = [

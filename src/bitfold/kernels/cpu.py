@@ -25,6 +25,7 @@ import numpy as np
 from numba import get_thread_id, njit, prange
 
 from ..formats import decoding
+from .compiling import quietly
 from .ieee import (
     FINITE,
     NEGZERO,
@@ -76,7 +77,8 @@ def start_thread_pool() -> None:
         return
     torch = sys.modules.get("torch")
     threads = torch.get_num_threads() if torch is not None else None
-    _touch_pool(np.empty(2, np.int64))
+    with quietly():  # a kernel of one loop: its compilation is not worth a line
+        _touch_pool(np.empty(2, np.int64))
     if torch is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     _POOL_STARTED = True

@@ -1,0 +1,102 @@
+"""A first use that compiles kernels says so on stderr, once; a warm cache says nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from numba.core import event
+
+import bitfold
+from bitfold.backends import host_routes
+from bitfold.kernels import compiling
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process has said nothing yet."""
+    monkeypatch.setattr(compiling, "_said", set())
+
+
+def _compile_event(module: str) -> None:
+    """Numba's event for a cache miss of a kernel defined in ``module`` (nothing compiles)."""
+    kernel = SimpleNamespace(py_func=SimpleNamespace(__module__=module))
+    with event.trigger_event("numba:compile", data={"dispatcher": kernel}):
+        pass
+
+
+def test_a_kernel_compilation_says_what_once_a_process(fresh, capsys):
+    _compile_event("bitfold.kernels.planning")
+    _compile_event("bitfold.kernels.planning")
+    what, seconds = compiling.MODULES["planning"]
+    assert capsys.readouterr().err == compiling.message(what, seconds) + "\n"
+    assert compiling.message(what, seconds).startswith("bitfold: compiling the plan-building")
+
+
+def test_other_compilations_say_nothing(fresh, capsys):
+    _compile_event("my_project.kernels")  # the user's own numba functions
+    _compile_event("bitfold.kernels.cuda")  # the numba-cuda kernels, compiled for a GPU
+    assert capsys.readouterr().err == ""
+
+
+def test_quietly_says_nothing(fresh, capsys):
+    with compiling.quietly():
+        _compile_event("bitfold.kernels.cpu")  # the thread pool's one-loop kernel
+    assert capsys.readouterr().err == ""
+    _compile_event("bitfold.kernels.cpu")
+    assert capsys.readouterr().err == compiling.message(*compiling.MODULES["cpu"]) + "\n"
+
+
+def test_the_outermost_first_use_names_the_compilation(fresh, capsys):
+    with compiling.first_use("exact fold kernels for float32 rows", 25):
+        with compiling.first_use("plan-building kernels", 1):
+            _compile_event("bitfold.kernels.planning")
+        _compile_event("bitfold.kernels.buckets")
+    _compile_event("bitfold.kernels.planning")
+    assert capsys.readouterr().err.splitlines() == [
+        compiling.message("exact fold kernels for float32 rows", 25),
+        compiling.message(*compiling.MODULES["planning"]),
+    ]
+
+
+@pytest.mark.parametrize("values", [np.ones((6, 3), np.float32), np.ones(6)])
+def test_an_exact_route_names_itself(fresh, capsys, monkeypatch, values):
+    plan = bitfold.Fold(np.array([0, 2, 2, 1, 0, 2]), K=3)
+    route = plan.route(values).route
+    real = host_routes.get(route)
+
+    def compiles(*args, **kwargs):
+        _compile_event("bitfold.kernels.stream")
+        return real.run(*args, **kwargs)
+
+    patched = tuple(r if r.name != route else r.__class__(**{**vars(r), "run": compiles})
+                    for r in host_routes.TABLE)  # fmt: skip
+    monkeypatch.setattr(host_routes, "TABLE", patched)
+    plan(values)
+    kind = "rows" if values.ndim == 2 else "scalars"
+    what = f"exact fold kernels for {values.dtype} {kind}, {route} route"
+    assert capsys.readouterr().err == compiling.message(what, real.first_use_s) + "\n"
+
+
+def _fold_in_a_fresh_process(cache: Path) -> str:
+    code = "import numpy as np, bitfold; bitfold.Fold(np.array([0, 1, 1]), K=2)"
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=600, check=True)  # fmt: skip
+    return done.stderr
+
+
+def test_an_empty_cache_prints_the_line_and_a_warm_one_does_not(tmp_path):
+    # the cheapest kernels to compile: building a plan of two buckets
+    first = _fold_in_a_fresh_process(tmp_path)
+    assert compiling.message(*compiling.MODULES["planning"]) in first.splitlines(), first
+    assert any(tmp_path.rglob("*.nbi")), "nothing was cached"
+    second = _fold_in_a_fresh_process(tmp_path)
+    assert "bitfold: compiling" not in second, second
