@@ -28,6 +28,7 @@ raises :class:`bitfold.IndexRangeError`.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -128,6 +129,27 @@ def _same_dtype(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
         )
 
 
+def _check_fold(
+    call: str,
+    input: Any,
+    dim: int,
+    index: torch.Tensor,
+    values: Any,
+    name: str,
+    out: Any,
+    shape_problem: Callable[..., str | None],
+) -> None:
+    """What ``index_add`` and ``scatter_add`` check after the index, in torch's order: the
+    tensors, one dtype, the shapes (``shape_problem(input, dim, index, values)``), ``out``."""
+    check_tensor(input, "input")
+    check_tensor(values, name)
+    _same_dtype(input, values, name)
+    problem = shape_problem(input, dim, index, values)
+    if problem:
+        raise ShapeError(f"{call}: {problem}")
+    _check_out(out, input, (input, values))
+
+
 @checked_options
 def index_add(
     input: torch.Tensor,
@@ -159,13 +181,7 @@ def index_add(
     if isinstance(input, torch.Tensor) and input.dtype in _EXACT_ALREADY:
         _have_data(input=input, source=source)
         return torch.index_add(input, dim, index, source, alpha=alpha, out=out)
-    check_tensor(input, "input")
-    check_tensor(source, "source")
-    _same_dtype(input, source, "source")
-    problem = index_add_shape_problem(input, dim, index, source)
-    if problem:
-        raise ShapeError(f"index_add: {problem}")
-    _check_out(out, input, (input, source))
+    _check_fold("index_add", input, dim, index, source, "source", out, index_add_shape_problem)
     if input.dim() == 0:
         one = index_add_op(input.reshape(1), 0, index.reshape(-1), source.reshape(1), float(alpha))
         return _into(out, one.reshape(()))
@@ -202,13 +218,7 @@ def scatter_add(
     if isinstance(input, torch.Tensor) and input.dtype in _EXACT_ALREADY:
         _have_data(input=input, src=src)
         return torch.scatter_add(input, dim, index, src, out=out)
-    check_tensor(input, "input")
-    check_tensor(src, "src")
-    _same_dtype(input, src, "src")
-    problem = scatter_shape_problem(input, dim, index, src)
-    if problem:
-        raise ShapeError(f"scatter_add: {problem}")
-    _check_out(out, input, (input, src))
+    _check_fold("scatter_add", input, dim, index, src, "src", out, scatter_shape_problem)
     if input.dim() == 0:
         one = scatter_add_op(input.reshape(1), 0, index.reshape(1), src.reshape(1))
         return _into(out, one.reshape(()))
