@@ -27,7 +27,7 @@ float sums.
 
 Run (the defaults are the experiment's sizes: D=768, hid=4096, K=433)::
 
-    python examples/hashed_layer.py --small          # a few seconds
+    python examples/hashed_layer.py --small          # about 10 s on a 2-core CPU
     python examples/hashed_layer.py                  # 20 steps at the sizes above
 
 Needs ``torch``.
