@@ -4,7 +4,8 @@ Every route returns the same bits, the correctly rounded sum; they differ in
 speed only, and are chosen from the shapes (K, the number of values, the
 dtype, the row size), never from the data or the thread count. Each
 :class:`Route` states when it is taken, why, and how it runs; its size
-constants sit just above it. In order:
+constants sit just above it (those that several routes share, in a section
+before the first route). The sections follow the table's order:
 
 1. ``buckets``: folds of rows (and folds into ``init``): each bucket's rows
    gathered through the plan's stable order and summed in a small scratch
