@@ -4,7 +4,9 @@ Kernels know nothing about plans or frameworks: they take numba device
 arrays (real ones, or the simulator's under ``NUMBA_ENABLE_CUDASIM=1``) and a
 stream. :mod:`bitfold.backends.cuda` wraps foreign arrays and chooses launch shapes.
 Decoding, limb splitting, carry normalisation and rounding are the CPU's own
-functions (:mod:`bitfold.kernels.ieee`), compiled for the device.
+functions (:mod:`bitfold.kernels.ieee`), compiled for the device. A thread's
+place in the grid is ``cuda.grid(1)`` and the grid's size ``cuda.gridsize(1)``,
+both int64 in numba-cuda: a grid of ``2^31`` threads or more does not wrap.
 
 Numeric contracts
 -----------------
@@ -296,8 +298,8 @@ def exact_global_kernel(source: str) -> Any:
     L = fmt.limbs
 
     def exact_global(index, bits, lo, hi, state):  # pragma: no cover - compiled
-        i = lo + int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
-        stride = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+        i = lo + cuda.grid(1)
+        stride = cuda.gridsize(1)
         while i < hi:
             k = int64(index[i])
             cls, neg, m, p = decode(bits[i], EXP, FRAC, SHIFT)
@@ -542,7 +544,7 @@ def hot_segments_kernel(source: str) -> Any:
     def hot_segments(values, bits, order, offsets, hot, starts, seg_bucket, s0, s1, state):
         # pragma: no cover - compiled
         D = int64(bits.shape[1])
-        i = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
+        i = cuda.grid(1)
         s = s0 + i // D
         if s >= s1:
             return
@@ -596,7 +598,7 @@ def hot_round_kernel(source: str, out_name: str, widen_bfloat16: bool = False) -
     P, EBITS, SUB_EXP, NAN_BITS, OUT_SHIFT = _target_constants(out_name, widen_bfloat16)
 
     def hot_round(state, hot, out_bits, init_bits, has_init):  # pragma: no cover - compiled
-        d = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
+        d = cuda.grid(1)
         D = out_bits.shape[1]
         if d >= D:
             return
@@ -628,8 +630,8 @@ def gather_rows(order, values, out):  # pragma: no cover - compiled
     """
     D = values.shape[1]
     n = out.shape[0] * D
-    i = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
-    stride = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
     while i < n:
         t = i // D
         d = i - t * D
@@ -686,8 +688,8 @@ def atomic_kernel(out_name: str) -> Any:
     def atomic(index, values, out):  # pragma: no cover - compiled
         D = values.shape[1]
         n = values.shape[0] * D
-        i = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
-        stride = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
         while i < n:
             r = i // D
             d = i - r * D
@@ -708,8 +710,8 @@ def cast_f32_to_f16(src, dst):  # pragma: no cover - compiled
 @cuda.jit
 def zero_fill(flat):  # pragma: no cover - compiled
     """Set every element of a flat array to zero (grid-stride)."""
-    i = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
-    stride = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
     while i < flat.shape[0]:
         flat[i] = 0
         i += stride
@@ -718,8 +720,8 @@ def zero_fill(flat):  # pragma: no cover - compiled
 @cuda.jit
 def add_fill(flat, other):  # pragma: no cover - compiled
     """``flat[i] += other[i]`` for every element of two flat int64 arrays (grid-stride)."""
-    i = int64(cuda.blockIdx.x) * int64(cuda.blockDim.x) + int64(cuda.threadIdx.x)
-    stride = int64(cuda.blockDim.x) * int64(cuda.gridDim.x)
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
     while i < flat.shape[0]:
         flat[i] += other[i]
         i += stride
