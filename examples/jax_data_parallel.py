@@ -40,8 +40,11 @@ import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--devices", type=int, help="simulate this many CPU devices")
+    p.add_argument("--small", action="store_true",
+                   help="3 steps, a global batch of 128, 16 hidden units (the tests)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--reduce", choices=("exact", "plain"), default="exact")
     p.add_argument("--batch", type=int, default=256, help="global batch (examples)")
@@ -49,7 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--json", action="store_true", help="print one JSON line")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.small:
+        args.steps, args.batch, args.hidden = 3, 128, 16
+    return args
 
 
 ARGS = parse_args() if __name__ == "__main__" else None
@@ -164,8 +170,9 @@ def main() -> None:
     if a.json:
         print(json.dumps(out))
     else:
+        devices = f"{out['devices']} device" + ("s" if out["devices"] != 1 else "")
         print(
-            f"{out['devices']} devices, {out['steps']} steps, {out['reduce']} psum: loss "
+            f"{devices}, {out['steps']} steps, {out['reduce']} psum: loss "
             f"{out['first_loss']:.6f} -> {out['loss']:.6f}, weights {out['digest']}"
         )
 

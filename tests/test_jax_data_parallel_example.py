@@ -22,7 +22,7 @@ pytest.importorskip("jax", reason="jax is not installed")
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "jax_data_parallel.py"
 DEVICES = (1, 2, 4, 8)
-SIZE = ["--steps", "3", "--batch", "128", "--micro-batch", "8", "--hidden", "16"]
+SIZE = ["--small"]  # 3 steps, a global batch of 128, 16 hidden units
 
 
 def _env() -> dict[str, str]:

@@ -15,7 +15,7 @@ all-reduce (SUM) of int64 words: half a word an element where a block's
 sums fit 32 bits (the bytes of a float32 all-reduce; every block of float16
 or bfloat16 gradients), two thirds of one where its elements span at most
 38 bits (2 ranks; 36 for 4: most blocks of float32 gradients, 1.35x to
-1.45x the bytes of a float32 all-reduce in all), one an element up to 63
+1.43x the bytes of a float32 all-reduce in all, measured), one an element up to 63
 bits, a word and a half, or two, for wider ranges, a whole superaccumulator
 only for the rare block that needs it (see :mod:`bitfold.dense`); last,
 only for blocks where every rank holds an element whose terms were all
@@ -164,8 +164,8 @@ def exact_all_reduce(
       one flat NumPy array a range.
 
     The same bits on every rank. ``timeout`` (seconds) and ``mean_over`` (a
-    positive integer) are checked before any collective. ``words`` (:data:`WORDS`)
-    says where an array's words are made and read: on a tensor's device
+    positive integer) are checked before any collective. ``words`` (``"host"`` or
+    ``"device"``) says where an array's words are made and read: on a tensor's device
     (``"device"``, the default off the CPU: no copy of the array to the host,
     one host read of the layout's size) or on the host; the bits are the same.
     """
@@ -373,10 +373,10 @@ class GradientSum:
     contract. Every collective waits at most ``timeout`` seconds and raises
     :class:`bitfold.errors.DistributedError` past it.
 
-    ``words`` (:data:`WORDS`; default: ``"device"`` when every parameter is off the CPU):
-    with device words, a step's single ``add`` stays on the device and its all-reduce words
-    are made and read there; a second ``add`` in the step takes the sum to the host. The
-    bits are the same either way.
+    ``words`` (``"host"`` or ``"device"``; default: ``"device"`` when every parameter is
+    off the CPU): with device words, a step's single ``add`` stays on the device and its
+    all-reduce words are made and read there; a second ``add`` in the step takes the sum to
+    the host. The bits are the same either way.
     """
 
     @checked_options
