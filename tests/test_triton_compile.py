@@ -98,8 +98,9 @@ SELECTED = [
 
 def _all_names() -> list[str]:
     from bitfold.kernels import triton as kernels
+    from bitfold.kernels import triton_words
 
-    return [t[0] for t in kernels.compile_targets()]
+    return [t[0] for t in kernels.compile_targets() + triton_words.compile_targets()]
 
 
 NAMES = _all_names() if ALL and HAVE_TRITON else SELECTED

@@ -181,6 +181,7 @@ def _worker(out: Path, arch: str, share: list[tuple[int, str]]) -> None:
     from triton.compiler import ASTSource
 
     from bitfold.kernels import triton as kernels
+    from bitfold.kernels import triton_words
 
     why = _probe(arch)
     if why:
@@ -188,7 +189,7 @@ def _worker(out: Path, arch: str, share: list[tuple[int, str]]) -> None:
         return
     args, kinds = ARCHES[arch]
     variants = {name: (kernel, sig, const) for name, kernel, sig, const in
-                kernels.compile_targets()}  # fmt: skip
+                kernels.compile_targets() + triton_words.compile_targets()}  # fmt: skip
     for i, name in share:
         t0 = time.perf_counter()
         error = None

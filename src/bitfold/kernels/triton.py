@@ -675,38 +675,4 @@ def compile_targets() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                  "PREC": t.precision, "TEXP": t.exponent_bits, "SUBEXP": t.subnormal_exp,
                  "NAN_BITS": t.canonical_nan, "BLOCK_K": 128, "BLOCK_D": 1})  # fmt: skip
             out.append((f"ordered[{values}->{out_name}]", ordered_kernel, sig, const))
-    return out + _words_targets(typed)
-
-
-def _words_targets(typed: Any) -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
-    """The exact all-reduce's word kernels (:mod:`bitfold.kernels.triton_words`); a decode's
-    ``init=`` in its name says whether zero signs travel (``HAS_SIGNS``)."""
-    from ..formats import FLOATS
-    from . import triton_words
-    from .dense import NO_HI, NO_LO, SPECIAL_HI
-
-    out: list[tuple[str, Any, dict[str, str], dict[str, Any]]] = []
-    for values in ("float32", "float64"):
-        f = FLOATS[values]
-        reading = {"EXP_BITS": f.exponent_bits, "FRAC_BITS": f.fraction_bits,
-                   "BITS_MASK": -1 if values == "float64" else 0xFFFFFFFF}  # fmt: skip
-        sig, const = typed({"bits_ptr": _POINTER[values], "out_ptr": "*i32"}, ("n", "blocks"),
-                           {**reading, "NO_LO": NO_LO, "NO_HI": NO_HI, "SPECIAL_HI": SPECIAL_HI,
-                            "BLOCK": 64, "BLOCKS": 16})  # fmt: skip
-        out.append((f"bounds[{values}]", triton_words.bounds_kernel, sig, const))
-        sig, const = typed({"bits_ptr": _POINTER[values], "classes_ptr": "*i64", "lo_ptr": "*i64",
-                            "offsets_ptr": "*i64", "words_ptr": "*i64"},
-                           ("n", "blocks", "split"), {**reading, "BLOCK": 64, "BLOCKS": 16})
-        out.append((f"words[{values}]", triton_words.words_kernel, sig, const))
-    for out_name in ("float16", "bfloat16", "float32", "float64"):
-        t = FLOATS[out_name]
-        for signs in (False, True):
-            sig, const = typed(
-                {"words_ptr": "*i64", "classes_ptr": "*i64", "lo_ptr": "*i64",
-                 "offsets_ptr": "*i64", "negzero_ptr": "*i32", "out_ptr": _POINTER[out_name]},
-                ("n", "blocks", "split", "mean"),
-                {"HAS_SIGNS": signs, "PREC": t.precision, "TEXP": t.exponent_bits,
-                 "SUBEXP": t.subnormal_exp, "BLOCK": 64, "BLOCKS": 16})  # fmt: skip
-            out.append((f"decode[int64->{out_name}, init={signs}]", triton_words.decode_kernel,
-                        sig, const))  # fmt: skip
     return out
