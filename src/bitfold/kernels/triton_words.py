@@ -94,17 +94,16 @@ def _shifted(bits_ptr, at, live, lo, EXP_BITS: tl.constexpr, FRAC_BITS: tl.const
 
 @triton.jit
 def _block_facts(b, classes_ptr, lo_ptr, offsets_ptr, n, blocks, BLOCK: tl.constexpr):
-    """Block ``b``'s ``(class, lo, first word, count, a, rw)`` (``a``: a thirds block's paired
-    words; ``rw``: the words of its rest)."""
+    """Blocks ``b``'s ``(class, lo, first word, count, a, rw)``, each a ``(BLOCKS, 1)`` column
+    (``a``: a thirds block's paired words; ``rw``: the words of its rest, never 0)."""
     ok = b < blocks
-    klass = tl.load(classes_ptr + b, mask=ok, other=0)
-    lo = tl.load(lo_ptr + b, mask=ok, other=0)
-    base = tl.load(offsets_ptr + b, mask=ok, other=0)
-    count = tl.minimum(n - b.to(tl.int64) * BLOCK, BLOCK)
-    count = tl.where(ok, count, 0)
+    klass = tl.load(classes_ptr + b, mask=ok, other=0)[:, None]
+    lo = tl.load(lo_ptr + b, mask=ok, other=0)[:, None]
+    base = tl.load(offsets_ptr + b, mask=ok, other=0)[:, None]
+    count = tl.where(ok, tl.minimum(n - b.to(tl.int64) * BLOCK, BLOCK), 0)[:, None]
     a = count // 2
     r = count - a + count % 2
-    return klass, lo, base, count, a, tl.maximum((r + 2) // 3, 1)  # never 0: it divides
+    return klass, lo, base, count, a, tl.maximum((r + 2) // 3, 1)
 
 
 @triton.jit
@@ -133,8 +132,6 @@ def words_kernel(
     klass, lo, base, count, a, rw = _block_facts(b, classes_ptr, lo_ptr, offsets_ptr, n, blocks,
                                                  BLOCK)  # fmt: skip
     k = tl.arange(0, BLOCK)[None, :]
-    klass, lo, base, count, a, rw = (klass[:, None], lo[:, None], base[:, None], count[:, None],
-                                     a[:, None], rw[:, None])  # fmt: skip
     first = b[:, None].to(tl.int64) * BLOCK
     half = klass == _HALF
     thirds = klass == _THIRDS
@@ -196,8 +193,6 @@ def decode_kernel(
     klass, lo, base, count, a, rw = _block_facts(b, classes_ptr, lo_ptr, offsets_ptr, n, blocks,
                                                  BLOCK)  # fmt: skip
     j = tl.arange(0, BLOCK)[None, :]
-    klass, lo, base, count, a, rw = (klass[:, None], lo[:, None], base[:, None], count[:, None],
-                                     a[:, None], rw[:, None])  # fmt: skip
     live = j < count
     at = b[:, None].to(tl.int64) * BLOCK + j
     half = klass == _HALF

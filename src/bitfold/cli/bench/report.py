@@ -197,21 +197,18 @@ def glance_lines(res: dict[str, Any]) -> list[str]:
         out.append(f"Numba start-up: a fresh process took {st['cold']['process_s']:.1f} s with an "
                    f"empty cache, {st['warm']['process_s']:.1f} s with the cache the first one "
                    "wrote.")  # fmt: skip
-    steps = res.get("steps") or {}
-    if steps.get("status") == "ok":
-        for name, m in steps["models"].items():
-            r = m["over_plain"]
-            out.append(f"A training step of the {name} model under `exact_mode`: "
-                       f"{r['exact_mode']:.2f}x the plain step (under "
-                       f"`torch.use_deterministic_algorithms`: "
-                       f"{r['deterministic']:.2f}x).")  # fmt: skip
-    compiled = res.get("compiled_steps") or {}
-    if compiled.get("status") == "ok":
-        for name, m in compiled["models"].items():
-            r = m["over_compiled"]
-            out.append(f"A training step of the {name} model compiled by "
-                       f"`bitfold.torch.compile`: {r['exact_compiled']:.2f}x the `torch.compile` "
-                       f"step (eager under `exact_mode`: {r['exact_mode']:.2f}x).")  # fmt: skip
+    sentences = (
+        ("steps", "over_plain", "A training step of the {name} model under `exact_mode`: "
+         "{exact_mode:.2f}x the plain step (under `torch.use_deterministic_algorithms`: "
+         "{deterministic:.2f}x)."),
+        ("compiled_steps", "over_compiled", "A training step of the {name} model compiled by "
+         "`bitfold.torch.compile`: {exact_compiled:.2f}x the `torch.compile` step (eager under "
+         "`exact_mode`: {exact_mode:.2f}x)."),
+    )  # fmt: skip
+    for section, over, sentence in sentences:
+        phase = res.get(section) or {}
+        if phase.get("status") == "ok":
+            out += [sentence.format(name=name, **m[over]) for name, m in phase["models"].items()]
     return out
 
 
