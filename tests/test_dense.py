@@ -520,3 +520,25 @@ def test_the_packed_classes_take_exactly_the_blocks_whose_lane_sums_fit():
             assert klass(thirds) == (kernels.THIRDS, 43)
             assert klass(thirds, size=5) == (kernels.THIRDS, 4)  # 10 lanes
         assert klass(max(thirds, 31 - growth) + 1) == (kernels.NARROW, 64)
+
+
+def test_the_kernels_take_the_threads_a_launcher_shares_out():
+    """``OMP_NUM_THREADS`` (set by ``torchrun``) sizes Numba's pool unless
+    ``NUMBA_NUM_THREADS`` says otherwise: processes sharing cores do not all take every one."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numba, numpy as np; from bitfold.dense import DenseSum; "
+            "DenseSum(3).add(np.ones(3, np.float32)); print(numba.get_num_threads())")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",
+                                                             "NUMBA_NUM_THREADS")}  # fmt: skip
+
+    def threads(**extra: str) -> int:
+        done = subprocess.run([sys.executable, "-c", code], env={**env, **extra},
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout.split()[-1])
+
+    assert threads(OMP_NUM_THREADS="1") == 1
+    assert threads(OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="2") == 2

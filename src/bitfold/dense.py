@@ -255,8 +255,7 @@ class DenseSum:
             self._bounds[:, 0] = -kernels.NO_LO
             self._bounds[:, 1] = kernels.NO_HI
             self._bounds[:, 2] = 0
-        if self.size >= (1 << 16):
-            start_thread_pool()
+        start_thread_pool()  # the kernels below are parallel: the pool, sized once
         offset = 0
         for flat in flats:
             if isinstance(flat, int):  # -0.0: nothing to add, unless nothing was there
