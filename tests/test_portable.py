@@ -122,6 +122,84 @@ def test_portable_is_the_host_path_bit_for_bit(dtype, shape):
         assert np.array_equal(_bits(got_t, name), _bits(want, name))
 
 
+# -- the narrow path: one int64 word a value, where every bucket fits one -----------------------
+narrow_values = st.builds(lambda s, m, e: s * m * 2.0**e, st.sampled_from([1, -1]),
+                          st.floats(1, 2, exclude_max=True), st.integers(-12, 12))  # fmt: skip
+
+
+@st.composite
+def narrow_folds(draw):
+    dtype = draw(st.sampled_from(["float16", "bfloat16", "float32"]))
+    K = draw(st.integers(1, 6))
+    n = draw(st.integers(0, 40))
+    D = draw(st.sampled_from([None, 3]))
+    shape = (n,) if D is None else (n, D)
+    pool = st.one_of(narrow_values, st.sampled_from([0.0, -0.0, 1.0, -1.0]))
+    values = np.array(draw(st.lists(pool, min_size=n * (D or 1), max_size=n * (D or 1))),
+                      np.float64).reshape(shape)  # fmt: skip
+    index = np.array(draw(st.lists(st.integers(0, K - 1), min_size=n, max_size=n)), np.int64)
+    out = draw(st.sampled_from([None, "float32", "float16", "bfloat16", "float64"]))
+    return dtype, K, index, values, out, draw(st.booleans()), draw(st.booleans())
+
+
+@given(narrow_folds())
+def test_the_narrow_path_against_the_oracle(case):
+    """Values whose buckets fit one word (no special, span within 63 bits) take the narrow path,
+    with words scaled in float64 or shifted as integers: the oracle's bits either way; -0.0
+    buckets, zero sums, empty buckets and an init included."""
+    dtype, K, index, values, out, with_init, scaled = case
+    t, held = _as(values, dtype)
+    plan = bitfold.Fold(index, K)
+    D = int(np.prod(t.shape[1:], dtype=np.int64))
+    start = np.linspace(-3, 3, K * D).reshape((K, *t.shape[1:]))
+    start.reshape(-1)[:1] = -0.0
+    init, init_held = _as(start, dtype) if with_init else (None, None)
+    real = portable._scales_exactly
+    try:
+        portable._scales_exactly = lambda ops, like: scaled and real(ops, like)
+        groups = [(torch.from_numpy(index), t, dtype)]
+        counts = torch.from_numpy(np.bincount(index, minlength=K).astype(np.int64) + with_init)
+        shape = (K,) if D == 1 and t.ndim == 1 else (K, D)
+        if init is not None:
+            groups.append((torch.arange(K), init.reshape(shape), dtype))
+        out_name = bitfold.formats.resolve_out_dtype(dtype, out)
+        fmt = limb_format_for(dtype)
+        counts = counts.reshape(-1, *([1] * (len(shape) - 1))).expand(shape).contiguous()
+        got, bad = portable.narrow_fold(arrays.family_of(t), t, fmt, shape,
+                                        [(i, v.reshape((-1, *shape[1:])), d) for i, v, d in groups],
+                                        counts, out_name)  # fmt: skip
+        assert not bool(bad)
+        rows = held.reshape(len(index), D)
+        want = _oracle(index, rows, K, out_name, None if init is None else init_held.reshape(K, D))
+        assert np.array_equal(_bits(got, out_name).reshape(K, -1), want)
+        # the fold itself takes the same path: same bits
+        kw = {} if init is None else {"init": init}
+        via = dispatch.fold(plan, t, out_dtype=out_name, backend="portable", **kw)
+        assert np.array_equal(_bits(via, out_name).reshape(K, -1), want)
+    finally:
+        portable._scales_exactly = real
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_the_narrow_path_flags_what_it_cannot_hold(scaled, monkeypatch):
+    """A bucket spanning more than a word, a NaN, an infinity (and, scaled, a subnormal) set the
+    flag; the fold then takes the digit path and gives the oracle's bits."""
+    real = portable._scales_exactly
+    monkeypatch.setattr(portable, "_scales_exactly", lambda ops, like: scaled and real(ops, like))
+    index = np.array([0, 0, 1, 1, 2])
+    for odd in [2.0**-70, np.nan, np.inf, 1e-40]:
+        values = np.array([1.0 if odd != 1e-40 else 3e-40, odd, 3.0, 1.5, -2.0], np.float32)
+        t = torch.from_numpy(values)
+        counts = torch.from_numpy(np.bincount(index, minlength=3).astype(np.int64))
+        _, bad = portable.narrow_fold(arrays.family_of(t), t, limb_format_for("float32"), (3,),
+                                      [(torch.from_numpy(index), t, "float32")], counts,
+                                      "float32")  # fmt: skip
+        assert bool(bad) == (scaled or odd != 1e-40)
+        got = bitfold.Fold(index, 3)(t, backend="portable")
+        want = exact_fold_oracle(index, values.astype(np.float64), 3)
+        assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
+
+
 @pytest.mark.parametrize("strategy", ["ordered", "atomic"])
 def test_ordered_and_atomic(strategy):
     rng = np.random.default_rng(4)

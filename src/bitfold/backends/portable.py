@@ -36,6 +36,16 @@ gives the same bits in any order, atomics included.
    and the sticky bit, round half to even, then the bit pattern, read back as the
    output dtype.
 
+The narrow path (int64 words: torch, CuPy, NumPy, JAX with ``jax_enable_x64``;
+values of at most 24 significant bits) comes first: a max-scatter of every
+output element's largest magnitude gives it a unit ``2^u`` such that its
+terms, each one int64 word, sum below ``2^63``; one scatter-add of the words
+and one rounding (:func:`narrow_fold`). Where an element's terms do not fit
+one word (a span of more than about ``63 - 24 - log2(count)`` binary orders),
+or meet NaN or infinity, a flag sends the whole fold to the digit path above:
+read where it lies for an eager CPU tensor, ``lax.cond`` in JAX, both made
+and one selected elsewhere (no host synchronisation in any case).
+
 Each addition is below ``2^w`` in magnitude: a word absorbs ``2^30`` additions
 (int64, 32-bit digits) or ``2^(29 - w)`` (int32) before it could overflow.
 More positions than that are taken in fixed chunks (from the shapes only)
@@ -261,17 +271,23 @@ def _bit_length(ops: ArrayFamily, x: Any, w: int) -> Any:
     return n + x
 
 
-def round_table(ops: ArrayFamily, table: Any, words: Words, fmt: LimbFormat, out_name: str) -> Any:
+def round_table(
+    ops: ArrayFamily, table: Any, words: Words, fmt: LimbFormat, out_name: str, shift: Any = None
+) -> Any:
     """Each row of ``table`` ``(R, columns)`` rounded once to ``out_name``: an ``(R,)`` array.
 
     The rows need not be carried (a merged state is not): only clear of
-    overflow. bfloat16 results of a library without bfloat16 are float32
-    arrays holding the bfloat16 values.
+    overflow. ``shift`` ((R,) integers, or None for 0) moves each row's digits
+    up: digit ``i`` of row ``r`` weighs ``2^(unit + shift[r] + w i)`` (the
+    narrow path's per-bucket units). bfloat16 results of a library without
+    bfloat16 are float32 arrays holding the bfloat16 values.
     """
     target = FLOATS[out_name]
     P, F, E, S = target.precision, target.fraction_bits, target.exponent_bits, target.subnormal_exp
     w, n, word = words.digit_bits, words.digits, words.word
     where, unit = ops.where, fmt.unit_exp
+    if shift is not None:
+        unit = shift + unit
     cols = _carry([table[:, i] for i in range(n)], w)
     neg = cols[-1] < 0
     cols = _carry([where(neg, -c, c) for c in cols], w)
@@ -308,6 +324,201 @@ def round_table(ops: ArrayFamily, table: Any, words: Words, fmt: LimbFormat, out
     if ops.has_dtype(out_name):
         return ops.bitcast(ops.astype(signed, target.signed_bits_dtype.name), out_name)
     return ops.bitcast(ops.astype(signed << 16, "int32"), "float32")  # bfloat16, held in float32
+
+
+# -- the narrow path: one int64 word a value ----------------------------------------------------
+#: The narrow path's sums: one signed int64 word a bucket, rounded as two 32-bit digits.
+NARROW = Words("int64", 64, 32, 2, 1 << 30)
+#: Bits of a narrow word a sum may fill (its sign bit kept clear).
+NARROW_BITS = 63
+
+
+def narrow_applies(dtypes: list[str], int64: bool) -> bool:
+    """Whether the narrow path is tried for values of ``dtypes``: int64 words, and significands
+    narrow enough to leave a useful span of exponents (float64's 53 bits leave too few)."""
+    return int64 and max(FLOATS[d].precision for d in dtypes) <= 24
+
+
+def _scatter_rows(ops: ArrayFamily, how: str, target: Any, index: Any, src: Any) -> Any:
+    """``target[index[i]] = how(target[index[i]], src[i])`` for values ``(n,)`` or rows
+    ``(n, D)`` into ``(K,)`` or ``(K, D)``; ``how``: "add" (the family's scatter-add), "max" or
+    "min" (integers: order-free like the add; each library's own scatter)."""
+    if how == "add":
+        return ops.scatter_add(target, index, src)
+    if ops.name == "torch":
+        if len(src.shape) == 2:
+            index = index.reshape(-1, 1).expand(src.shape)
+        return target.scatter_reduce(0, index, src, f"a{how}")
+    if ops.name == "jax":
+        return getattr(target.at[index], how)(src)
+    if ops.name == "cupy":
+        import cupyx
+
+        getattr(cupyx, f"scatter_{how}")(target, index, src)
+        return target
+    getattr(np, {"max": "maximum", "min": "minimum"}[how]).at(target, index, src)
+    return target
+
+
+def _scales_exactly(ops: ArrayFamily, like: Any) -> bool:
+    """Whether narrow words are made by a float64 scaling (fast in eager libraries) rather than
+    integer shifts: where the library has float64 on the values' device (not Apple's MPS).
+
+    Exact and immune to flush-to-zero: only terms the integer first pass found normal are
+    scaled, by a power of two that makes each an integer of at most 63 bits (no term has bits
+    below its element's unit), so no subnormal meets the float unit, in or out.
+    """
+    return ops.has_dtype("float64") and ops.device(like) != "mps"
+
+
+def _powers(ops: ArrayFamily, like: Any) -> Any:
+    """``2^s`` for ``s`` in ``[0, 63)``, int64 on ``like``'s device (kept per device)."""
+    return ops.constant(like, np.left_shift(1, np.arange(NARROW_BITS, dtype=np.int64)))
+
+
+def _larger(ops: ArrayFamily, a: Any, b: Any) -> Any:
+    return ops.where(a > b, a, b)
+
+
+def _value_bits(ops: ArrayFamily, values: Any, dtype: str) -> tuple[Any, Any]:
+    """(signed bit patterns, their magnitudes' bits): int32 for 16-bit formats, else the width."""
+    f = FLOATS[dtype]
+    bits = ops.bitcast(values, f.signed_bits_dtype.name)
+    if f.width < 32:
+        bits = ops.astype(bits, "int32")
+    return bits, bits & ((1 << (f.width - 1)) - 1)
+
+
+def _chunks(ops: ArrayFamily, like: Any, n: int, row: int, R: int) -> list[tuple[int, int]]:
+    """Position ranges an eager fold takes in turn (from the shapes only): each chunk's
+    temporaries stay in the caches and are made again from freed memory, where one pass over
+    all the values would fault in fresh pages for every operation. Traced folds: one range."""
+    if ops.cache_key(like) is None or ops.name not in ("torch", "numpy"):
+        return [(0, n)]
+    step = max(1, max(1 << 18, 4 * R) // max(row, 1))
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)] or [(0, 0)]
+
+
+def narrow_fold(
+    ops: ArrayFamily,
+    like: Any,
+    fmt: LimbFormat,
+    shape: tuple[int, ...],
+    groups: list[tuple[Any, Any, str]],
+    counts: Any,
+    out_name: str,
+) -> tuple[Any, Any]:
+    """(rounded sums of shape ``shape``, a scalar flag set where they may be wrong).
+
+    ``groups`` are ``(index, values, dtype)``: bucket ids ``(n,)`` and values
+    ``(n,) + shape[1:]``; ``counts`` (``shape``, int64) the terms of every
+    output element. Two passes over the values, each with one integer scatter
+    (order-free):
+
+    1. a max-scatter of ``magnitude bits << 1 | (term is not -0.0)``: every
+       output element's largest magnitude, and whether every term is -0.0.
+       The element's unit is ``2^u``, the lowest that keeps ``count`` terms
+       below ``2^63``: ``u = top + bit_length(count) - 63`` (``top``: the
+       exponent just above the largest term), never below the format's unit;
+    2. every term as one int64 word, a multiple of its element's unit, one
+       scatter-add, and each sum rounded once (:func:`round_table`, integer
+       operations only). Words are the significand shifted as integers, or,
+       where the library has float64 on the device (:func:`_scales_exactly`),
+       the term times ``2^-u`` in float64, exact for the terms it is used on.
+
+    The flag is set when a term had bits below its element's unit (its
+    element spans more than a word holds), an element met NaN or infinity,
+    or (float64 scaling) a term is subnormal; the caller then takes the digit
+    path. Eager CPU folds take the values in chunks (:func:`_chunks`).
+    """
+    word = NARROW.word
+    R = math.prod(shape)
+    top_exp = ops.zeros(like, shape, word) - 1  # exponent just above the largest term; -1: none
+    special = ops.zeros(like, shape, word)
+    negzero = None  # every term -0.0 (vacuous for none)
+    for index, values, dtype in groups:
+        f = FLOATS[dtype]
+        sign = -(1 << (f.width - 1))  # -0.0's pattern
+        best = ops.zeros(like, shape, word) - 1
+        for lo, hi in _chunks(ops, like, int(index.shape[0]), R // shape[0], R):
+            bits, mag = _value_bits(ops, values[lo:hi], dtype)
+            # magnitude, then one bit: the term is not -0.0 (the max says both at once)
+            key = (ops.astype(mag, word) << 1) | ops.astype(bits != sign, word)
+            best = _scatter_rows(ops, "max", best, index[lo:hi], key)
+        all_negzero = best <= 0  # -1: no term here
+        negzero = all_negzero if negzero is None else negzero & all_negzero
+        big, top = best >> 1, (1 << f.exponent_bits) - 1
+        special = special | ops.astype(big >= (top << f.fraction_bits), word)
+        e = ops.clip(big >> f.fraction_bits, 1, top) + (decode_shift(dtype, fmt) - 1)
+        top_exp = _larger(ops, top_exp, ops.where(big < 0, -1, e + f.precision))
+    headroom = _bit_length(ops, ops.clip(counts, 0, (1 << 31) - 1), 32)
+    unit = ops.clip(top_exp + headroom - NARROW_BITS, 0, 1 << 20)
+    scaled = _scales_exactly(ops, like)
+    flags = [ops.amax(special.reshape(-1), 0)]
+    sums = ops.zeros(like, shape, word)
+    for index, values, dtype in groups:
+        f = FLOATS[dtype]
+        held = "int32" if f.width <= 32 else "int64"
+        if scaled:  # 2^-(u + unit) as float64 bits: every normal term times it is an integer
+            scale = ops.bitcast((1023 - fmt.unit_exp - unit) << 52, "float64")
+        else:  # s = max(e, 1) + lift: the shift of a term's significand to its element's unit
+            lift = ops.astype(decode_shift(dtype, fmt) - 1 - unit, held)
+        for lo, hi in _chunks(ops, like, int(index.shape[0]), R // shape[0], R):
+            if hi == lo:
+                continue
+            at = index[lo:hi]
+            bits, mag = _value_bits(ops, values[lo:hi], dtype)
+            if scaled:
+                # a subnormal term would meet the float unit: flagged (integers only)
+                wrapped = mag + ((1 << 31) - 1)  # 0 -> the largest; m >= 1 -> m - 1 - 2^31
+                least = ops.astype(ops.amax((~wrapped).reshape(-1), 0), word)  # ~: the least
+                flags.append(least + ((1 << f.fraction_bits) - (1 << 31)))  # > 0: m < 2^F
+                x = ops.astype(values[lo:hi], "float64") * ops.take(scale, at)
+                w = ops.astype(x, word)
+                lost = ops.astype(ops.astype(w, "float64") != x, "int32")
+            else:
+                e = ops.clip(mag >> f.fraction_bits, 1, (1 << f.exponent_bits) - 1)
+                mant = mag + ((1 - e) << f.fraction_bits)
+                sgn = bits >> (31 if held == "int32" else 63)  # 0 or -1
+                mant = ops.astype((mant ^ sgn) - sgn, word)
+                s = e + ops.take(lift, at)
+                lost = ops.astype((s < 0) & (mag != 0), "int32")
+                power = ops.take(_powers(ops, like), ops.clip(s, 0, NARROW_BITS - 1).reshape(-1))
+                w = mant * power.reshape(s.shape)
+            flags.append(ops.astype(ops.amax(lost.reshape(-1), 0), word))
+            sums = _scatter_rows(ops, "add", sums, at, w)
+    bad = ops.amax(ops.stack([ops.astype(g, word).reshape(()) for g in flags], 0), 0) > 0
+    flat, c = sums.reshape(-1), counts.reshape(-1)
+    zero = flat - flat
+    cols = [flat & ((1 << 32) - 1), flat >> 32, c, ops.where(negzero.reshape(-1), 0, c), zero,
+            zero, zero]  # fmt: skip
+    out = round_table(ops, ops.stack(cols, 1), NARROW, fmt, out_name, shift=unit.reshape(-1))
+    return out.reshape(shape), bad
+
+
+def _either(ops: ArrayFamily, like: Any, bad: Any, narrow: Any, digits: Any) -> Any:
+    """``digits()`` where ``bad`` (a scalar flag) is set, else ``narrow``: with no host wait.
+
+    JAX: ``lax.cond`` (one branch runs, inside ``jit`` too); an eager torch CPU
+    tensor or a NumPy array: the flag is read where it lies (no device to wait
+    for). Elsewhere (a torch device, fake tensors, ``torch.compile``) both are
+    made and one is selected with ``where``: ``torch.cond`` would run one, but
+    inductor's post-grad passes refused some of its graphs here.
+    """
+    if ops.name == "jax":
+        import jax
+
+        return jax.lax.cond(bad, digits, lambda: narrow)
+    compiling = ops.name == "torch" and _torch_compiling()
+    if not compiling and ops.cache_key(like) is not None and ops.device(like) == "cpu":
+        return digits() if bool(bad) else narrow
+    return ops.where(bad, digits(), narrow)
+
+
+def _torch_compiling() -> bool:
+    import torch
+
+    return bool(torch.compiler.is_compiling())
 
 
 # -- what a plan gives the device, made once per device ----------------------------------------
@@ -438,14 +649,28 @@ def fold_exact(
     bound = _max_count(plan) + (init is not None)
     words = words_for(fmt, ops.has_int64(values), bound)
     index = _index(plan, ops, values, words.word)
-    groups = [(_rows(ops, index, D, values, words.word), values.reshape(-1), spec.dtype)]
-    if init is not None:
-        every = ops.arange(values, K * D, words.word)
-        groups.append((every, init.reshape(-1), init_dtype))
     counts = _counts_rows(plan, ops, values, D, int(init is not None), words.word)
-    table = table_of(ops, values, fmt, words, K * D, groups, counts, bound)
-    out = round_table(ops, table.reshape(K * D, words.columns), words, fmt, out_name)
-    return out.reshape((K, *spec.trailing))
+
+    def digits() -> Any:
+        table = table_of(ops, values, fmt, words, K * D, groups(), counts, bound)
+        return round_table(ops, table.reshape(K * D, words.columns), words, fmt, out_name)
+
+    def groups() -> list[tuple[Any, Any, str]]:
+        rows = [(_rows(ops, index, D, values, words.word), values.reshape(-1), spec.dtype)]
+        if init is not None:
+            rows.append((ops.arange(values, K * D, words.word), init.reshape(-1), init_dtype))
+        return rows
+
+    dtypes = [spec.dtype] + ([] if init is None else [init_dtype])
+    if not narrow_applies(dtypes, words.word == "int64"):
+        return digits().reshape((K, *spec.trailing))
+    shape = (K,) if D == 1 else (K, D)
+    narrow_groups = [(index, values.reshape((-1, *shape[1:])), spec.dtype)]
+    if init is not None:
+        narrow_groups.append((ops.arange(values, K, "int64"), init.reshape(shape), init_dtype))
+    out, bad = narrow_fold(ops, values, fmt, shape, narrow_groups, counts.reshape(shape),
+                           out_name)  # fmt: skip
+    return _either(ops, values, bad, out.reshape(-1), digits).reshape((K, *spec.trailing))
 
 
 def segment_fold(
@@ -688,8 +913,11 @@ def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tupl
     word = "int64" if ops.has_int64(values) else "int32 (16-bit digits)"
     return "words", (
         f"{spec.dtype} {'rows' if spec.trailing else 'scalars'} of the {ops.name} family on "
-        f"{ops.device(values)!r}: integer digits scatter-added in {word} words, carried and "
-        "rounded once with the library's own operations"
+        f"{ops.device(values)!r}: "
+        + ("one int64 word a value where every bucket's terms fit one, else "
+           if narrow_applies([spec.dtype], ops.has_int64(values)) else "")
+        + f"integer digits scatter-added in {word} words, carried and rounded once with the "
+        "library's own operations"
     )
 
 
