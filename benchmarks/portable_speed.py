@@ -113,10 +113,6 @@ def torch_case(name: str, n: int, d: int, k: int, rounds: int) -> dict[str, Any]
             "same_bits_as_host_exact": exact}  # fmt: skip
 
 
-def _jax_modes() -> list[bool]:
-    return [False, True]
-
-
 def jax_case(name: str, n: int, d: int, k: int, rounds: int, x64: bool) -> dict[str, Any]:
     """jit(segment_sum) against bitfold's two JAX routes under jit, for one shape."""
     import jax
@@ -246,15 +242,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--tiny", action="store_true", help="small shapes: a smoke test")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--jax32-cases", default="seed,rows,gnn",
+                    help="cases JAX runs in its 32-bit mode too (comma-separated)")
     args = ap.parse_args(argv)
     shapes, gnn = (TINY, GNN_TINY) if args.tiny else (FULL, GNN_FULL)
     load_before = os.getloadavg()
-    results = [torch_case(name, n, d, k, args.rounds) for name, n, d, k in shapes]
-    for x64 in _jax_modes():
-        results += [jax_case(name, n, d, k, args.rounds, x64) for name, n, d, k in shapes]
-        results.append(gnn_case(*gnn, args.rounds, x64))
+    results = []
+    for name, n, d, k in shapes:
+        results.append(torch_case(name, n, d, k, args.rounds))
+        print(json.dumps(results[-1]), flush=True)
+    for x64 in (True, False):
+        wanted = {"seed", "rows", "gnn"} if x64 else set(args.jax32_cases.split(","))
+        for name, n, d, k in shapes:
+            if name in wanted:
+                results.append(jax_case(name, n, d, k, args.rounds, x64))
+                print(json.dumps(results[-1]), flush=True)
+        if "gnn" in wanted:
+            results.append(gnn_case(*gnn, args.rounds, x64))
+            print(json.dumps(results[-1]), flush=True)
+    if args.jax32_cases != "seed,rows,gnn":
+        print(f"JAX 32-bit mode: only {args.jax32_cases}", flush=True)
     report = {"command": "python benchmarks/portable_speed.py"
-              + (" --tiny" if args.tiny else "") + f" --rounds {args.rounds}",
+              + (" --tiny" if args.tiny else "") + f" --rounds {args.rounds}"
+              + f" --jax32-cases {args.jax32_cases}",
               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
               "load_before": [round(x, 2) for x in load_before],
               "load_after": [round(x, 2) for x in os.getloadavg()], "rounds": args.rounds,
