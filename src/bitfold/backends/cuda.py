@@ -896,7 +896,6 @@ BACKEND = Backend.from_functions(
              "atomic": ("launch",), "add_to_state": ("launch",)},
     init=InitRule(strategies=("exact",), mixed_dtypes=False),
     explain=explain_route,
-    summary="CuPy arrays, torch CUDA tensors, numba and __cuda_array_interface__ arrays",
     available=lambda: numba_cuda_loads(),
     priority=100,  # below host; a GPU backend preferred to these kernels sits between
 )

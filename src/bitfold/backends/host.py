@@ -185,7 +185,6 @@ BACKEND = Backend.from_functions(
              "add_to_state": ("kernel", "carry_every")},
     init=InitRule(strategies=("exact", "ordered", "atomic"), mixed_dtypes=True),
     explain=explain_route,
-    summary="NumPy arrays, CPU tensors and CPU JAX arrays, by the Numba CPU kernels",
     priority=300,  # asked first: host values never need a device
 )
 

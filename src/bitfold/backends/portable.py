@@ -931,7 +931,6 @@ BACKEND = Backend.from_functions(
     options=dict.fromkeys((*FOLDS, "add_to_state"), ()),  # no tuning option anywhere
     init=InitRule(strategies=FOLDS, mixed_dtypes=True),  # every fold, into any float dtype
     explain=explain_route,
-    summary="torch, CuPy and JAX arrays on any device (and NumPy), in their own operations",
     priority=-100,  # asked last: the safety net on every device
 )
 

@@ -114,7 +114,6 @@ class Backend:
     options: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     init: InitRule = InitRule()
     explain: Impl | None = None
-    summary: str = ""
     available: Callable[[], bool] | None = None
     runs_on: Callable[[str], bool] | None = None
     priority: int = 0

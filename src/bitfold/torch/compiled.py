@@ -167,13 +167,7 @@ class _ExactCalls(TorchFunctionMode):
         self.report = id(report)
         _REPORTS[self.report] = report
 
-    def __torch_function__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func in _BINCOUNTS:
             return _bincount(args, kwargs)

@@ -247,13 +247,7 @@ class _CompiledBackwardGuard(TorchFunctionMode):
         super().__init__()
         self.mode = mode
 
-    def __torch_function__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func in _BACKWARDS and args:
             name = _compiled_node_in(args[0])
@@ -310,13 +304,7 @@ class ExactMode(TorchDispatchMode):
         finally:
             self._guards.pop().__exit__(*exc)
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         rule = rule_for(func)
         if rule is None:
