@@ -8,7 +8,6 @@ assertions: what is written is checked, not how fast anything was.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -95,13 +94,9 @@ def test_an_orphaned_busy_process_stops_by_itself() -> None:
 
 # -- end to end ------------------------------------------------------------------------------
 def _bench_goals():
-    spec = importlib.util.spec_from_file_location(
-        "bench_goals", ROOT / "benchmarks" / "bench_goals.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # a dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    from test_bench_goals import _script
+
+    return _script()
 
 
 def test_the_oneshot_xla_and_load_sweeps_run_end_to_end(tmp_path, capsys) -> None:
