@@ -28,6 +28,7 @@ tensors at small sizes, without a GPU (the times mean nothing there).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,12 +101,22 @@ class Skip(Exception):
     """A step that cannot run here, with the reason."""
 
 
-def _init_one(backend: str) -> Any:
+@contextlib.contextmanager
+def _one_rank_group(smoke: bool) -> Iterator[tuple[Any, str, Callable[[], None]]]:
+    """A one-process group: NCCL on the GPU, or gloo on the CPU with ``smoke``; yields
+    ``(torch.distributed, device, synchronise)`` and destroys the group after."""
+    import torch
     import torch.distributed as dist
 
+    cuda = not smoke
+    if cuda and not torch.cuda.is_available():
+        raise Skip("torch sees no CUDA device")
     store = dist.FileStore(tempfile.mktemp(prefix="bitfold-allreduce-"), 1)
-    dist.init_process_group(backend, store=store, rank=0, world_size=1)
-    return dist
+    dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=0, world_size=1)
+    try:
+        yield dist, "cuda" if cuda else "cpu", torch.cuda.synchronize if cuda else (lambda: None)
+    finally:
+        dist.destroy_process_group()
 
 
 def one_process(smoke: bool) -> dict[str, Any]:
@@ -113,21 +124,15 @@ def one_process(smoke: bool) -> dict[str, Any]:
 
     from bitfold.distributed import exact_all_reduce
 
-    cuda = not smoke
-    if cuda and not torch.cuda.is_available():
-        raise Skip("torch sees no CUDA device")
-    dist = _init_one("nccl" if cuda else "gloo")
-    try:
+    with _one_rank_group(smoke) as (dist, device, sync):
         n = 10**5 if smoke else 10**8
-        device = "cuda" if cuda else "cpu"
         x = torch.from_numpy(_values(n, 1)).to(device)
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
         exact = exact_all_reduce(x, words="device")
         host = exact_all_reduce(x, words="host")
         plain = x.clone()
         coding, copy = _device_coding_us(x, sync), _median_us(lambda: plain.copy_(x), sync)
         return {
-            "backend": "nccl" if cuda else "gloo",
+            "backend": dist.get_backend(),
             "elements": n,
             "wire_bytes_per_element": _wire_bytes(_gradient_like(min(n, 10**7))),
             "exact_us": _median_us(lambda: exact_all_reduce(x, words="device"), sync, 3),
@@ -142,8 +147,6 @@ def one_process(smoke: bool) -> dict[str, Any]:
             "equals_input": bool(np.array_equal(_bits(exact.cpu()), _bits(x.cpu()))),
             "host_words_equal_input": bool(np.array_equal(_bits(host.cpu()), _bits(x.cpu()))),
         }
-    finally:
-        dist.destroy_process_group()
 
 
 def _device_coding_us(x: Any, sync: Callable[[], None]) -> float:
@@ -234,12 +237,7 @@ def gradient_sum_step(smoke: bool) -> dict[str, Any]:
 
     from bitfold.distributed import GradientSum
 
-    cuda = not smoke
-    if cuda and not torch.cuda.is_available():
-        raise Skip("torch sees no CUDA device")
-    dist = _init_one("nccl" if cuda else "gloo")
-    try:
-        device = "cuda" if cuda else "cpu"
+    with _one_rank_group(smoke) as (_dist, device, sync):
         torch.manual_seed(0)
         width = 256 if smoke else 4096
         model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
@@ -247,7 +245,6 @@ def gradient_sum_step(smoke: bool) -> dict[str, Any]:
         x = torch.randn(64, width, device=device)
         y = torch.randint(0, 10, (64,), device=device)
         loss_fn = torch.nn.CrossEntropyLoss()
-        sync = torch.cuda.synchronize if cuda else (lambda: None)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         summed = GradientSum(list(model.parameters()), words="device")
 
@@ -264,8 +261,6 @@ def gradient_sum_step(smoke: bool) -> dict[str, Any]:
         return {"device": device, "parameters": sum(p.numel() for p in model.parameters()),
                 "ddp_step_us": t_ddp, "gradient_sum_step_us": t_exact,
                 "ratio": t_exact / t_ddp, "goal": 1.3, "met": t_exact / t_ddp <= 1.3}  # fmt: skip
-    finally:
-        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -116,18 +116,20 @@ def _check_timeout(timeout: Any) -> float:
     return float(timeout)
 
 
-def _check_words(words: Any, x: Any) -> str:
-    """Where ``x``'s words are made: ``words`` checked (None: by the array's device)."""
+def _check_words(words: Any, arrays: list[Any]) -> str:
+    """Where the words of ``arrays`` are made: ``words`` checked (None: ``"device"`` when every
+    one is a tensor off the CPU, else ``"host"``)."""
     if words is None:
-        on_device = isinstance(x, torch.Tensor) and x.device.type != "cpu"
-        return "device" if on_device else "host"
+        on_device = all(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in arrays)
+        return "device" if arrays and on_device else "host"
     if words not in WORDS:
         raise FoldError(f"words must be one of {WORDS} or None (by the device); got {words!r}")
-    if words == "device" and not isinstance(x, torch.Tensor):
-        raise FoldTypeError(
-            f"words='device' makes the words with PyTorch on the tensor's device; got a "
-            f"{type(x).__qualname__} (pass a torch.Tensor, or words='host')"
-        )
+    for x in arrays:
+        if words == "device" and not isinstance(x, torch.Tensor):
+            raise FoldTypeError(
+                f"words='device' makes the words with PyTorch on the tensor's device; got a "
+                f"{type(x).__qualname__} (pass a torch.Tensor, or words='host')"
+            )
     return str(words)
 
 
@@ -172,7 +174,7 @@ def exact_all_reduce(
     timeout = _check_timeout(timeout)
     mean_over = _check_mean_over(mean_over)
     if not isinstance(s, DenseSum):
-        where = _check_words(words, s)
+        where = _check_words(words, [s])
         if where == "device":
             return _all_reduce_on_device(s, group, timeout, out_dtype, mean_over)
         return _all_reduce_array(s, group, timeout, out_dtype, mean_over)
@@ -398,6 +400,7 @@ class GradientSum:
                 )
             check_has_data(p, f"parameter {i}")
         timeout = _check_timeout(timeout)
+        self.words = _check_words(words, self.params)
         if not (dist.is_available() and dist.is_initialized()):
             raise DistributedError(
                 "GradientSum sums gradients over a torch.distributed process group, and none "
@@ -416,10 +419,6 @@ class GradientSum:
             for family, members in self._families.items()
         }
         self._had_grad = np.zeros(len(self.params), np.int32)
-        off_cpu = bool(self.params) and all(p.device.type != "cpu" for p in self.params)
-        if words is not None and words not in WORDS:
-            raise FoldError(f"words must be one of {WORDS} or None (by the device); got {words!r}")
-        self.words = words or ("device" if off_cpu else "host")
         #: Each family's one step's gradients, flat, kept on their device until a second
         #: add or the reduce (device words only).
         self._pending: dict[str, torch.Tensor] = {}
