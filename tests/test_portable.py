@@ -200,6 +200,70 @@ def test_the_narrow_path_flags_what_it_cannot_hold(scaled, monkeypatch):
         assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
 
 
+# -- the shared-unit path: one unit for every element, where every term is a multiple of it ----
+def _shared(t, index, K, dtype, bound=None):
+    """(unit, serves) of :func:`portable.shared_unit_plan` for one group of values."""
+    shape = (K,) if t.ndim == 1 else (K, t.shape[1])
+    groups = [(torch.from_numpy(index), t, dtype)]
+    bound = int(np.bincount(index, minlength=K).max()) if bound is None else bound
+    unit, good = portable.shared_unit_plan(arrays.family_of(t), t, limb_format_for(dtype), shape,
+                                           groups, bound)  # fmt: skip
+    return int(unit), bool(good)
+
+
+@given(narrow_folds())
+def test_the_shared_unit_path_against_the_oracle(case):
+    """Values of a few binary orders share one unit: the fold takes the shared-unit path
+    (checked) and gives the oracle's bits: -0.0 buckets, zero sums, empty buckets, an init."""
+    dtype, K, index, values, out, with_init, _ = case
+    t, held = _as(values, dtype)
+    D = int(np.prod(t.shape[1:], dtype=np.int64))
+    if len(index):
+        assert _shared(t, index, K, dtype)[1]
+    start = np.linspace(-3, 3, K * D).reshape((K, *t.shape[1:]))
+    start.reshape(-1)[:1] = -0.0
+    init, init_held = _as(start, dtype) if with_init else (None, None)
+    out_name = bitfold.formats.resolve_out_dtype(dtype, out)
+    kw = {} if init is None else {"init": init}
+    got = dispatch.fold(bitfold.Fold(index, K), t, out_dtype=out_name, backend="portable", **kw)
+    rows = held.reshape(len(index), D)
+    want = _oracle(index, rows, K, out_name, None if init is None else init_held.reshape(K, D))
+    assert np.array_equal(_bits(got, out_name).reshape(K, -1), want)
+
+
+def test_the_shared_unit_serves_down_to_its_last_bit_and_not_one_below():
+    """Two terms of 2^20 in a bucket: the unit is 2^(20 + 1 + 2 - 63) = 2^-40 (float32 units:
+    -40 + 149 = 109). A term whose last significand bit is 2^-40 fits; one at 2^-41 does not,
+    and the fold then takes the per-element path, still the oracle's bits. So do a NaN, an
+    infinity and a subnormal term."""
+    index = np.array([0, 0, 1])
+    for least, serves in [(2.0**-17, True), (2.0**-18, False), (1e-40, False), (np.nan, False),
+                          (np.inf, False)]:  # fmt: skip
+        values = np.array([2.0**20, -(2.0**20), least * 1.5], np.float32)  # 1.5: two bits
+        t = torch.from_numpy(values)
+        unit, good = _shared(t, index, 2, "float32")
+        assert good == serves, least
+        if least == 2.0**-17:
+            assert unit == 109
+        got = bitfold.Fold(index, 2)(t, backend="portable")
+        want = exact_fold_oracle(index, values.astype(np.float64), 2)
+        assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("family", ["torch", "numpy"])
+def test_the_shared_unit_path_finds_buckets_of_only_minus_zero(family):
+    """A bucket whose sum is zero is -0.0 only when every term is -0.0: looked at by a second
+    scatter only when some sum is zero (here: cancellation, -0.0 only, +0.0 and -0.0, empty)."""
+    index = np.array([0, 0, 1, 1, 2, 2, 4, 4])
+    values = np.array([1.5, -1.5, -0.0, -0.0, 0.0, -0.0, 2.0, 0.25], np.float32)
+    v = torch.from_numpy(values) if family == "torch" else values
+    assert _shared(torch.from_numpy(values), index, 5, "float32")[1]
+    got = np.asarray(bitfold.Fold(index, 5)(v, backend="portable"))
+    want = exact_fold_oracle(index, values.astype(np.float64), 5)
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert np.signbit(got).tolist() == [False, True, False, False, False]
+
+
 @pytest.mark.parametrize("strategy", ["ordered", "atomic"])
 def test_ordered_and_atomic(strategy):
     rng = np.random.default_rng(4)
@@ -284,6 +348,45 @@ def test_a_torch_fold_compiles_with_fullgraph():
         y = x * (trial + 1)
         assert torch.equal(compiled(y).view(torch.int32),
                            torch.from_numpy(plan(y.numpy())).view(torch.int32))  # fmt: skip
+
+
+def test_a_compiled_cpu_fold_takes_the_shared_unit_in_the_graph_and_the_eager_fold_else(
+    monkeypatch,
+):
+    """Under ``torch.compile`` a CPU fold sums by the shared unit inside the graph; where the unit
+    does not serve (a wide span, a NaN, a subnormal) or a sum is zero (its sign needs the
+    terms), one operator makes the eager fold. Every result is the host's bits; the eager fold
+    runs only for the inputs that need it."""
+    rng = np.random.default_rng(11)
+    index = rng.integers(0, 8, 64)
+    index[:2] = 8  # bucket 8: the two terms below, alone
+    plan = bitfold.Fold(index, 9)
+    base = rng.standard_normal((64, 2)).astype(np.float32)
+    base[:2] = 1.0
+    eager_folds = []
+    real = portable.exact_sums
+
+    def counted(ops, values, *args):
+        if not portable._torch_compiling():
+            eager_folds.append(1)
+        return real(ops, values, *args)
+
+    monkeypatch.setattr(portable, "exact_sums", counted)
+    fold = _fold_fn(plan)
+    fold(torch.from_numpy(base))  # the plan meets the device once, eagerly
+    compiled = torch.compile(fold, fullgraph=True)
+    cases = {"normal": (None, False), "wide": (2.0**-90, True), "nan": (np.nan, True),
+             "subnormal": (1e-41, True), "cancel": (-1.0, True),
+             "minus zero": (-0.0, True)}  # fmt: skip
+    for name, (odd, redo) in cases.items():
+        values = base.copy()
+        if odd is not None:
+            values[0, 0] = odd
+            values[1, 0] = -0.0 if odd == -0.0 else values[1, 0]
+        eager_folds.clear()
+        got = compiled(torch.from_numpy(values))
+        assert np.array_equal(got.numpy().view(np.uint32), plan(values).view(np.uint32)), name
+        assert bool(eager_folds) == redo, name
 
 
 # -- states across backends ---------------------------------------------------------------------

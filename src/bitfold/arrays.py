@@ -158,6 +158,10 @@ class ArrayFamily:
         """Maximum along ``axis``."""
         raise self._missing("amax")
 
+    def amin(self, x: Any, axis: int) -> Any:
+        """Minimum along ``axis``."""
+        raise self._missing("amin")
+
     def stack(self, xs: list[Any], axis: int) -> Any:
         """The arrays ``xs`` stacked along a new ``axis``."""
         raise self._missing("stack")
@@ -196,6 +200,9 @@ class _NumpyLike(ArrayFamily):
 
     def amax(self, x: Any, axis: int) -> Any:
         return x.max(axis=axis)
+
+    def amin(self, x: Any, axis: int) -> Any:
+        return x.min(axis=axis)
 
     def stack(self, xs: list[Any], axis: int) -> Any:
         return self.xp().stack(xs, axis=axis)
@@ -303,6 +310,8 @@ class _Torch(ArrayFamily):
         return x.to(getattr(torch, dtype))
 
     def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
+        if src.dim() == 1:  # one value a position: ATen's scatter is the faster of the two
+            return target.scatter_add(0, index, src)
         return target.index_add(0, index, src)
 
     def take(self, x: Any, index: Any) -> Any:
@@ -321,6 +330,9 @@ class _Torch(ArrayFamily):
 
     def amax(self, x: Any, axis: int) -> Any:
         return x.amax(axis)
+
+    def amin(self, x: Any, axis: int) -> Any:
+        return x.amin(axis)
 
     def stack(self, xs: list[Any], axis: int) -> Any:
         import torch

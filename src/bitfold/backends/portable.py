@@ -496,8 +496,156 @@ def narrow_fold(
     return out.reshape(shape), bad
 
 
-def _either(ops: ArrayFamily, like: Any, bad: Any, narrow: Any, digits: Any) -> Any:
-    """``digits()`` where ``bad`` (a scalar flag) is set, else ``narrow``: with no host wait.
+# -- the shared-unit path: one unit for every output element, no gather -------------------------
+#: ``2^31 - 1``: added to a magnitude (int32, wrapping) so that 0 becomes the largest value and
+#: every other magnitude ``m`` becomes ``m - 2^31 - 1``: a minimum then finds the least nonzero.
+_WRAP = (1 << 31) - 1
+
+
+def _extremes(
+    ops: ArrayFamily, like: Any, n: int, row: int, R: int, values: Any, dtype: str
+) -> tuple[Any, Any]:
+    """(largest magnitude bits, least nonzero magnitude bits or 0 for none) of ``values``:
+    0-d int64 arrays, from two reductions a chunk (order-free)."""
+    highs, lows = [], []
+    for lo, hi in _chunks(ops, like, n, row, R):
+        _, mag = _value_bits(ops, values[lo:hi], dtype)
+        mag = mag.reshape(-1)
+        highs.append(ops.amax(mag, 0))
+        lows.append(ops.amin(mag + _WRAP, 0))
+    high = ops.astype(ops.amax(ops.stack(highs, 0), 0), "int64")
+    low = ops.astype(ops.amin(ops.stack(lows, 0), 0), "int64")
+    return high, ops.where(low == _WRAP, 0, low + ((1 << 31) + 1))
+
+
+def shared_unit_plan(
+    ops: ArrayFamily,
+    like: Any,
+    fmt: LimbFormat,
+    shape: tuple[int, ...],
+    groups: list[tuple[Any, Any, str]],
+    bound: int,
+) -> tuple[Any, Any]:
+    """(unit ``u`` as a 0-d int64 array, a 0-d flag set where it serves every term).
+
+    One unit ``2^(u + fmt.unit_exp)`` for every output element: the lowest
+    that keeps ``bound`` terms of the largest magnitude below ``2^63``. It
+    serves when every term is finite, every nonzero term normal, and the least
+    nonzero magnitude's last significand bit is at or above the unit; then
+    every term times ``2^-(u + fmt.unit_exp)`` is an integer below ``2^63``,
+    made exactly by one float32 multiplication (normal in, normal out: no
+    flush to zero can touch it). Two reductions over the values, no scatter.
+    """
+    R = math.prod(shape)
+    top = None  # the exponent just above the largest term (in fmt units)
+    fits: list[tuple[Any, Any, Any]] = []
+    for _, values, dtype in groups:
+        f = FLOATS[dtype]
+        n = int(values.shape[0])
+        if n == 0:
+            continue
+        high, low = _extremes(ops, like, n, R // shape[0], R, values, dtype)
+        e_high = ops.clip(high >> f.fraction_bits, 1, 1 << 20) + (decode_shift(dtype, fmt) - 1)
+        group_top = ops.where(high == 0, 0, e_high + f.precision)
+        finite = high < (((1 << f.exponent_bits) - 1) << f.fraction_bits)
+        normal = (low == 0) | (low >= (1 << f.fraction_bits))
+        last_bit = (low >> f.fraction_bits) + (decode_shift(dtype, fmt) - 1)  # of the least term
+        ok = finite & normal
+        top = group_top if top is None else _larger(ops, top, group_top)
+        fits.append((ok, low, last_bit))
+    if top is None:
+        zero = ops.zeros(like, (), "int64")
+        return zero, zero == 0
+    least = max(0, -fmt.unit_exp - 127)  # the lowest unit whose multiplier float32 holds
+    unit = ops.clip(top + (int(bound).bit_length() - NARROW_BITS), least, 1 << 20)
+    scale_exp = -(unit + fmt.unit_exp)  # 2^scale_exp: a term's multiplier, a float32 power
+    good = scale_exp >= -126
+    for ok, low, last_bit in fits:
+        good = good & ok & ((low == 0) | (last_bit >= unit))
+    return unit, good
+
+
+def shared_unit_sums(
+    ops: ArrayFamily,
+    like: Any,
+    fmt: LimbFormat,
+    shape: tuple[int, ...],
+    groups: list[tuple[Any, Any, str]],
+    unit: Any,
+) -> Any:
+    """Every output element's terms summed as int64 words of the shared unit (shape ``shape``).
+
+    Valid where :func:`shared_unit_plan` said it serves: each word is the
+    term times ``2^-(unit + fmt.unit_exp)`` in float32, exact, then converted.
+    """
+    R = math.prod(shape)
+    scale_bits = ops.astype(127 - fmt.unit_exp - unit, "int32") << 23
+    scale = ops.bitcast(ops.clip(scale_bits, 1 << 23, 254 << 23), "float32")
+    sums = ops.zeros(like, shape, "int64")
+    for index, values, _ in groups:
+        for lo, hi in _chunks(ops, like, int(index.shape[0]), R // shape[0], R):
+            if hi > lo:
+                words = ops.astype(ops.astype(values[lo:hi], "float32") * scale, "int64")
+                sums = _scatter_rows(ops, "add", sums, index[lo:hi], words)
+    return sums
+
+
+def _not_all_negzero(
+    ops: ArrayFamily, like: Any, shape: tuple[int, ...], groups: list[tuple[Any, Any, str]]
+) -> Any:
+    """Whether each output element has a term that is not -0.0 (shape ``shape``, bool): an
+    integer max-scatter, order-free."""
+    R = math.prod(shape)
+    seen = ops.zeros(like, shape, "int32")
+    for index, values, dtype in groups:
+        sign = -(1 << (FLOATS[dtype].width - 1))  # -0.0's pattern
+        for lo, hi in _chunks(ops, like, int(index.shape[0]), R // shape[0], R):
+            if hi > lo:
+                bits, _ = _value_bits(ops, values[lo:hi], dtype)
+                seen = _scatter_rows(ops, "max", seen, index[lo:hi],
+                                     ops.astype(bits != sign, "int32"))  # fmt: skip
+    return seen > 0
+
+
+def shared_unit_fold(
+    ops: ArrayFamily,
+    like: Any,
+    fmt: LimbFormat,
+    shape: tuple[int, ...],
+    groups: list[tuple[Any, Any, str]],
+    counts: Any,
+    unit: Any,
+    out_name: str,
+    *,
+    signs: bool = True,
+) -> tuple[Any, Any]:
+    """(rounded sums of shape ``shape`` by the shared unit, a 0-d flag: some sum is zero).
+
+    For use where :func:`shared_unit_plan` said the unit serves: one
+    scatter-add of words and one rounding. An element whose terms sum to zero
+    is -0.0 when every term is -0.0: with ``signs``, a max-scatter says which
+    elements those are, made only when some sum is zero (:func:`_choose`);
+    without, every zero sum is +0.0 and the flag tells the caller to look.
+    """
+    sums = shared_unit_sums(ops, like, fmt, shape, groups, unit)
+    flat, c = sums.reshape(-1), counts.reshape(-1)
+    zero_sum = ops.amax(ops.astype((flat == 0) & (c > 0), "int32"), 0) > 0
+    not_negzero = c
+    if signs:
+        not_negzero = _choose(
+            ops, like, zero_sum,
+            lambda: ops.where(_not_all_negzero(ops, like, shape, groups).reshape(-1), c, 0),
+            lambda: c,
+        )  # fmt: skip
+    zero = flat - flat
+    cols = [flat & ((1 << 32) - 1), flat >> 32, c, not_negzero, zero, zero, zero]
+    unit_rows = ops.zeros(like, (flat.shape[0],), "int64") + unit
+    out = round_table(ops, ops.stack(cols, 1), NARROW, fmt, out_name, shift=unit_rows)
+    return out.reshape(shape), zero_sum
+
+
+def _choose(ops: ArrayFamily, like: Any, flag: Any, if_set: Any, if_clear: Any) -> Any:
+    """``if_set()`` where the 0-d ``flag`` is set, else ``if_clear()``: with no host wait.
 
     JAX: ``lax.cond`` (one branch runs, inside ``jit`` too); an eager torch CPU
     tensor or a NumPy array: the flag is read where it lies (no device to wait
@@ -508,11 +656,17 @@ def _either(ops: ArrayFamily, like: Any, bad: Any, narrow: Any, digits: Any) -> 
     if ops.name == "jax":
         import jax
 
-        return jax.lax.cond(bad, digits, lambda: narrow)
+        return jax.lax.cond(flag, if_set, if_clear)
+    if _reads_flags(ops, like):
+        return if_set() if bool(flag) else if_clear()
+    return ops.where(flag, if_set(), if_clear())
+
+
+def _reads_flags(ops: ArrayFamily, like: Any) -> bool:
+    """Whether a 0-d flag beside ``like`` is read without waiting for a device: eager values
+    in host memory (a torch CPU tensor outside a trace, a NumPy array)."""
     compiling = ops.name == "torch" and _torch_compiling()
-    if not compiling and ops.cache_key(like) is not None and ops.device(like) == "cpu":
-        return digits() if bool(bad) else narrow
-    return ops.where(bad, digits(), narrow)
+    return not compiling and ops.cache_key(like) is not None and ops.device(like) == "cpu"
 
 
 def _torch_compiling() -> bool:
@@ -645,32 +799,84 @@ def fold_exact(
     _check_out(ops, out_name)
     K, D = plan.K, spec.row_size
     init_dtype = None if init is None else _float_name(init)
-    fmt = _values_format(spec.dtype, init_dtype)
     bound = _max_count(plan) + (init is not None)
+    word = words_for(_values_format(spec.dtype, init_dtype), ops.has_int64(values), bound).word
+    index = _index(plan, ops, values, word)
+    counts = _counts_rows(plan, ops, values, D, int(init is not None), word)
+    flat = exact_sums(ops, values, index, counts, init, K, D, bound, out_name)
+    return flat.reshape((K, *spec.trailing))
+
+
+def exact_sums(
+    ops: ArrayFamily,
+    values: Any,
+    index: Any,
+    counts: Any,
+    init: Any,
+    K: int,
+    D: int,
+    bound: int,
+    out_name: str,
+) -> Any:
+    """The exact fold of ``values`` ((n,) or (n, ...) with ``D`` elements a row) by ``index``
+    ((n,), the plan's words) into ``K`` buckets, rounded once: a flat ``(K·D,)`` array.
+
+    ``counts`` ((K·D,), the plan's words) are every output element's terms,
+    ``bound`` the most of one element (``init`` counted). Paths, each exact,
+    the first that serves taken: the shared unit (:func:`shared_unit_plan`,
+    where flags can be read or ``lax.cond`` branches), one word per element's
+    unit (:func:`narrow_fold`), the digit tables (:func:`table_of`). Under
+    ``torch.compile``, torch CPU tensors fold by the shared unit in the graph,
+    and an operator (:mod:`bitfold.backends.portable_torch`) folds eagerly
+    where it did not serve.
+    """
+    dtype = _float_name(values)
+    init_dtype = None if init is None else _float_name(init)
+    fmt = _values_format(dtype, init_dtype)
     words = words_for(fmt, ops.has_int64(values), bound)
-    index = _index(plan, ops, values, words.word)
-    counts = _counts_rows(plan, ops, values, D, int(init is not None), words.word)
 
     def digits() -> Any:
         table = table_of(ops, values, fmt, words, K * D, groups(), counts, bound)
         return round_table(ops, table.reshape(K * D, words.columns), words, fmt, out_name)
 
     def groups() -> list[tuple[Any, Any, str]]:
-        rows = [(_rows(ops, index, D, values, words.word), values.reshape(-1), spec.dtype)]
+        rows = [(_rows(ops, index, D, values, words.word), values.reshape(-1), dtype)]
         if init is not None:
             rows.append((ops.arange(values, K * D, words.word), init.reshape(-1), init_dtype))
         return rows
 
-    dtypes = [spec.dtype] + ([] if init is None else [init_dtype])
+    dtypes = [dtype] + ([] if init is None else [init_dtype])
     if not narrow_applies(dtypes, words.word == "int64"):
-        return digits().reshape((K, *spec.trailing))
+        return digits()
     shape = (K,) if D == 1 else (K, D)
-    narrow_groups = [(index, values.reshape((-1, *shape[1:])), spec.dtype)]
+    narrow_groups = [(index, values.reshape((-1, *shape[1:])), dtype)]
     if init is not None:
         narrow_groups.append((ops.arange(values, K, "int64"), init.reshape(shape), init_dtype))
-    out, bad = narrow_fold(ops, values, fmt, shape, narrow_groups, counts.reshape(shape),
-                           out_name)  # fmt: skip
-    return _either(ops, values, bad, out.reshape(-1), digits).reshape((K, *spec.trailing))
+    element_counts = counts.reshape(shape)
+
+    def per_element() -> Any:
+        out, bad = narrow_fold(ops, values, fmt, shape, narrow_groups, element_counts, out_name)
+        return _choose(ops, values, bad, digits, lambda: out.reshape(-1))
+
+    compiled_cpu = ops.name == "torch" and _torch_compiling() and ops.device(values) == "cpu"
+    if not (_reads_flags(ops, values) or ops.name == "jax" or compiled_cpu):
+        return per_element()
+    unit, good = shared_unit_plan(ops, values, fmt, shape, narrow_groups, bound)
+    if compiled_cpu:  # the shared unit in the graph; an eager fold where it does not serve
+        from .portable_torch import portable_exact_unless
+
+        out, zero_sum = shared_unit_fold(ops, values, fmt, shape, narrow_groups, element_counts,
+                                         unit, out_name, signs=False)  # fmt: skip
+        redo = ~good | zero_sum
+        return portable_exact_unless(out.reshape(-1), redo, values, index, counts, init, K, D,
+                                     bound, out_name)  # fmt: skip
+
+    def shared() -> Any:
+        out, _ = shared_unit_fold(ops, values, fmt, shape, narrow_groups, element_counts, unit,
+                                  out_name)  # fmt: skip
+        return out.reshape(-1)
+
+    return _choose(ops, values, good, shared, per_element)
 
 
 def segment_fold(
@@ -906,7 +1112,6 @@ def check_options(options: dict[str, Any]) -> None:
         )
 
 
-
 def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tuple[str, str]:
     """``plan.route``'s answer: one route, integer words in the array library's operations."""
     ops = _check_family(values)
@@ -914,8 +1119,11 @@ def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tupl
     return "words", (
         f"{spec.dtype} {'rows' if spec.trailing else 'scalars'} of the {ops.name} family on "
         f"{ops.device(values)!r}: "
-        + ("one int64 word a value where every bucket's terms fit one, else "
-           if narrow_applies([spec.dtype], ops.has_int64(values)) else "")
+        + (
+            "one int64 word a value where every bucket's terms fit one, else "
+            if narrow_applies([spec.dtype], ops.has_int64(values))
+            else ""
+        )
         + f"integer digits scatter-added in {word} words, carried and rounded once with the "
         "library's own operations"
     )

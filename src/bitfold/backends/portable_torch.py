@@ -1,0 +1,45 @@
+"""The portable exact fold's way out of a ``torch.compile`` graph on the CPU.
+
+Traced into a graph, the portable fold cannot read a flag, so it would make
+every path it might take and select one (:func:`bitfold.backends.portable._choose`).
+On the CPU nothing waits to read a flag: the graph folds by the shared unit
+(inductor fuses its passes), and one custom operator,
+``bitfold::portable_exact_unless``, keeps that result unless a flag says the
+unit did not serve or a sum is zero (whose sign needs a look at the terms);
+then it makes the eager fold (:func:`bitfold.backends.portable.exact_sums`),
+which reads its flags and takes the first path that serves. Same bits as the
+eager fold. Imported only by a fold of torch tensors (``import bitfold``
+loads no torch).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import portable
+
+
+@torch.library.custom_op("bitfold::portable_exact_unless", mutates_args=())
+def portable_exact_unless(
+    quick: torch.Tensor,
+    redo: torch.Tensor,
+    values: torch.Tensor,
+    index: torch.Tensor,
+    counts: torch.Tensor,
+    init: torch.Tensor | None,
+    K: int,
+    D: int,
+    bound: int,
+    out_dtype: str,
+) -> torch.Tensor:
+    """``quick`` ((K·D,)) unless the 0-d ``redo`` is set, else
+    :func:`bitfold.backends.portable.exact_sums` of the torch CPU tensors."""
+    if not bool(redo):
+        return quick.clone()
+    ops = portable.family_of(values)
+    return portable.exact_sums(ops, values, index, counts, init, K, D, bound, out_dtype)
+
+
+@portable_exact_unless.register_fake
+def _(quick, redo, values, index, counts, init, K, D, bound, out_dtype):  # type: ignore[no-untyped-def]
+    return torch.empty_like(quick)
