@@ -19,10 +19,12 @@ are int32 words of 16-bit (or 8-bit) digits. float64 values need
 ``jax_enable_x64``, as in JAX itself.
 
 ``backend="host"`` (the default on the CPU backend): the fold runs in
-bitfold's CPU kernels through ``jax.pure_callback``: the gradient is copied
-to a host NumPy array, folded, and the K sums copied back (batched calls of
-``vmap`` run one after another, ``vmap_method="sequential"``). It is
-refused on other backends (:class:`bitfold.DeviceError`).
+bitfold's CPU kernels, called by XLA through an FFI target
+(:mod:`bitfold.xla_host_call`): the kernels read the gradient where it lies
+and the K sums are written into XLA's output buffer (batched calls of
+``vmap`` run one after another). A JAX without ``jax.ffi`` takes
+``jax.pure_callback``, which copies the gradient first. It is refused on
+other backends (:class:`bitfold.DeviceError`).
 
 Out-of-range segment ids
 ------------------------
@@ -51,6 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import xla_host_call
 from .arrays import library_of
 from .backends import portable
 from .errors import DeviceError, FoldError, FoldTypeError, IndexRangeError, ShapeError
@@ -154,6 +157,8 @@ def _callback(plan: Fold, strategy: str, g: Any, out_name: str) -> Any:
     trailing = check_values(plan.shape, tuple(g.shape), np.dtype(g.dtype)).trailing
     out = jax.ShapeDtypeStruct((plan.K, *trailing), jnp.dtype(out_name))
     fn = functools.partial(_host_fold, plan, strategy, out_name)
+    if xla_host_call.available():  # the gradient read where it lies
+        return xla_host_call.host_call(fn, g, out, ("fold", id(plan), strategy, out_name))
     return jax.pure_callback(fn, out, g, vmap_method="sequential")
 
 

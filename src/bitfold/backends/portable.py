@@ -803,8 +803,17 @@ def fold_exact(
     word = words_for(_values_format(spec.dtype, init_dtype), ops.has_int64(values), bound).word
     index = _index(plan, ops, values, word)
     counts = _counts_rows(plan, ops, values, D, int(init is not None), word)
+    if ops.name == "torch" and _reads_flags(ops, values):
+        from .portable_torch import use_eager_fold
+
+        use_eager_fold(_eager_torch_sums)
     flat = exact_sums(ops, values, index, counts, init, K, D, bound, out_name)
     return flat.reshape((K, *spec.trailing))
+
+
+def _eager_torch_sums(values: Any, *args: Any) -> Any:
+    """:func:`exact_sums` of eager torch tensors (what a compiled CPU fold falls back to)."""
+    return exact_sums(family_of(values), values, *args)
 
 
 def exact_sums(

@@ -9,14 +9,28 @@ unit did not serve or a sum is zero (whose sign needs a look at the terms);
 then it makes the eager fold (:func:`bitfold.backends.portable.exact_sums`),
 which reads its flags and takes the first path that serves. Same bits as the
 eager fold. Imported only by a fold of torch tensors (``import bitfold``
-loads no torch).
+loads no torch); the eager fold is handed in by the portable backend's first
+eager torch fold (:func:`use_eager_fold`), which ``torch.compile`` needs
+before it anyway (it keeps the plan's constants on the device).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
-from . import portable
+from ..errors import FoldError
+
+_EAGER_FOLD: list[Callable[..., Any]] = []
+
+
+def use_eager_fold(fold: Callable[..., Any]) -> None:
+    """Make ``fold`` (``(values, index, counts, init, K, D, bound, out_dtype) -> (K·D,)``)
+    the fold the operator makes where the graph's result does not serve."""
+    if not _EAGER_FOLD:
+        _EAGER_FOLD.append(fold)
 
 
 @torch.library.custom_op("bitfold::portable_exact_unless", mutates_args=())
@@ -36,8 +50,9 @@ def portable_exact_unless(
     :func:`bitfold.backends.portable.exact_sums` of the torch CPU tensors."""
     if not bool(redo):
         return quick.clone()
-    ops = portable.family_of(values)
-    return portable.exact_sums(ops, values, index, counts, init, K, D, bound, out_dtype)
+    if not _EAGER_FOLD:
+        raise FoldError("fold a plan's values once eagerly before torch.compile folds them")
+    return _EAGER_FOLD[0](values, index, counts, init, K, D, bound, out_dtype)
 
 
 @portable_exact_unless.register_fake
