@@ -20,7 +20,7 @@ from oracle import exact_fold_oracle, ordered_fold_reference
 import bitfold
 from bitfold import arrays, dispatch
 from bitfold.backends import cuda, host, portable, triton
-from bitfold.formats import limb_format_for
+from bitfold.formats import FLOATS, limb_format_for
 from bitfold.validate import check_values
 
 torch = pytest.importorskip("torch", reason="the portable path is tested through torch")
@@ -248,6 +248,49 @@ def test_the_shared_unit_serves_down_to_its_last_bit_and_not_one_below():
         got = bitfold.Fold(index, 2)(t, backend="portable")
         want = exact_fold_oracle(index, values.astype(np.float64), 2)
         assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
+
+
+@st.composite
+def word_sums(draw):
+    """int64 sums of one unit, rounded halfway cases and their neighbours included."""
+    out = draw(st.sampled_from(["float32", "float16", "bfloat16"]))
+    exponent = draw(st.integers(-190, 110))
+    sums = []
+    for _ in range(draw(st.integers(1, 12))):
+        kind = draw(st.sampled_from(["any", "tie", "small"]))
+        if kind == "any":
+            v = draw(st.integers(-(2**62), 2**62))
+        elif kind == "small":
+            v = draw(st.integers(-(2**30), 2**30))
+        else:  # a halfway case between two results, give or take one unit
+            keep = FLOATS[out].precision
+            top = draw(st.integers(keep + 1, 62))
+            v = (draw(st.integers(2 ** (keep - 1), 2**keep - 1)) * 2 + 1) << (top - keep - 1)
+            v = (v + draw(st.sampled_from([-1, 0, 1]))) * draw(st.sampled_from([1, -1]))
+        sums.append(v)
+    return out, exponent, sums
+
+
+@given(word_sums())
+def test_rounding_one_word_by_floats_is_the_integer_rounding(case):
+    """:func:`portable.round_words` (round to odd, then one float conversion) gives the bits of
+    :func:`portable.round_table` (integer operations, checked against the oracle) wherever it
+    does not flag a result below the normal range."""
+    out, exponent, sums = case
+    fmt = limb_format_for("float32")
+    s = torch.tensor(sums, dtype=torch.int64)
+    ops = arrays.family_of(s)
+    counts = torch.ones_like(s)
+    zero = s - s
+    got, tiny = portable.round_words(ops, s, torch.tensor(exponent), zero != 0, out)
+    cols = [s & ((1 << 32) - 1), s >> 32, counts, counts, zero, zero, zero]
+    want = portable.round_table(ops, torch.stack(cols, 1), portable.NARROW, fmt, out,
+                                shift=zero + (exponent - fmt.unit_exp))  # fmt: skip
+    if not bool(tiny):
+        assert _bits(got, out).tolist() == _bits(want, out).tolist()
+    else:
+        normal = FLOATS[out].subnormal_exp + FLOATS[out].precision - 1
+        assert min(abs(v) for v in sums if v) < 2.0 ** (normal - exponent + 2)
 
 
 @pytest.mark.parametrize("family", ["torch", "numpy"])

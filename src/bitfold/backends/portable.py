@@ -36,15 +36,27 @@ gives the same bits in any order, atomics included.
    and the sticky bit, round half to even, then the bit pattern, read back as the
    output dtype.
 
-The narrow path (int64 words: torch, CuPy, NumPy, JAX with ``jax_enable_x64``;
-values of at most 24 significant bits) comes first: a max-scatter of every
-output element's largest magnitude gives it a unit ``2^u`` such that its
-terms, each one int64 word, sum below ``2^63``; one scatter-add of the words
-and one rounding (:func:`narrow_fold`). Where an element's terms do not fit
-one word (a span of more than about ``63 - 24 - log2(count)`` binary orders),
-or meet NaN or infinity, a flag sends the whole fold to the digit path above:
-read where it lies for an eager CPU tensor, ``lax.cond`` in JAX, both made
-and one selected elsewhere (no host synchronisation in any case).
+Two narrow paths (int64 words: torch, CuPy, NumPy, JAX with
+``jax_enable_x64``; values of at most 24 significant bits) come first, each
+term one int64 word:
+
+* the shared unit (:func:`shared_unit_plan`, :func:`shared_unit_fold`): two
+  reductions (the largest and the least nonzero magnitude) give one unit
+  ``2^u`` for the whole fold, the lowest that keeps the fullest bucket's sum
+  below ``2^63``; where every term is a multiple of it, each word is one
+  float32 multiplication, then one scatter-add and one rounding (rounded to
+  odd, then one float conversion: :func:`round_words`). Taken where a flag
+  can be read without waiting (eager CPU arrays), in JAX (``lax.cond``), and
+  in a ``torch.compile`` graph on the CPU (:mod:`.portable_torch`);
+* each element's own unit (:func:`narrow_fold`): a max-scatter of every
+  output element's largest magnitude gives it a unit such that its terms
+  sum below ``2^63``; one scatter-add of the words and one rounding.
+
+Where an element's terms do not fit one word (a span of more than about
+``63 - 24 - log2(count)`` binary orders), or meet NaN or infinity, a flag
+sends the whole fold to the digit path above: read where it lies for an
+eager CPU tensor, ``lax.cond`` in JAX, both made and one selected elsewhere
+(no host synchronisation in any case).
 
 Each addition is below ``2^w`` in magnitude: a word absorbs ``2^30`` additions
 (int64, 32-bit digits) or ``2^(29 - w)`` (int32) before it could overflow.
@@ -637,11 +649,55 @@ def shared_unit_fold(
             lambda: ops.where(_not_all_negzero(ops, like, shape, groups).reshape(-1), c, 0),
             lambda: c,
         )  # fmt: skip
-    zero = flat - flat
-    cols = [flat & ((1 << 32) - 1), flat >> 32, c, not_negzero, zero, zero, zero]
-    unit_rows = ops.zeros(like, (flat.shape[0],), "int64") + unit
-    out = round_table(ops, ops.stack(cols, 1), NARROW, fmt, out_name, shift=unit_rows)
-    return out.reshape(shape), zero_sum
+
+    def by_table() -> Any:
+        zero = flat - flat
+        cols = [flat & ((1 << 32) - 1), flat >> 32, c, not_negzero, zero, zero, zero]
+        unit_rows = ops.zeros(like, (flat.shape[0],), "int64") + unit
+        return round_table(ops, ops.stack(cols, 1), NARROW, fmt, out_name, shift=unit_rows)
+
+    if out_name == "float64" or not ops.has_dtype(out_name) or not ops.has_dtype("float64"):
+        return by_table().reshape(shape), zero_sum
+    negzero = (flat == 0) & (c > 0) & (not_negzero == 0)
+    out, tiny = round_words(ops, flat, unit + fmt.unit_exp, negzero, out_name)
+    if signs:
+        return _choose(ops, like, tiny, by_table, lambda: out).reshape(shape), zero_sum
+    return out.reshape(shape), zero_sum | tiny
+
+
+def round_words(
+    ops: ArrayFamily, sums: Any, exponent: Any, negzero: Any, out_name: str
+) -> tuple[Any, Any]:
+    """(each int64 ``sums[r]·2^exponent`` rounded once to ``out_name``, a 0-d flag set where
+    some result may fall below the format's normal range: those need :func:`round_table`).
+
+    For float32, float16 and bfloat16 results (``exponent`` 0-d, the shared
+    unit's). The magnitude is rounded to odd at ``p`` bits (53 for float32,
+    24 for the 16-bit formats: at least two more than the target's) with
+    integer operations, which float64 then holds exactly, times an exact power
+    of two; the one conversion to the target rounds half to even, and a value
+    rounded to odd with two spare bits rounds to the target as the exact value
+    does. Every float in the way is normal (the flag keeps results below the
+    target's normal range out), so flush-to-zero cannot touch them. ``negzero``
+    marks the zero sums that are -0.0.
+    """
+    f = FLOATS[out_name]
+    p = 53 if f.precision > 11 else 24
+    neg = sums < 0
+    mag = ops.where(neg, -sums, sums)
+    bits = (ops.bitcast(ops.astype(mag, "float64"), "int64") >> 52) - 1022  # >= bit length
+    cut = ops.clip(bits - p, 0, 63)
+    kept = mag >> cut
+    kept = kept | ops.astype((kept << cut) != mag, "int64")  # the sticky bit: round to odd
+    power = ops.bitcast((ops.clip(exponent + cut, -1022, 1023) + 1023) << 52, "float64")
+    value = ops.astype(kept, "float64") * power
+    if p == 24:  # exact in float32: one rounding, float32 to the 16-bit format
+        value = ops.astype(value, "float32")
+    out = ops.astype(value, out_name)
+    out = ops.where(neg | negzero, -out, out)
+    normal = f.subnormal_exp + f.precision - 1  # the least normal exponent
+    tiny = (mag != 0) & (bits - 2 + exponent < normal)
+    return out, ops.amax(ops.astype(tiny, "int32"), 0) > 0
 
 
 def _choose(ops: ArrayFamily, like: Any, flag: Any, if_set: Any, if_clear: Any) -> Any:
@@ -1129,7 +1185,8 @@ def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tupl
         f"{spec.dtype} {'rows' if spec.trailing else 'scalars'} of the {ops.name} family on "
         f"{ops.device(values)!r}: "
         + (
-            "one int64 word a value where every bucket's terms fit one, else "
+            "one int64 word a value, of one unit for the whole fold where every term is a "
+            "multiple of it, else of each bucket's own where its terms fit one, else "
             if narrow_applies([spec.dtype], ops.has_int64(values))
             else ""
         )
