@@ -15,12 +15,12 @@ over the rounds; every ratio is of two medians of this run.
   ``index_add_`` and JAX ``segment_sum`` against bitfold portable).
 * ``gnn``: a jitted JAX message-passing ``value_and_grad`` step (20,000 nodes,
   400,000 edges, D = 32): ``jax.ops`` gather and ``segment_sum`` against
-  ``bitfold.jax.expand`` / ``fold`` on the host route (``pure_callback``) and
-  on the portable route; then the edges permuted, the same bits asked of the
-  bitfold step's loss and gradients.
+  ``bitfold.jax.expand`` / ``fold`` on the host route (bitfold's CPU kernels
+  called by XLA through an FFI target) and on the portable route; then the
+  edges permuted, the same bits asked of the bitfold step's loss and gradients.
 
-JAX runs in its default 32-bit mode and with ``jax_enable_x64`` (int64 words:
-the portable path's narrow route). Every bitfold result is compared bit for
+JAX runs in its default 32-bit mode (the portable path's int32 digits) and with
+``jax_enable_x64`` (int64 words). Every bitfold result is compared bit for
 bit with the host exact fold of the same values (the fold the test suite
 checks against the ``fractions.Fraction`` oracle).
 

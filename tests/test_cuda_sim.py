@@ -110,11 +110,13 @@ def test_the_gpu_benchmark_script_runs_on_the_simulator(tmp_path):
     statuses = {v["status"] for v in report["steps"].values()}
     assert "failed" not in statuses, report["steps"]
     # the portable path is timed on torch CUDA and JAX GPU arrays: skipped, by name, here
-    for key in ("bitfold_exact[portable,torch]", "bitfold_exact[portable,jax]"):
+    for key in ("bitfold_exact[portable,torch]", "bitfold_exact[portable,jax]",
+                "bitfold_exact[portable,jax,plan]", "bitfold_exact[portable,torch,compiled]"):
         assert configs["seed"]["timings"][key] is None
         assert report["steps"][f"seed: {key}"]["status"] == "skipped"
     assessment = report["assessment"]
     assert assessment["graph_capture_works"]["torch"] == "not measured"
+    assert assessment["portable_path"]["seed"]["jax_plan_over_segment_sum"] == "not measured"
     for mode in ("default", "reduce-overhead"):  # needs torch with a CUDA device
         assert report["compiled_step"][mode]["status"] == "skipped"
         assert assessment["G4_compiled_step"]["per_mode"][mode]["met"] == "not measured"

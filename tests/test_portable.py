@@ -206,8 +206,9 @@ def _shared(t, index, K, dtype, bound=None):
     shape = (K,) if t.ndim == 1 else (K, t.shape[1])
     groups = [(torch.from_numpy(index), t, dtype)]
     bound = int(np.bincount(index, minlength=K).max()) if bound is None else bound
+    layout = portable.shared_words("int64", bound)
     unit, good = portable.shared_unit_plan(arrays.family_of(t), t, limb_format_for(dtype), shape,
-                                           groups, bound)  # fmt: skip
+                                           groups, layout)  # fmt: skip
     return int(unit), bool(good)
 
 
@@ -228,6 +229,31 @@ def test_the_shared_unit_path_against_the_oracle(case):
     got = dispatch.fold(bitfold.Fold(index, K), t, out_dtype=out_name, backend="portable", **kw)
     rows = held.reshape(len(index), D)
     want = _oracle(index, rows, K, out_name, None if init is None else init_held.reshape(K, D))
+    assert np.array_equal(_bits(got, out_name).reshape(K, -1), want)
+
+
+@given(narrow_folds(), st.sampled_from([1, 40_000]))
+def test_the_shared_unit_in_int32_digits_against_the_oracle(case, bound):
+    """JAX's 32-bit mode has no int64: the shared unit cuts each term into 16-bit digits (8-bit
+    past 2^15 terms an element), one int32 column each, rounded by the digit tables' rounding:
+    the oracle's bits (here with torch tensors and int32 words; no float64 results, which need
+    x64 in JAX)."""
+    dtype, K, index, values, out, _, _ = case
+    t, held = _as(values, dtype)
+    D = int(np.prod(t.shape[1:], dtype=np.int64))
+    shape = (K,) if t.ndim == 1 else (K, D)
+    bound = max(bound, int(np.bincount(index, minlength=K).max(initial=0)))
+    layout = portable.shared_words("int32", bound)
+    assert layout.digit_bits == (16 if bound < 2**15 else 8)
+    ops, fmt = arrays.family_of(t), limb_format_for(dtype)
+    groups = [(torch.from_numpy(index.astype(np.int32)), t, dtype)]
+    unit, good = portable.shared_unit_plan(ops, t, fmt, shape, groups, layout)
+    assert unit.dtype == torch.int32 and (bool(good) or not len(index))
+    counts = torch.from_numpy(np.bincount(index, minlength=K).astype(np.int32))
+    counts = counts.reshape(-1, *([1] * (len(shape) - 1))).expand(shape).contiguous()
+    out_name = bitfold.formats.resolve_out_dtype(dtype, "float32" if out == "float64" else out)
+    got, _ = portable.shared_unit_fold(ops, t, fmt, shape, groups, counts, unit, layout, out_name)
+    want = _oracle(index, held.reshape(len(index), D), K, out_name)
     assert np.array_equal(_bits(got, out_name).reshape(K, -1), want)
 
 
@@ -338,14 +364,16 @@ def test_expand_and_refusals():
 
 
 def test_chunked_carries_give_the_same_bits(monkeypatch):
-    """More additions than a word absorbs are taken in chunks with a carry between them."""
+    """More additions than a word absorbs are taken in chunks with a carry between them; where
+    no word can get that many (3 terms a bucket here), many more positions than that go in one
+    pass."""
     rng = np.random.default_rng(8)
     values = (rng.standard_normal(3000) * 2.0 ** rng.integers(-100, 100, 3000)).astype(np.float32)
-    index = rng.integers(0, 3, 3000)
-    plan = bitfold.Fold(index, 3)
-    want = plan(values)
     real = portable.words_for
-    for int64 in (True, False):
+    few, many = rng.integers(0, 3, 3000), np.arange(3000) % 1000
+    for int64, index in [(True, few), (False, few), (True, many), (False, many)]:
+        plan = bitfold.Fold(index, int(index.max()) + 1)
+        want = plan(values)
 
         def tiny(fmt, _int64, bound, int64=int64):
             w = real(fmt, int64, bound)
@@ -355,6 +383,7 @@ def test_chunked_carries_give_the_same_bits(monkeypatch):
         monkeypatch.setattr(portable, "words_for", tiny)
         got = plan(torch.from_numpy(values), backend="portable")
         assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
+        monkeypatch.setattr(portable, "words_for", real)
 
 
 # -- no host synchronisation: fake tensors, torch.compile ---------------------------------------

@@ -162,6 +162,10 @@ class ArrayFamily:
         """Minimum along ``axis``."""
         raise self._missing("amin")
 
+    def floor(self, x: Any) -> Any:
+        """Elementwise floor of a float array (exact)."""
+        raise self._missing("floor")
+
     def stack(self, xs: list[Any], axis: int) -> Any:
         """The arrays ``xs`` stacked along a new ``axis``."""
         raise self._missing("stack")
@@ -203,6 +207,9 @@ class _NumpyLike(ArrayFamily):
 
     def amin(self, x: Any, axis: int) -> Any:
         return x.min(axis=axis)
+
+    def floor(self, x: Any) -> Any:
+        return self.xp().floor(x)
 
     def stack(self, xs: list[Any], axis: int) -> Any:
         return self.xp().stack(xs, axis=axis)
@@ -333,6 +340,9 @@ class _Torch(ArrayFamily):
 
     def amin(self, x: Any, axis: int) -> Any:
         return x.amin(axis)
+
+    def floor(self, x: Any) -> Any:
+        return x.floor()
 
     def stack(self, xs: list[Any], axis: int) -> Any:
         import torch

@@ -248,25 +248,33 @@ def table_of(
     ``groups`` are ``(rows, values, dtype)``: flat values and the table row
     (output element) each one adds to. ``counts_rows`` (R,) is the number of
     terms of every output element (added to ``n_terms`` and ``n_not_negzero``),
-    ``bound`` the most terms of one output element. When more than
-    ``words.chunk`` additions could reach one word, the groups are taken in
-    chunks of positions, carried in between (decided from the shapes only).
+    ``bound`` the most terms of one output element. A value adds at most one
+    piece to a word, so when more than ``words.chunk`` additions could reach
+    one word (``bound`` and the two counts), the groups are taken in chunks of
+    positions, carried in between (decided from the shapes only); else in
+    one pass.
     """
     cols = words.columns
     table = ops.zeros(like, (R * cols,), words.word)
     at = ops.arange(like, R, words.word) * cols
     index = [at + (words.digits + N_TERMS), at + (words.digits + N_NOT_NEGZERO)]
     adds = [counts_rows, counts_rows]
+    # A value adds at most one piece to a word, so a word gets at most ``bound`` additions in the
+    # whole fold, and two for the counts: within what a word absorbs, one pass and no carry.
+    cap = bound + 2
+    step = words.chunk if cap > words.chunk else None
     load = 0  # additions to one word since the last carry
     for rows, values, dtype in groups:
         n = int(values.shape[0])
-        for lo in range(0, max(n, 1), words.chunk):
-            m = min(words.chunk, n - lo)
-            if load + min(m, bound) > words.chunk:
+        size = step or max(n, 1)
+        for lo in range(0, max(n, 1), size):
+            m = min(size, n - lo)
+            if min(load + min(m, bound), cap) > words.chunk:
                 table = ops.scatter_add(table, ops.concat(index), ops.concat(adds))
                 table, index, adds, load = carried_table(ops, table, words, R), [], [], 0
             more = _terms(ops, values[lo : lo + m], rows[lo : lo + m], dtype, fmt, words)
-            index, adds, load = index + more[0], adds + more[1], load + min(m, bound)
+            index, adds = index + more[0], adds + more[1]
+            load = min(load + min(m, bound), cap)
     return ops.scatter_add(table, ops.concat(index), ops.concat(adds))
 
 
@@ -515,19 +523,60 @@ _WRAP = (1 << 31) - 1
 
 
 def _extremes(
-    ops: ArrayFamily, like: Any, n: int, row: int, R: int, values: Any, dtype: str
+    ops: ArrayFamily, like: Any, n: int, row: int, R: int, values: Any, dtype: str, word: str
 ) -> tuple[Any, Any]:
     """(largest magnitude bits, least nonzero magnitude bits or 0 for none) of ``values``:
-    0-d int64 arrays, from two reductions a chunk (order-free)."""
+    0-d ``word`` arrays, from two reductions a chunk (order-free)."""
     highs, lows = [], []
     for lo, hi in _chunks(ops, like, n, row, R):
         _, mag = _value_bits(ops, values[lo:hi], dtype)
         mag = mag.reshape(-1)
         highs.append(ops.amax(mag, 0))
         lows.append(ops.amin(mag + _WRAP, 0))
-    high = ops.astype(ops.amax(ops.stack(highs, 0), 0), "int64")
-    low = ops.astype(ops.amin(ops.stack(lows, 0), 0), "int64")
+    high = ops.astype(ops.amax(ops.stack(highs, 0), 0), word)
+    low = ops.amin(ops.stack(lows, 0), 0)  # int32: m - 2^31 - 1 for the least nonzero m
+    if word == "int32":
+        return high, ops.where(low == _WRAP, 0, low - _WRAP)  # wrapping back to m
+    low = ops.astype(low, word)
     return high, ops.where(low == _WRAP, 0, low + ((1 << 31) + 1))
+
+
+@dataclass(frozen=True)
+class SharedWords:
+    """How the shared-unit path holds its sums: each term an integer of at most ``span`` bits.
+
+    int64: one word a sum (``digit_bits`` 63, one digit), ``span`` = 63 less
+    the bits of the fullest bucket's count. int32 (JAX's 32-bit mode): each
+    term cut into ``digits`` digits of ``digit_bits`` bits (16, or 8 past
+    2^15 terms), one digit column a word, so a column absorbs every term of
+    its element; ``span`` = ``digits · digit_bits``, and ``headroom`` digit
+    columns above them take the sums' carries.
+    """
+
+    word: str
+    digit_bits: int
+    digits: int
+    span: int
+    headroom: int = 0
+
+    @property
+    def columns(self) -> int:
+        """Digit columns of a sum: the terms' digits and the carries' above them."""
+        return self.digits + self.headroom
+
+
+def shared_words(word: str, bound: int) -> SharedWords | None:
+    """The shared-unit layout for ``bound`` terms an element: one int64 word up to 2^15 terms,
+    else int32 digits (56 bits of span whatever the count), or None where they cannot absorb
+    the terms (more than 2^23)."""
+    b = int(bound).bit_length()
+    if word == "int64" and b <= 15:  # a span of 48 bits or more in one word
+        return SharedWords("int64", 63, 1, NARROW_BITS - b)
+    w = 16 if b <= 15 else 8 if b <= 23 else 0
+    if not w:
+        return None
+    n = -(-56 // w)
+    return SharedWords("int32", w, n, n * w, headroom=-(-(b + 1) // w))
 
 
 def shared_unit_plan(
@@ -536,17 +585,18 @@ def shared_unit_plan(
     fmt: LimbFormat,
     shape: tuple[int, ...],
     groups: list[tuple[Any, Any, str]],
-    bound: int,
+    layout: SharedWords,
 ) -> tuple[Any, Any]:
-    """(unit ``u`` as a 0-d int64 array, a 0-d flag set where it serves every term).
+    """(unit ``u`` as a 0-d array of ``layout.word``, a 0-d flag set where it serves every term).
 
     One unit ``2^(u + fmt.unit_exp)`` for every output element: the lowest
-    that keeps ``bound`` terms of the largest magnitude below ``2^63``. It
-    serves when every term is finite, every nonzero term normal, and the least
-    nonzero magnitude's last significand bit is at or above the unit; then
-    every term times ``2^-(u + fmt.unit_exp)`` is an integer below ``2^63``,
-    made exactly by one float32 multiplication (normal in, normal out: no
-    flush to zero can touch it). Two reductions over the values, no scatter.
+    that keeps the largest magnitude within ``layout.span`` bits (for int64:
+    a bucket's sum below ``2^63``). It serves when every term is finite,
+    every nonzero term normal, and the least nonzero magnitude's last
+    significand bit is at or above the unit; then every term times
+    ``2^-(u + fmt.unit_exp)`` is an integer of at most ``span`` bits, made
+    exactly by one float32 multiplication (normal in, normal out: no flush to
+    zero can touch it). Two reductions over the values, no scatter.
     """
     R = math.prod(shape)
     top = None  # the exponent just above the largest term (in fmt units)
@@ -556,7 +606,7 @@ def shared_unit_plan(
         n = int(values.shape[0])
         if n == 0:
             continue
-        high, low = _extremes(ops, like, n, R // shape[0], R, values, dtype)
+        high, low = _extremes(ops, like, n, R // shape[0], R, values, dtype, layout.word)
         e_high = ops.clip(high >> f.fraction_bits, 1, 1 << 20) + (decode_shift(dtype, fmt) - 1)
         group_top = ops.where(high == 0, 0, e_high + f.precision)
         finite = high < (((1 << f.exponent_bits) - 1) << f.fraction_bits)
@@ -566,10 +616,10 @@ def shared_unit_plan(
         top = group_top if top is None else _larger(ops, top, group_top)
         fits.append((ok, low, last_bit))
     if top is None:
-        zero = ops.zeros(like, (), "int64")
+        zero = ops.zeros(like, (), layout.word)
         return zero, zero == 0
     least = max(0, -fmt.unit_exp - 127)  # the lowest unit whose multiplier float32 holds
-    unit = ops.clip(top + (int(bound).bit_length() - NARROW_BITS), least, 1 << 20)
+    unit = ops.clip(top - layout.span, least, 1 << 20)
     scale_exp = -(unit + fmt.unit_exp)  # 2^scale_exp: a term's multiplier, a float32 power
     good = scale_exp >= -126
     for ok, low, last_bit in fits:
@@ -584,21 +634,39 @@ def shared_unit_sums(
     shape: tuple[int, ...],
     groups: list[tuple[Any, Any, str]],
     unit: Any,
+    layout: SharedWords,
 ) -> Any:
-    """Every output element's terms summed as int64 words of the shared unit (shape ``shape``).
+    """Every output element's terms summed in words of the shared unit: shape ``shape`` (int64)
+    or ``shape + (digits,)`` (int32 digit columns, not carried).
 
-    Valid where :func:`shared_unit_plan` said it serves: each word is the
-    term times ``2^-(unit + fmt.unit_exp)`` in float32, exact, then converted.
+    Valid where :func:`shared_unit_plan` said it serves: each term times
+    ``2^-(unit + fmt.unit_exp)`` in float32 is an exact integer; int64 takes it
+    whole, int32 its ``digits`` base-``2^w`` digits of the magnitude, each cut
+    out with exact float operations (scalings by powers of two, floors and a
+    subtraction of integers below ``2^24``), signed as the term.
     """
     R = math.prod(shape)
     scale_bits = ops.astype(127 - fmt.unit_exp - unit, "int32") << 23
     scale = ops.bitcast(ops.clip(scale_bits, 1 << 23, 254 << 23), "float32")
-    sums = ops.zeros(like, shape, "int64")
+    cut = layout.word == "int32"
+    sums = ops.zeros(like, (*shape, layout.digits) if cut else shape, layout.word)
+    w = layout.digit_bits
     for index, values, _ in groups:
         for lo, hi in _chunks(ops, like, int(index.shape[0]), R // shape[0], R):
-            if hi > lo:
-                words = ops.astype(ops.astype(values[lo:hi], "float32") * scale, "int64")
-                sums = _scatter_rows(ops, "add", sums, index[lo:hi], words)
+            if hi == lo:
+                continue
+            x = ops.astype(values[lo:hi], "float32") * scale
+            if not cut:
+                sums = _scatter_rows(ops, "add", sums, index[lo:hi], ops.astype(x, "int64"))
+                continue
+            neg = x < 0
+            mag = ops.where(neg, -x, x)
+            pieces = []
+            for j in range(layout.digits):
+                above = ops.floor(mag * (2.0 ** -(w * j)))  # the magnitude's digits j and up
+                digit = ops.astype(above - ops.floor(above * 2.0**-w) * 2.0**w, "int32")
+                pieces.append(ops.where(neg, -digit, digit))
+            sums = _scatter_rows(ops, "add", sums, index[lo:hi], ops.stack(pieces, -1))
     return sums
 
 
@@ -627,6 +695,7 @@ def shared_unit_fold(
     groups: list[tuple[Any, Any, str]],
     counts: Any,
     unit: Any,
+    layout: SharedWords,
     out_name: str,
     *,
     signs: bool = True,
@@ -639,9 +708,19 @@ def shared_unit_fold(
     elements those are, made only when some sum is zero (:func:`_choose`);
     without, every zero sum is +0.0 and the flag tells the caller to look.
     """
-    sums = shared_unit_sums(ops, like, fmt, shape, groups, unit)
-    flat, c = sums.reshape(-1), counts.reshape(-1)
-    zero_sum = ops.amax(ops.astype((flat == 0) & (c > 0), "int32"), 0) > 0
+    sums = shared_unit_sums(ops, like, fmt, shape, groups, unit, layout)
+    c = counts.reshape(-1)
+    R = c.shape[0]
+    if layout.word == "int32":
+        columns = [sums.reshape(R, layout.digits)[:, j] for j in range(layout.digits)]
+        digits = _carry(columns + [c - c] * layout.headroom, layout.digit_bits)
+        nonzero = ops.amax(ops.stack([ops.astype(d != 0, "int32") for d in digits], 1), 1)
+        is_zero = nonzero == 0
+    else:
+        flat = sums.reshape(-1)
+        digits = [flat & ((1 << 32) - 1), flat >> 32]
+        is_zero = flat == 0
+    zero_sum = ops.amax(ops.astype(is_zero & (c > 0), "int32"), 0) > 0
     not_negzero = c
     if signs:
         not_negzero = _choose(
@@ -651,15 +730,19 @@ def shared_unit_fold(
         )  # fmt: skip
 
     def by_table() -> Any:
-        zero = flat - flat
-        cols = [flat & ((1 << 32) - 1), flat >> 32, c, not_negzero, zero, zero, zero]
-        unit_rows = ops.zeros(like, (flat.shape[0],), "int64") + unit
-        return round_table(ops, ops.stack(cols, 1), NARROW, fmt, out_name, shift=unit_rows)
+        zero = c - c
+        cols = [*digits, c, not_negzero, zero, zero, zero]
+        words = NARROW
+        if layout.word == "int32":
+            words = Words("int32", 32, layout.digit_bits, layout.columns, 1 << 30)
+        unit_rows = zero + unit
+        return round_table(ops, ops.stack(cols, 1), words, fmt, out_name, shift=unit_rows)
 
-    if out_name == "float64" or not ops.has_dtype(out_name) or not ops.has_dtype("float64"):
+    fast = layout.word == "int64" and ops.has_dtype("float64") and ops.has_dtype(out_name)
+    if out_name == "float64" or not fast:
         return by_table().reshape(shape), zero_sum
-    negzero = (flat == 0) & (c > 0) & (not_negzero == 0)
-    out, tiny = round_words(ops, flat, unit + fmt.unit_exp, negzero, out_name)
+    negzero = is_zero & (c > 0) & (not_negzero == 0)
+    out, tiny = round_words(ops, sums.reshape(-1), unit + fmt.unit_exp, negzero, out_name)
     if signs:
         return _choose(ops, like, tiny, by_table, lambda: out).reshape(shape), zero_sum
     return out.reshape(shape), zero_sum | tiny
@@ -911,34 +994,38 @@ def exact_sums(
         return rows
 
     dtypes = [dtype] + ([] if init is None else [init_dtype])
-    if not narrow_applies(dtypes, words.word == "int64"):
-        return digits()
+    narrow = narrow_applies(dtypes, words.word == "int64")
+    layout = shared_words(words.word, bound)
+    if layout is None or max(FLOATS[d].precision for d in dtypes) > 24:
+        return digits()  # float64 values, or more terms an element than int32 digits hold
     shape = (K,) if D == 1 else (K, D)
     narrow_groups = [(index, values.reshape((-1, *shape[1:])), dtype)]
     if init is not None:
-        narrow_groups.append((ops.arange(values, K, "int64"), init.reshape(shape), init_dtype))
+        narrow_groups.append((ops.arange(values, K, words.word), init.reshape(shape), init_dtype))
     element_counts = counts.reshape(shape)
 
     def per_element() -> Any:
+        if not narrow:
+            return digits()
         out, bad = narrow_fold(ops, values, fmt, shape, narrow_groups, element_counts, out_name)
         return _choose(ops, values, bad, digits, lambda: out.reshape(-1))
 
     compiled_cpu = ops.name == "torch" and _torch_compiling() and ops.device(values) == "cpu"
     if not (_reads_flags(ops, values) or ops.name == "jax" or compiled_cpu):
         return per_element()
-    unit, good = shared_unit_plan(ops, values, fmt, shape, narrow_groups, bound)
+    unit, good = shared_unit_plan(ops, values, fmt, shape, narrow_groups, layout)
     if compiled_cpu:  # the shared unit in the graph; an eager fold where it does not serve
         from .portable_torch import portable_exact_unless
 
         out, zero_sum = shared_unit_fold(ops, values, fmt, shape, narrow_groups, element_counts,
-                                         unit, out_name, signs=False)  # fmt: skip
+                                         unit, layout, out_name, signs=False)  # fmt: skip
         redo = ~good | zero_sum
         return portable_exact_unless(out.reshape(-1), redo, values, index, counts, init, K, D,
                                      bound, out_name)  # fmt: skip
 
     def shared() -> Any:
         out, _ = shared_unit_fold(ops, values, fmt, shape, narrow_groups, element_counts, unit,
-                                  out_name)  # fmt: skip
+                                  layout, out_name)  # fmt: skip
         return out.reshape(-1)
 
     return _choose(ops, values, good, shared, per_element)
@@ -968,9 +1055,7 @@ def segment_fold(
     counts = ops.scatter_add(ops.zeros(data, (K,), words.word), ids, ones)
     if D != 1:
         counts = (counts.reshape(-1, 1) + ops.zeros(data, (1, D), words.word)).reshape(-1)
-    groups = [(_rows(ops, ids, D, data, words.word), data.reshape(-1), dtype)]
-    table = table_of(ops, data, fmt, words, K * D, groups, counts, n)
-    out = round_table(ops, table.reshape(K * D, words.columns), words, fmt, out_name)
+    out = exact_sums(ops, data, ids, counts, None, K, D, max(n, 1), out_name)
     if check and n:
         bad = ops.amax(ops.astype((ids < 0) | (ids >= K), words.word), 0)
         nan = _canonical_nan(ops, out, out_name)
