@@ -165,9 +165,9 @@ def test_the_narrow_path_against_the_oracle(case):
         out_name = bitfold.formats.resolve_out_dtype(dtype, out)
         fmt = limb_format_for(dtype)
         counts = counts.reshape(-1, *([1] * (len(shape) - 1))).expand(shape).contiguous()
-        got, bad = portable.narrow_fold(arrays.family_of(t), t, fmt, shape,
-                                        [(i, v.reshape((-1, *shape[1:])), d) for i, v, d in groups],
-                                        counts, out_name)  # fmt: skip
+        groups = [(i, v.reshape((-1, *shape[1:])), d) for i, v, d in groups]
+        terms = portable.Terms(arrays.family_of(t), t, fmt, shape, groups)
+        got, bad = portable.narrow_fold(terms, counts, out_name)
         assert not bool(bad)
         rows = held.reshape(len(index), D)
         want = _oracle(index, rows, K, out_name, None if init is None else init_held.reshape(K, D))
@@ -191,9 +191,9 @@ def test_the_narrow_path_flags_what_it_cannot_hold(scaled, monkeypatch):
         values = np.array([1.0 if odd != 1e-40 else 3e-40, odd, 3.0, 1.5, -2.0], np.float32)
         t = torch.from_numpy(values)
         counts = torch.from_numpy(np.bincount(index, minlength=3).astype(np.int64))
-        _, bad = portable.narrow_fold(arrays.family_of(t), t, limb_format_for("float32"), (3,),
-                                      [(torch.from_numpy(index), t, "float32")], counts,
-                                      "float32")  # fmt: skip
+        terms = portable.Terms(arrays.family_of(t), t, limb_format_for("float32"), (3,),
+                               [(torch.from_numpy(index), t, "float32")])  # fmt: skip
+        _, bad = portable.narrow_fold(terms, counts, "float32")
         assert bool(bad) == (scaled or odd != 1e-40)
         got = bitfold.Fold(index, 3)(t, backend="portable")
         want = exact_fold_oracle(index, values.astype(np.float64), 3)
@@ -207,8 +207,8 @@ def _shared(t, index, K, dtype, bound=None):
     groups = [(torch.from_numpy(index), t, dtype)]
     bound = int(np.bincount(index, minlength=K).max()) if bound is None else bound
     layout = portable.shared_words("int64", bound)
-    unit, good = portable.shared_unit_plan(arrays.family_of(t), t, limb_format_for(dtype), shape,
-                                           groups, layout)  # fmt: skip
+    terms = portable.Terms(arrays.family_of(t), t, limb_format_for(dtype), shape, groups)
+    unit, good = portable.shared_unit_plan(terms, layout)
     return int(unit), bool(good)
 
 
@@ -247,12 +247,13 @@ def test_the_shared_unit_in_int32_digits_against_the_oracle(case, bound):
     assert layout.digit_bits == (16 if bound < 2**15 else 8)
     ops, fmt = arrays.family_of(t), limb_format_for(dtype)
     groups = [(torch.from_numpy(index.astype(np.int32)), t, dtype)]
-    unit, good = portable.shared_unit_plan(ops, t, fmt, shape, groups, layout)
+    terms = portable.Terms(ops, t, fmt, shape, groups)
+    unit, good = portable.shared_unit_plan(terms, layout)
     assert unit.dtype == torch.int32 and (bool(good) or not len(index))
     counts = torch.from_numpy(np.bincount(index, minlength=K).astype(np.int32))
     counts = counts.reshape(-1, *([1] * (len(shape) - 1))).expand(shape).contiguous()
     out_name = bitfold.formats.resolve_out_dtype(dtype, "float32" if out == "float64" else out)
-    got, _ = portable.shared_unit_fold(ops, t, fmt, shape, groups, counts, unit, layout, out_name)
+    got, _ = portable.shared_unit_fold(terms, counts, unit, layout, out_name)
     want = _oracle(index, held.reshape(len(index), D), K, out_name)
     assert np.array_equal(_bits(got, out_name).reshape(K, -1), want)
 

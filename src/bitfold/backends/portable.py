@@ -346,6 +346,27 @@ def round_table(
     return ops.bitcast(ops.astype(signed << 16, "int32"), "float32")  # bfloat16, held in float32
 
 
+@dataclass(frozen=True)
+class Terms:
+    """The terms of one fold on one array family, for the one-word paths.
+
+    ``groups`` are ``(index, values, dtype)``: output ids ``(n,)`` and values
+    ``(n,) + shape[1:]``, summed into output elements of ``shape`` beside
+    ``like`` (its library and device) in the limb format ``fmt``.
+    """
+
+    ops: ArrayFamily
+    like: Any
+    fmt: LimbFormat
+    shape: tuple[int, ...]
+    groups: list[tuple[Any, Any, str]]
+
+    def chunks(self, index: Any) -> list[tuple[int, int]]:
+        """The position ranges an eager fold takes ``index``'s values in (:func:`_chunks`)."""
+        R = math.prod(self.shape)
+        return _chunks(self.ops, self.like, int(index.shape[0]), R // self.shape[0], R)
+
+
 # -- the narrow path: one int64 word a value ----------------------------------------------------
 #: The narrow path's sums: one signed int64 word a bucket, rounded as two 32-bit digits.
 NARROW = Words("int64", 64, 32, 2, 1 << 30)
@@ -419,21 +440,11 @@ def _chunks(ops: ArrayFamily, like: Any, n: int, row: int, R: int) -> list[tuple
     return [(lo, min(n, lo + step)) for lo in range(0, n, step)] or [(0, 0)]
 
 
-def narrow_fold(
-    ops: ArrayFamily,
-    like: Any,
-    fmt: LimbFormat,
-    shape: tuple[int, ...],
-    groups: list[tuple[Any, Any, str]],
-    counts: Any,
-    out_name: str,
-) -> tuple[Any, Any]:
-    """(rounded sums of shape ``shape``, a scalar flag set where they may be wrong).
+def narrow_fold(terms: Terms, counts: Any, out_name: str) -> tuple[Any, Any]:
+    """(rounded sums of shape ``terms.shape``, a scalar flag set where they may be wrong).
 
-    ``groups`` are ``(index, values, dtype)``: bucket ids ``(n,)`` and values
-    ``(n,) + shape[1:]``; ``counts`` (``shape``, int64) the terms of every
-    output element. Two passes over the values, each with one integer scatter
-    (order-free):
+    ``counts`` (``shape``, int64) are the terms of every output element. Two
+    passes over the values, each with one integer scatter (order-free):
 
     1. a max-scatter of ``magnitude bits << 1 | (term is not -0.0)``: every
        output element's largest magnitude, and whether every term is -0.0.
@@ -451,8 +462,8 @@ def narrow_fold(
     or (float64 scaling) a term is subnormal; the caller then takes the digit
     path. Eager CPU folds take the values in chunks (:func:`_chunks`).
     """
+    ops, like, fmt, shape, groups = terms.ops, terms.like, terms.fmt, terms.shape, terms.groups
     word = NARROW.word
-    R = math.prod(shape)
     top_exp = ops.zeros(like, shape, word) - 1  # exponent just above the largest term; -1: none
     special = ops.zeros(like, shape, word)
     negzero = None  # every term -0.0 (vacuous for none)
@@ -460,7 +471,7 @@ def narrow_fold(
         f = FLOATS[dtype]
         sign = -(1 << (f.width - 1))  # -0.0's pattern
         best = ops.zeros(like, shape, word) - 1
-        for lo, hi in _chunks(ops, like, int(index.shape[0]), R // shape[0], R):
+        for lo, hi in terms.chunks(index):
             bits, mag = _value_bits(ops, values[lo:hi], dtype)
             # magnitude, then one bit: the term is not -0.0 (the max says both at once)
             key = (ops.astype(mag, word) << 1) | ops.astype(bits != sign, word)
@@ -483,7 +494,7 @@ def narrow_fold(
             scale = ops.bitcast((1023 - fmt.unit_exp - unit) << 52, "float64")
         else:  # s = max(e, 1) + lift: the shift of a term's significand to its element's unit
             lift = ops.astype(decode_shift(dtype, fmt) - 1 - unit, held)
-        for lo, hi in _chunks(ops, like, int(index.shape[0]), R // shape[0], R):
+        for lo, hi in terms.chunks(index):
             if hi == lo:
                 continue
             at = index[lo:hi]
@@ -522,13 +533,12 @@ def narrow_fold(
 _WRAP = (1 << 31) - 1
 
 
-def _extremes(
-    ops: ArrayFamily, like: Any, n: int, row: int, R: int, values: Any, dtype: str, word: str
-) -> tuple[Any, Any]:
+def _extremes(terms: Terms, index: Any, values: Any, dtype: str, word: str) -> tuple[Any, Any]:
     """(largest magnitude bits, least nonzero magnitude bits or 0 for none) of ``values``:
     0-d ``word`` arrays, from two reductions a chunk (order-free)."""
+    ops = terms.ops
     highs, lows = [], []
-    for lo, hi in _chunks(ops, like, n, row, R):
+    for lo, hi in terms.chunks(index):
         _, mag = _value_bits(ops, values[lo:hi], dtype)
         mag = mag.reshape(-1)
         highs.append(ops.amax(mag, 0))
@@ -579,14 +589,7 @@ def shared_words(word: str, bound: int) -> SharedWords | None:
     return SharedWords("int32", w, n, n * w, headroom=-(-(b + 1) // w))
 
 
-def shared_unit_plan(
-    ops: ArrayFamily,
-    like: Any,
-    fmt: LimbFormat,
-    shape: tuple[int, ...],
-    groups: list[tuple[Any, Any, str]],
-    layout: SharedWords,
-) -> tuple[Any, Any]:
+def shared_unit_plan(terms: Terms, layout: SharedWords) -> tuple[Any, Any]:
     """(unit ``u`` as a 0-d array of ``layout.word``, a 0-d flag set where it serves every term).
 
     One unit ``2^(u + fmt.unit_exp)`` for every output element: the lowest
@@ -598,15 +601,14 @@ def shared_unit_plan(
     exactly by one float32 multiplication (normal in, normal out: no flush to
     zero can touch it). Two reductions over the values, no scatter.
     """
-    R = math.prod(shape)
+    ops, like, fmt = terms.ops, terms.like, terms.fmt
     top = None  # the exponent just above the largest term (in fmt units)
     fits: list[tuple[Any, Any, Any]] = []
-    for _, values, dtype in groups:
+    for index, values, dtype in terms.groups:
         f = FLOATS[dtype]
-        n = int(values.shape[0])
-        if n == 0:
+        if int(values.shape[0]) == 0:
             continue
-        high, low = _extremes(ops, like, n, R // shape[0], R, values, dtype, layout.word)
+        high, low = _extremes(terms, index, values, dtype, layout.word)
         e_high = ops.clip(high >> f.fraction_bits, 1, 1 << 20) + (decode_shift(dtype, fmt) - 1)
         group_top = ops.where(high == 0, 0, e_high + f.precision)
         finite = high < (((1 << f.exponent_bits) - 1) << f.fraction_bits)
@@ -627,15 +629,7 @@ def shared_unit_plan(
     return unit, good
 
 
-def shared_unit_sums(
-    ops: ArrayFamily,
-    like: Any,
-    fmt: LimbFormat,
-    shape: tuple[int, ...],
-    groups: list[tuple[Any, Any, str]],
-    unit: Any,
-    layout: SharedWords,
-) -> Any:
+def shared_unit_sums(terms: Terms, unit: Any, layout: SharedWords) -> Any:
     """Every output element's terms summed in words of the shared unit: shape ``shape`` (int64)
     or ``shape + (digits,)`` (int32 digit columns, not carried).
 
@@ -645,14 +639,14 @@ def shared_unit_sums(
     out with exact float operations (scalings by powers of two, floors and a
     subtraction of integers below ``2^24``), signed as the term.
     """
-    R = math.prod(shape)
+    ops, fmt, shape = terms.ops, terms.fmt, terms.shape
     scale_bits = ops.astype(127 - fmt.unit_exp - unit, "int32") << 23
     scale = ops.bitcast(ops.clip(scale_bits, 1 << 23, 254 << 23), "float32")
     cut = layout.word == "int32"
-    sums = ops.zeros(like, (*shape, layout.digits) if cut else shape, layout.word)
+    sums = ops.zeros(terms.like, (*shape, layout.digits) if cut else shape, layout.word)
     w = layout.digit_bits
-    for index, values, _ in groups:
-        for lo, hi in _chunks(ops, like, int(index.shape[0]), R // shape[0], R):
+    for index, values, _ in terms.groups:
+        for lo, hi in terms.chunks(index):
             if hi == lo:
                 continue
             x = ops.astype(values[lo:hi], "float32") * scale
@@ -670,16 +664,14 @@ def shared_unit_sums(
     return sums
 
 
-def _not_all_negzero(
-    ops: ArrayFamily, like: Any, shape: tuple[int, ...], groups: list[tuple[Any, Any, str]]
-) -> Any:
-    """Whether each output element has a term that is not -0.0 (shape ``shape``, bool): an
-    integer max-scatter, order-free."""
-    R = math.prod(shape)
-    seen = ops.zeros(like, shape, "int32")
-    for index, values, dtype in groups:
+def _not_all_negzero(terms: Terms) -> Any:
+    """Whether each output element has a term that is not -0.0 (shape ``terms.shape``, bool):
+    an integer max-scatter, order-free."""
+    ops = terms.ops
+    seen = ops.zeros(terms.like, terms.shape, "int32")
+    for index, values, dtype in terms.groups:
         sign = -(1 << (FLOATS[dtype].width - 1))  # -0.0's pattern
-        for lo, hi in _chunks(ops, like, int(index.shape[0]), R // shape[0], R):
+        for lo, hi in terms.chunks(index):
             if hi > lo:
                 bits, _ = _value_bits(ops, values[lo:hi], dtype)
                 seen = _scatter_rows(ops, "max", seen, index[lo:hi],
@@ -688,17 +680,7 @@ def _not_all_negzero(
 
 
 def shared_unit_fold(
-    ops: ArrayFamily,
-    like: Any,
-    fmt: LimbFormat,
-    shape: tuple[int, ...],
-    groups: list[tuple[Any, Any, str]],
-    counts: Any,
-    unit: Any,
-    layout: SharedWords,
-    out_name: str,
-    *,
-    signs: bool = True,
+    terms: Terms, counts: Any, unit: Any, layout: SharedWords, out_name: str, *, signs: bool = True
 ) -> tuple[Any, Any]:
     """(rounded sums of shape ``shape`` by the shared unit, a 0-d flag: some sum is zero).
 
@@ -708,7 +690,8 @@ def shared_unit_fold(
     elements those are, made only when some sum is zero (:func:`_choose`);
     without, every zero sum is +0.0 and the flag tells the caller to look.
     """
-    sums = shared_unit_sums(ops, like, fmt, shape, groups, unit, layout)
+    ops, like, fmt, shape = terms.ops, terms.like, terms.fmt, terms.shape
+    sums = shared_unit_sums(terms, unit, layout)
     c = counts.reshape(-1)
     R = c.shape[0]
     if layout.word == "int32":
@@ -725,7 +708,7 @@ def shared_unit_fold(
     if signs:
         not_negzero = _choose(
             ops, like, zero_sum,
-            lambda: ops.where(_not_all_negzero(ops, like, shape, groups).reshape(-1), c, 0),
+            lambda: ops.where(_not_all_negzero(terms).reshape(-1), c, 0),
             lambda: c,
         )  # fmt: skip
 
@@ -1003,29 +986,29 @@ def exact_sums(
     if init is not None:
         narrow_groups.append((ops.arange(values, K, words.word), init.reshape(shape), init_dtype))
     element_counts = counts.reshape(shape)
+    terms = Terms(ops, values, fmt, shape, narrow_groups)
 
     def per_element() -> Any:
         if not narrow:
             return digits()
-        out, bad = narrow_fold(ops, values, fmt, shape, narrow_groups, element_counts, out_name)
+        out, bad = narrow_fold(terms, element_counts, out_name)
         return _choose(ops, values, bad, digits, lambda: out.reshape(-1))
 
     compiled_cpu = ops.name == "torch" and _torch_compiling() and ops.device(values) == "cpu"
     if not (_reads_flags(ops, values) or ops.name == "jax" or compiled_cpu):
         return per_element()
-    unit, good = shared_unit_plan(ops, values, fmt, shape, narrow_groups, layout)
+    unit, good = shared_unit_plan(terms, layout)
     if compiled_cpu:  # the shared unit in the graph; an eager fold where it does not serve
         from .portable_torch import portable_exact_unless
 
-        out, zero_sum = shared_unit_fold(ops, values, fmt, shape, narrow_groups, element_counts,
-                                         unit, layout, out_name, signs=False)  # fmt: skip
+        out, zero_sum = shared_unit_fold(terms, element_counts, unit, layout, out_name,
+                                         signs=False)  # fmt: skip
         redo = ~good | zero_sum
         return portable_exact_unless(out.reshape(-1), redo, values, index, counts, init, K, D,
                                      bound, out_name)  # fmt: skip
 
     def shared() -> Any:
-        out, _ = shared_unit_fold(ops, values, fmt, shape, narrow_groups, element_counts, unit,
-                                  layout, out_name)  # fmt: skip
+        out, _ = shared_unit_fold(terms, element_counts, unit, layout, out_name)
         return out.reshape(-1)
 
     return _choose(ops, values, good, shared, per_element)
