@@ -131,7 +131,8 @@ class ArrayFamily:
         raise self._missing("astype")
 
     def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
-        """``target`` (1-D) with ``target[index[i]] += src[i]`` for every i; returns the result.
+        """``target`` with ``target[index[i]] += src[i]`` along the first axis for every i
+        (``src`` of ``index``'s length, then ``target``'s trailing shape); returns the result.
 
         In any order, atomics included: exact for integer arrays (wrapping on
         overflow, which callers keep clear of), unordered float additions otherwise.

@@ -421,6 +421,11 @@ def _larger(ops: ArrayFamily, a: Any, b: Any) -> Any:
     return ops.where(a > b, a, b)
 
 
+#: ``2^31 - 1``: added to a magnitude (int32, wrapping) so that 0 becomes the largest value and
+#: every other magnitude ``m`` becomes ``m - 2^31 - 1``: a minimum then finds the least nonzero.
+_WRAP = (1 << 31) - 1
+
+
 def _value_bits(ops: ArrayFamily, values: Any, dtype: str) -> tuple[Any, Any]:
     """(signed bit patterns, their magnitudes' bits): int32 for 16-bit formats, else the width."""
     f = FLOATS[dtype]
@@ -501,7 +506,7 @@ def narrow_fold(terms: Terms, counts: Any, out_name: str) -> tuple[Any, Any]:
             bits, mag = _value_bits(ops, values[lo:hi], dtype)
             if scaled:
                 # a subnormal term would meet the float unit: flagged (integers only)
-                wrapped = mag + ((1 << 31) - 1)  # 0 -> the largest; m >= 1 -> m - 1 - 2^31
+                wrapped = mag + _WRAP  # 0 -> the largest; m >= 1 -> m - 1 - 2^31
                 least = ops.astype(ops.amax((~wrapped).reshape(-1), 0), word)  # ~: the least
                 flags.append(least + ((1 << f.fraction_bits) - (1 << 31)))  # > 0: m < 2^F
                 x = ops.astype(values[lo:hi], "float64") * ops.take(scale, at)
@@ -528,11 +533,6 @@ def narrow_fold(terms: Terms, counts: Any, out_name: str) -> tuple[Any, Any]:
 
 
 # -- the shared-unit path: one unit for every output element, no gather -------------------------
-#: ``2^31 - 1``: added to a magnitude (int32, wrapping) so that 0 becomes the largest value and
-#: every other magnitude ``m`` becomes ``m - 2^31 - 1``: a minimum then finds the least nonzero.
-_WRAP = (1 << 31) - 1
-
-
 def _extremes(terms: Terms, index: Any, values: Any, dtype: str, word: str) -> tuple[Any, Any]:
     """(largest magnitude bits, least nonzero magnitude bits or 0 for none) of ``values``:
     0-d ``word`` arrays, from two reductions a chunk (order-free)."""
@@ -682,13 +682,17 @@ def _not_all_negzero(terms: Terms) -> Any:
 def shared_unit_fold(
     terms: Terms, counts: Any, unit: Any, layout: SharedWords, out_name: str, *, signs: bool = True
 ) -> tuple[Any, Any]:
-    """(rounded sums of shape ``shape`` by the shared unit, a 0-d flag: some sum is zero).
+    """(rounded sums of shape ``terms.shape`` by the shared unit, a 0-d flag: look again).
 
     For use where :func:`shared_unit_plan` said the unit serves: one
     scatter-add of words and one rounding. An element whose terms sum to zero
-    is -0.0 when every term is -0.0: with ``signs``, a max-scatter says which
-    elements those are, made only when some sum is zero (:func:`_choose`);
-    without, every zero sum is +0.0 and the flag tells the caller to look.
+    is -0.0 when every term is -0.0, and a result below the target's normal
+    range needs the integer rounding. With ``signs`` both are settled here
+    (a max-scatter of the terms' signs, made only when some sum is zero;
+    :func:`round_table` where :func:`round_words` flags a small result) and
+    the flag says only whether some sum is zero. Without, every zero sum is
+    +0.0, small results are as :func:`round_words` made them, and the flag is
+    set where either happened: the caller looks again.
     """
     ops, like, fmt, shape = terms.ops, terms.like, terms.fmt, terms.shape
     sums = shared_unit_sums(terms, unit, layout)
