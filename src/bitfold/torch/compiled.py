@@ -16,6 +16,17 @@ into ATen folds the pass then rewrites. Everything else compiles as usual; the
 graphs really compile (the custom ops are extern calls inside inductor's
 generated code, no graph break).
 
+What Dynamo runs outside its graphs is made exact too. Dynamo cannot trace
+sparse tensors: a function that touches one (``torch.sparse.mm(A, x)``, an
+uncoalesced COO tensor's ``to_dense``) is run by Python op by op, as is the
+op at a graph break. The same function mode sends each such eager call
+through :class:`bitfold.torch.exact_mode`'s rules (a sparse product as its
+exact autograd function, every other fold by its ATen rule), and the
+autograd nodes those calls create run their backward under the same rules,
+so their folds are exact forward and backward and appear in ``counts`` (once
+each time they run) or in ``passed`` (refused with ``strict=True``), never
+in neither.
+
 The numeric contract:
 
 * every fold in the compiled graphs gives exactly the bits of the eager exact
@@ -64,7 +75,7 @@ from . import extension_ops
 from .aten_ops import EXACT_OPS
 from .graph_pass import CompileReport, ExactFoldPass, record_left
 from .handlers import Leave
-from .mode import COMPILED_NODE, EXACT_GRAPH, active_exact_mode, autograd_nodes
+from .mode import COMPILED_NODE, EXACT_GRAPH, ExactMode, active_exact_mode, autograd_nodes
 
 _PASS_KEY = "post_grad_custom_post_pass"
 
@@ -82,14 +93,18 @@ def _options(
     return merged
 
 
-def _mark(outputs: Any, since: int | None, report: CompileReport, watch: bool) -> None:
+def _mark(
+    outputs: Any, since: int | None, report: CompileReport, watch: bool, eager: bool
+) -> None:
     """Mark the compiled graphs' autograd nodes behind ``outputs`` as exact (for the mode's guard).
 
     Only nodes created by this call (sequence number ``>= since``) are marked.
     With ``watch`` (the forward compiled or loaded a graph), the first backward
     through each node is watched for a backward graph loaded from inductor's
     caches (compiled lazily, at the first backward), whose rewrites ``report``
-    then counts.
+    then counts. With ``eager`` (the call ran ops outside Dynamo's graphs),
+    every other node it created runs its backward under the exact rules
+    (:func:`_exact_backward`).
     """
     keep = None if since is None else (lambda node: node._sequence_nr() >= since)
     for node in autograd_nodes(tree_leaves(outputs), keep):
@@ -97,6 +112,8 @@ def _mark(outputs: Any, since: int | None, report: CompileReport, watch: bool) -
             node.metadata[EXACT_GRAPH] = True
             if watch:
                 _watch_backward(node, report)
+        elif eager and "AccumulateGrad" not in node.name():
+            _exact_backward(node, report)
 
 
 def _watch_backward(node: Any, report: CompileReport) -> None:
@@ -111,6 +128,62 @@ def _watch_backward(node: Any, report: CompileReport) -> None:
 
     node.register_prehook(begin)
     node.register_hook(end)
+
+
+class _ReportMode(ExactMode):
+    """:class:`~bitfold.torch.mode.ExactMode` whose counts and refusals go to a compile report.
+
+    Entered around one eager call (or one eager autograd node's backward) of a
+    compiled function: what it makes exact is added to ``report.counts`` on
+    exit; what it leaves is recorded in ``report.passed``, or refused as
+    ``bitfold.torch.compile(strict=True)`` refuses.
+    """
+
+    def __init__(self, report: CompileReport) -> None:
+        super().__init__(strict=False)
+        self.report = report
+
+    def leave(self, func: str, kind: str, reason: str) -> None:
+        record_left(self.report, func, f"{kind}: {reason}")
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            for kind, n in self.counts.items():
+                self.report.record(f"exact:{kind}", n)
+            for key, n in self.passed.items():  # left by a nested mode (an extension op)
+                self.report.record(f"passed:{key}", n)
+            self.counts.clear()
+            self.passed.clear()
+
+
+def _exact_backward(node: Any, report: CompileReport) -> None:
+    """Run ``node``'s backward (an eager op's, in a compiled call) under the exact rules."""
+    modes: list[_ReportMode] = []
+
+    def begin(*_: Any) -> None:
+        mode = _ReportMode(report)
+        mode.__enter__()
+        modes.append(mode)
+
+    def end(*_: Any) -> None:
+        if modes:
+            modes.pop().__exit__(None, None, None)
+
+    node.register_prehook(begin)
+    node.register_hook(end)
+
+
+def _drop_stale_modes() -> None:
+    """Pop the modes of eager backward nodes whose backward raised (their end hook never ran)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    while any(isinstance(m, _ReportMode) for m in _get_current_dispatch_mode_stack()):
+        top = _get_current_dispatch_mode_stack()[-1]
+        if not isinstance(top, _ReportMode):
+            return
+        top.__exit__(None, None, None)
 
 
 def _sequence_now() -> int | None:
@@ -166,9 +239,17 @@ class _ExactCalls(TorchFunctionMode):
         super().__init__()
         self.report = id(report)
         _REPORTS[self.report] = report
+        self._report = report
+        #: an op ran outside Dynamo's graphs (so its autograd nodes need the exact rules)
+        self.eager = False
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if not torch.compiler.is_compiling() and _eager_fold_candidate(func, args, kwargs):
+            # Dynamo runs this call itself, outside any graph: the exact mode's rules take it
+            self.eager = True
+            with _ReportMode(self._report):
+                return func(*args, **kwargs)
         if func in _BINCOUNTS:
             return _bincount(args, kwargs)
         name, translation, reason = _extension(func)
@@ -180,6 +261,21 @@ class _ExactCalls(TorchFunctionMode):
         if reason is not None:
             _left(self.report, name, reason)
         return func(*args, **kwargs)
+
+
+def _eager_fold_candidate(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an eager call may fold: any call with a sparse tensor, any public function.
+
+    Left out: attribute reads (``__get__``) and torch's private helpers, which
+    the compiled graphs' own wrappers call on every run (``_set_grad_enabled``).
+    """
+    if any(isinstance(t, torch.Tensor) and t.layout != torch.strided
+           for t in tree_leaves((args, kwargs))):  # fmt: skip
+        return True
+    name = getattr(func, "__name__", "")
+    if name in ("__get__", "__set__"):
+        return False
+    return not name.startswith("_") or name.startswith("__")
 
 
 #: the reports of the calls running now, by id (read by :func:`_left` while Dynamo traces)
@@ -216,10 +312,12 @@ def _guarded(
     def call(*args: Any, **kwargs: Any) -> Any:
         if active_exact_mode() is not None:
             return eager(*args, **kwargs)
+        _drop_stale_modes()
         since = _sequence_now()
         graphs = report.graphs + report.cached
+        calls = _ExactCalls(report)
         try:
-            with _ExactCalls(report), report.watch():
+            with calls, report.watch():
                 out = compiled(*args, **kwargs)
         except Exception as exc:
             refusal = _fold_error_in(exc)
@@ -229,7 +327,7 @@ def _guarded(
             # torch's machinery between the call and the check that refused it
             raise refusal.with_traceback(None) from None
         if torch.is_grad_enabled():
-            _mark(out, since, report, report.graphs + report.cached != graphs)
+            _mark(out, since, report, report.graphs + report.cached != graphs, calls.eager)
         return out
 
     return call

@@ -93,11 +93,11 @@ class CompileReport:
     cached: int = 0
     _direct: Counter[str] = field(default_factory=Counter, repr=False)
 
-    def record(self, key: str) -> None:
-        """One rewrite (``"exact:<kind>"``, ``"passed:<kind>: <reason>"`` or ``"graph"``)."""
-        self._apply(key, 1)
-        self._direct[key] += 1
-        _inductor_counters()[COUNTER_PREFIX + key] += 1
+    def record(self, key: str, n: int = 1) -> None:
+        """``n`` rewrites (``"exact:<kind>"``, ``"passed:<kind>: <reason>"`` or ``"graph"``)."""
+        self._apply(key, n)
+        self._direct[key] += n
+        _inductor_counters()[COUNTER_PREFIX + key] += n
 
     def _apply(self, key: str, n: int) -> None:
         what, _, rest = key.partition(":")
