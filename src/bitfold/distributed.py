@@ -133,6 +133,49 @@ def _check_words(words: Any, arrays: list[Any]) -> str:
     return str(words)
 
 
+def _check_process_group(what: str) -> None:
+    """Refuse, before any work, a call made where no ``torch.distributed`` group is initialised.
+
+    ``what`` starts the message: what the call does over the group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise DistributedError(
+            f"{what} over a torch.distributed process group, and none is initialised in this "
+            "process: call torch.distributed.init_process_group('gloo' for CPU tensors or "
+            "'nccl' for CUDA tensors, ...) first, or launch with torchrun or "
+            "`bitfold train --world-size N`"
+        )
+
+
+def _checked_params(params: Any) -> list[Any]:
+    """``params`` (an iterable of parameters) as a list, or a refusal naming what came instead:
+    a module (its ``parameters()`` were meant), one tensor, something not iterable, nothing."""
+    if isinstance(params, torch.nn.Module):
+        raise FoldTypeError(
+            f"GradientSum takes the parameters, not the module: pass model.parameters() "
+            f"(got a {type(params).__qualname__} module)"
+        )
+    if isinstance(params, torch.Tensor):
+        raise FoldTypeError(
+            f"GradientSum takes an iterable of parameters; got one tensor of shape "
+            f"{tuple(params.shape)} (pass [tensor], or model.parameters())"
+        )
+    try:
+        items = iter(params)
+    except TypeError:
+        raise FoldTypeError(
+            f"GradientSum takes an iterable of parameters, such as model.parameters(); got "
+            f"{type(params).__qualname__}"
+        ) from None
+    listed = list(items)
+    if not listed:
+        raise FoldError(
+            "GradientSum got no parameters: params is empty (pass model.parameters(); a "
+            "generator of parameters can be read once only, so one already given to an "
+            "optimizer is empty: pass list(model.parameters()) to both)"
+        )
+    return listed
+
+
 def _check_mean_over(mean_over: Any) -> int:
     """``mean_over`` as a count to divide by: a positive integer (None: 1), or a refusal."""
     count = positive_int_or_none(mean_over, "mean_over", "the count the sum is divided by")
@@ -165,8 +208,10 @@ def exact_all_reduce(
       flat elements to round (default: everything, in ``out_dtype``); returns
       one flat NumPy array a range.
 
-    The same bits on every rank. ``timeout`` (seconds) and ``mean_over`` (a
-    positive integer) are checked before any collective. ``words`` (``"host"`` or
+    The same bits on every rank. ``timeout`` (seconds), ``mean_over`` (a
+    positive integer) and the array are checked before any collective, and a
+    call where no process group is initialised is refused (a
+    :class:`bitfold.errors.DistributedError`) before any work. ``words`` (``"host"`` or
     ``"device"``) says where an array's words are made and read: on a tensor's device
     (``"device"``, the default off the CPU: no copy of the array to the host,
     one host read of the layout's size) or on the host; the bits are the same.
@@ -175,12 +220,15 @@ def exact_all_reduce(
     mean_over = _check_mean_over(mean_over)
     if not isinstance(s, DenseSum):
         where = _check_words(words, [s])
+        _checked_array(s, out_dtype)  # a bad array is refused by name first
+        _check_process_group("exact_all_reduce sums arrays")
         if where == "device":
             return _all_reduce_on_device(s, group, timeout, out_dtype, mean_over)
         return _all_reduce_array(s, group, timeout, out_dtype, mean_over)
     if words not in (None, "host"):
         raise FoldError(f"a DenseSum's words are made on the host: words must be None or "
                         f"'host'; got {words!r}")  # fmt: skip
+    _check_process_group("exact_all_reduce sums arrays")
     ranges = ranges or [(0, s.size, out_dtype)]
     words, layout, negzero = _exchange(s, s.bounds(), lambda layout: s.encode(layout, reuse=True),
                                        s.negzero, group, timeout)  # fmt: skip
@@ -360,6 +408,10 @@ def _fingerprint(params: list[torch.Tensor]) -> int:
 class GradientSum:
     """Exact gradients summed over micro-batches and processes: ``add``, then ``reduce``.
 
+    ``params``: the parameters, at least one (``model.parameters()``; a module
+    itself, one tensor or an empty iterable is refused by name), in an
+    initialised ``torch.distributed`` process group.
+
     ``add()`` takes every parameter's ``.grad`` exactly into its running sum
     and sets ``.grad`` to None (parameters without a gradient are skipped).
     ``reduce(mean_over=None)`` sums those exact sums over every rank of the
@@ -390,7 +442,7 @@ class GradientSum:
         timeout: float = 300.0,
         words: str | None = None,
     ) -> None:
-        self.params = [p for p in params]
+        self.params = _checked_params(params)
         for i, p in enumerate(self.params):
             if not isinstance(p, torch.Tensor) or dtype_name(p) not in VALUE_DTYPES:
                 what = p.dtype if isinstance(p, torch.Tensor) else type(p).__qualname__
@@ -401,13 +453,7 @@ class GradientSum:
             check_has_data(p, f"parameter {i}")
         timeout = _check_timeout(timeout)
         self.words = _check_words(words, self.params)
-        if not (dist.is_available() and dist.is_initialized()):
-            raise DistributedError(
-                "GradientSum sums gradients over a torch.distributed process group, and none "
-                "is initialised in this process: call torch.distributed.init_process_group("
-                "'gloo' for CPU tensors or 'nccl' for CUDA tensors, ...) first, or launch with "
-                "torchrun or `bitfold train --world-size N`"
-            )
+        _check_process_group("GradientSum sums gradients")
         self.group = group
         self.timeout = timeout
         self._families: dict[str, list[int]] = {}
