@@ -23,7 +23,10 @@ crosses to the host:
 
 Two engines make them: on a CUDA (or XPU) device with Triton, one Triton
 kernel a step (:mod:`bitfold.kernels.triton_words`: one read of the values
-for the bounds, one for the words, one pass for the decode); elsewhere (MPS,
+for the bounds, one for the words, one pass for the decode), each launched
+under the folds' device guard (:func:`bitfold.backends.triton.launching`:
+the tensor's device made current, so a tensor on ``cuda:1`` is never
+launched on ``cuda:0``); elsewhere (MPS,
 XPU without Triton, the CPU) the tensor operations below. ``engine="triton"``
 runs the kernels on CPU tensors under ``TRITON_INTERPRET=1`` (the tests).
 
@@ -146,13 +149,15 @@ def array_bounds(flat: torch.Tensor, block: int, engine: str | None = None) -> t
     """
     blocks = -(-flat.numel() // block)
     if _engine(flat, engine) == "triton":
+        from .backends import triton as backend
         from .kernels.triton_words import bounds_kernel
 
         bits, consts = _bits_view(flat)
         out = torch.empty((blocks, 3), dtype=torch.int32, device=flat.device)
-        bounds_kernel[_grid(blocks)](bits, out, flat.numel(), blocks, **consts, NO_LO=NO_LO,
-                                     NO_HI=NO_HI, SPECIAL_HI=SPECIAL_HI, BLOCK=block,
-                                     BLOCKS=_TRITON_BLOCKS)  # fmt: skip
+        with backend.launching(flat):
+            bounds_kernel[_grid(blocks)](bits, out, flat.numel(), blocks, **consts, NO_LO=NO_LO,
+                                         NO_HI=NO_HI, SPECIAL_HI=SPECIAL_HI, BLOCK=block,
+                                         BLOCKS=_TRITON_BLOCKS)  # fmt: skip
         return out
     raw, special, m, e = _parts(flat)
     width = 64 if flat.dtype == torch.float64 else 32
@@ -253,14 +258,16 @@ def array_words(
     """The ``words`` int64 words of ``flat`` (no NaN or infinity; every block half, thirds or
     narrow), equal to :func:`bitfold.dense.array_words`'s."""
     if _engine(flat, engine) == "triton":
+        from .backends import triton as backend
         from .kernels.triton_words import words_kernel
 
         bits, consts = _bits_view(flat)
         out = torch.empty(words, dtype=torch.int64, device=flat.device)
         blocks = layout.classes.numel()
-        words_kernel[_grid(blocks)](bits, layout.classes, layout.lo, layout.offsets, out,
-                                    flat.numel(), blocks, layout.split, **consts,
-                                    BLOCK=layout.block, BLOCKS=_TRITON_BLOCKS)  # fmt: skip
+        with backend.launching(flat):
+            words_kernel[_grid(blocks)](bits, layout.classes, layout.lo, layout.offsets, out,
+                                        flat.numel(), blocks, layout.split, **consts,
+                                        BLOCK=layout.block, BLOCKS=_TRITON_BLOCKS)  # fmt: skip
         return out
     raw, _, m, e = _parts(flat)
     klass, lo, base, j, _, a, rw = _element_places(layout)
@@ -396,16 +403,18 @@ def decode(
              "float64": torch.float64}[out_name]  # fmt: skip
     ints = {16: torch.int16, 32: torch.int32, 64: torch.int64}[f.width]
     if _engine(words, engine) == "triton":
+        from .backends import triton as backend
         from .kernels.triton_words import decode_kernel
 
         out = torch.empty(layout.size, dtype=ints, device=words.device)
         blocks = layout.classes.numel()
-        decode_kernel[_grid(blocks)](
-            words, layout.classes, layout.lo, layout.offsets,
-            words if negzero is None else negzero, out, layout.size, blocks, layout.split,
-            mean_over, HAS_SIGNS=negzero is not None, PREC=f.precision, TEXP=f.exponent_bits,
-            SUBEXP=f.subnormal_exp, BLOCK=layout.block, BLOCKS=_TRITON_BLOCKS,
-        )  # fmt: skip
+        with backend.launching(words):
+            decode_kernel[_grid(blocks)](
+                words, layout.classes, layout.lo, layout.offsets,
+                words if negzero is None else negzero, out, layout.size, blocks, layout.split,
+                mean_over, HAS_SIGNS=negzero is not None, PREC=f.precision, TEXP=f.exponent_bits,
+                SUBEXP=f.subnormal_exp, BLOCK=layout.block, BLOCKS=_TRITON_BLOCKS,
+            )  # fmt: skip
         return out.view(dtype)
     s, unit = element_sums(words, layout)
     neg = s < 0

@@ -110,12 +110,16 @@ def _back(t: Any, lib: str) -> Any:
 
 
 @contextlib.contextmanager
-def _launching(t: Any, lib: str) -> Iterator[None]:
+def launching(t: Any, lib: str = "torch") -> Iterator[None]:
     """Kernels launched here go to ``t``'s device, on its library's current stream.
 
     Triton launches on torch's current device and stream: the values' device
     is made current, and for CuPy arrays CuPy's current stream becomes torch's
-    (an external stream, no copy, no wait).
+    (an external stream, no copy, no wait). Every Triton launch of bitfold
+    runs under it (the folds' here, the all-reduce words' in
+    :mod:`bitfold.dense_device`): a tensor on ``cuda:1`` while ``cuda:0`` is
+    current would otherwise be launched with ``cuda:1``'s pointers on
+    ``cuda:0``.
     """
     torch = _torch()
     kind = t.device.type
@@ -320,7 +324,7 @@ def fold_exact(
     kernels = _kernels()
     out, out_bits = _out(t, (K, D), out_name)
     out_flat = out_bits.reshape(-1)
-    with _launching(t, lib):
+    with launching(t, lib):
         kernels.lanes_kernel[launch.lanes_grid](
             bits, pt.order, pt.offsets, init_bits, out_flat, K, D, hot_min, **launch.lanes,
         )  # fmt: skip
@@ -378,7 +382,7 @@ def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
     target = FLOATS[out_name]
     block_d = min(kernels.next_power_of_2(D), 64)
     block_k = max(1, 128 // block_d)
-    with _launching(t, lib):
+    with launching(t, lib):
         kernels.ordered_kernel[(triton_cdiv(K, block_k), triton_cdiv(D, block_d))](
             rows, pt.order, pt.offsets, out_bits.reshape(-1), K, D,
             NARROW=narrow, WIDE_ACC=out_name == "float64",
@@ -436,7 +440,7 @@ def exact_state(plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> Any:
     step = kernels.MAX_RUN
     for first in range(0, N, step):  # at most MAX_RUN values reach a row a launch
         n = min(step, N - first)
-        with _launching(t, lib):
+        with launching(t, lib):
             kernels.scatter_kernel[(triton_cdiv(n, block_n), triton_cdiv(D, block_d))](
                 bits[first * D :], index[first:], state, n, D,
                 **Decode.of(spec.dtype, fmt).kwargs(), L=fmt.limbs, W=fmt.width,
@@ -492,7 +496,7 @@ def round_state(state: Any, fmt: LimbFormat, out_name: str) -> Any:
     rows = int(flat.shape[0])
     out, out_bits = _out(state, (rows,), out_name)
     if rows:
-        with _launching(state, "torch"):
+        with launching(state, "torch"):
             _round_rows(kernels, flat, out_bits, fmt, _target(out_name, fmt), rows=rows)
     return out.reshape(shape)
 
@@ -547,6 +551,7 @@ __all__ = [
     "fold_ordered",
     "hot_table",
     "interpreting",
+    "launching",
     "merge_states",
     "new_state",
     "round_state",

@@ -1,0 +1,160 @@
+"""Hazards of the Triton path that the interpreter alone would not show.
+
+Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by ``tests/conftest.py``)
+runs every kernel here, but it has one device, wide integers and no sync to
+notice. These tests reach the hazards by other means:
+
+* the device guard: every launch of the folds' and the all-reduce words'
+  kernels happens inside :func:`bitfold.backends.triton.launching` for its
+  tensor's device (a recording guard and recording kernels, monkeypatched),
+  and the guard makes ``cuda:1`` current for a ``cuda:1`` tensor (a fake
+  ``torch.cuda.device``);
+* 64-bit offsets: every program id is widened to int64 before it is
+  multiplied (the kernels' source; ``tests/test_triton_compile.py`` checks
+  the sm_90 PTX);
+* the hot table is made with operations every supported torch has;
+* tuning options past the limbs' carry bound are refused by name, and rows
+  of size 0 fold to empty results of the right shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import types
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed (make test installs it)", allow_module_level=True)
+
+import bitfold  # noqa: E402
+from bitfold import dense_device  # noqa: E402
+from bitfold.backends import triton as triton_backend  # noqa: E402
+from bitfold.dense import BLOCK, DenseSum  # noqa: E402
+from bitfold.kernels import triton as fold_kernels  # noqa: E402
+from bitfold.kernels import triton_words  # noqa: E402
+
+interpreted = pytest.mark.skipif(
+    not triton_backend.interpreting(), reason="TRITON_INTERPRET=1 is not set (conftest sets it)"
+)
+INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t):
+    return t.contiguous().view(INT[t.element_size()])
+
+
+# -- 1. the device guard ---------------------------------------------------------------------------
+class _Watch:
+    """A recording guard and recording kernels: each launch notes the guards open around it."""
+
+    def __init__(self, monkeypatch, module, names):
+        self.open: list = []  # the devices of the guards entered and not yet left
+        self.launches: list = []  # (kernel, its tensors' devices, the guards' devices)
+        monkeypatch.setattr(triton_backend, "launching", self.guard)
+        for name in names:
+            monkeypatch.setattr(module, name, self._kernel(name, getattr(module, name)))
+
+    @contextlib.contextmanager
+    def guard(self, t, lib="torch"):
+        self.open.append(t.device)
+        try:
+            yield
+        finally:
+            self.open.pop()
+
+    def _kernel(self, name, real):
+        watch = self
+
+        class Recorded:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    tensors = {a.device for a in args if isinstance(a, torch.Tensor)}
+                    watch.launches.append((name, tensors, list(watch.open)))
+                    return real[grid](*args, **kwargs)
+
+                return launch
+
+        return Recorded()
+
+    def check(self, expected):
+        """Each launch ran inside exactly one guard, for the device of every tensor it takes."""
+        assert [n for n, _, _ in self.launches] == expected
+        for name, devices, guards in self.launches:
+            assert len(guards) == 1, f"{name} launched inside {len(guards)} guards"
+            assert devices == set(guards), f"{name}: guard for {guards}, tensors on {devices}"
+        assert not self.open
+
+
+@interpreted
+def test_every_word_kernel_launch_is_guarded_by_its_tensors_device(monkeypatch):
+    watch = _Watch(monkeypatch, triton_words, ["bounds_kernel", "words_kernel", "decode_kernel"])
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(rng.standard_normal(3 * BLOCK + 5).astype(np.float32))
+    s = DenseSum((x.numel(),), "float32")
+    bounds = dense_device.array_bounds(x, BLOCK, "triton")
+    assert torch.equal(bounds, dense_device.array_bounds(x, BLOCK, "torch"))
+    layout = dense_device.device_layout(bounds, x.numel(), 2, BLOCK, True, s.format.limbs)
+    count, fast, _ = layout.totals()
+    assert fast
+    words = dense_device.array_words(x, layout, count, "triton")
+    assert torch.equal(words, dense_device.array_words(x, layout, count, "torch"))
+    got = dense_device.decode(words, layout, None, "float32", 1, "triton")
+    assert torch.equal(_bits(got), _bits(dense_device.decode(words, layout, None, "float32")))
+    watch.check(["bounds_kernel", "words_kernel", "decode_kernel"])
+
+
+@interpreted
+def test_every_fold_kernel_launch_is_guarded_by_its_tensors_device(monkeypatch):
+    names = ["lanes_kernel", "hot_kernel", "round_rows_kernel", "ordered_kernel",
+             "scatter_kernel"]  # fmt: skip
+    watch = _Watch(monkeypatch, fold_kernels, names)
+    rng = np.random.default_rng(2)
+    index = rng.integers(0, 5, 60)
+    index[:30] = 1  # a hot bucket
+    v = torch.from_numpy(rng.standard_normal((60, 2)).astype(np.float32))
+    plan = bitfold.Fold(index, 5)
+    want = plan(v)
+    assert torch.equal(_bits(plan(v, backend="triton", hot_min=8)), _bits(want))
+    plan(v, "ordered", backend="triton")
+    acc = plan.accumulator("float32", (2,), backend="triton").add(v, start=0)
+    assert torch.equal(_bits(acc.result()), _bits(want))
+    watch.check(["lanes_kernel", "hot_kernel", "round_rows_kernel", "ordered_kernel",
+                 "scatter_kernel", "round_rows_kernel"])  # fmt: skip
+
+
+class _FakeCuda:
+    """``torch.cuda``'s current device and device guard, recorded (no GPU needed)."""
+
+    def __init__(self, monkeypatch, current):
+        self.current = current
+        self.entered: list = []
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "device", self.device)
+
+    @contextlib.contextmanager
+    def device(self, where):
+        before, self.current = self.current, torch.device(where).index
+        self.entered.append(torch.device(where))
+        try:
+            yield
+        finally:
+            self.current = before
+
+
+def test_the_guard_makes_a_tensors_cuda_device_current(monkeypatch):
+    fake = _FakeCuda(monkeypatch, current=0)
+    on1 = types.SimpleNamespace(device=torch.device("cuda", 1))
+    with triton_backend.launching(on1):
+        assert fake.current == 1  # what a launch here reads
+    assert fake.entered == [torch.device("cuda", 1)] and fake.current == 0
+    fake.current = 1  # already current: nothing to switch
+    with triton_backend.launching(on1):
+        assert fake.current == 1
+    assert fake.entered == [torch.device("cuda", 1)]
+    with triton_backend.launching(types.SimpleNamespace(device=torch.device("cpu"))):
+        pass
+    assert len(fake.entered) == 1
