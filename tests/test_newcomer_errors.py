@@ -79,3 +79,100 @@ def test_gradient_sum_of_a_module_says_to_pass_its_parameters():
     with pytest.raises(FoldTypeError, match=r"iterable of parameters.* got int") as e:
         bd.GradientSum(3)
     _no_chain(e.value)
+
+
+# -- bitfold.jax.psum ------------------------------------------------------------------------
+
+
+def _jax():
+    jax = pytest.importorskip("jax", reason="jax is not installed")
+    return jax, pytest.importorskip("bitfold.jax_psum", reason="needs jax")
+
+
+def _shard_mapped(jax, body):
+    """``body`` under ``jax.shard_map`` over every device of this process, on axis ``"i"``,
+    called on its argument cut between the devices."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((jax.device_count(),), ("i",))
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P())
+    return lambda x: mapped(jax.device_put(x, NamedSharding(mesh, P("i"))))
+
+
+UNBOUND = "axis_name='nowhere': no mapped axis of that name is bound here"
+
+
+def test_psum_outside_shard_map_or_over_an_unknown_axis_is_one_error(monkeypatch):
+    jax, jp = _jax()
+    jnp = jax.numpy
+    _forbid(monkeypatch, jp, "_exact_psum", "_psum")
+    with pytest.raises(FoldError, match=UNBOUND) as err:
+        jp.psum(jnp.ones(3), "nowhere")
+    assert "jax.shard_map or jax.pmap" in str(err.value)
+    _no_chain(err.value)
+    f = _shard_mapped(jax, lambda t: jp.psum(t, "nowhere"))
+    with pytest.raises(FoldError, match=UNBOUND) as err:
+        f(jnp.ones(2 * jax.device_count()))
+    _no_chain(err.value)
+
+
+def test_psum_of_integer_leaves_outside_a_mapped_axis_is_the_float_error():
+    jax, jp = _jax()
+    jnp = jax.numpy
+    for x in (jnp.ones(3, jnp.int32), jnp.ones(3, bool), {"w": jnp.ones(3), "n": 3}):
+        with pytest.raises(FoldError, match=UNBOUND) as err:
+            jp.psum(x, "nowhere")
+        _no_chain(err.value)
+    f = _shard_mapped(jax, lambda t: jp.psum(t, "nowhere"))
+    with pytest.raises(FoldError, match=UNBOUND) as err:  # was an AssertionError in JAX
+        f(jnp.ones(2 * jax.device_count(), jnp.int32))
+    _no_chain(err.value)
+
+
+def test_a_complex_leaf_of_psum_is_named_by_its_path(monkeypatch):
+    jax, jp = _jax()
+    jnp = jax.numpy
+    _forbid(monkeypatch, jp, "_devices", "_exact_psum")  # refused before the axis is asked
+    tree = {"w": jnp.ones(3), "z": [jnp.ones(2), jnp.ones(3, jnp.complex64)]}
+    with pytest.raises(FoldTypeError, match=r"the leaf x\['z'\]\[1\] has dtype complex64"):
+        jp.psum(tree, "i")
+    with pytest.raises(FoldTypeError, match="the leaf x has dtype complex64"):
+        jp.psum(jnp.ones(2, jnp.complex64), "i")
+    with pytest.raises(FoldTypeError, match="float16, bfloat16, float32, float64"):
+        jp.psum((jnp.ones(2), jnp.ones(2, jnp.complex64)), "i")
+
+
+#: Run in a process of two simulated CPU devices (XLA fixes the count when it starts): an
+#: unknown axis under a two-device shard_map, for a float and an integer leaf.
+TWO_DEVICES = """
+import jax, jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+import bitfold.jax as bj
+from bitfold.errors import FoldError
+assert jax.device_count() == 2
+mesh = jax.make_mesh((2,), ("i",))
+for dtype in (jnp.float32, jnp.int32):
+    f = jax.shard_map(lambda t: bj.psum(t, "j"), mesh=mesh, in_specs=P("i"), out_specs=P())
+    try:
+        f(jax.device_put(jnp.ones(4, dtype), jax.sharding.NamedSharding(mesh, P("i"))))
+    except FoldError as e:
+        assert "axis_name='j'" in str(e) and e.__cause__ is None and e.__suppress_context__
+        print("refused", dtype.__name__)
+"""
+
+
+def test_psum_over_an_unknown_axis_on_two_simulated_devices_is_one_error():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _jax()
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+                                         env.get("PYTHONPATH", "")])  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", TWO_DEVICES], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["refused", "float32", "refused", "int32"]

@@ -70,11 +70,11 @@ def _devices(axis_name: Any) -> int:
     """How many devices the mapped axis (or axes) ``axis_name`` spans (a trace-time int)."""
     try:
         return int(lax.psum(1, axis_name))
-    except NameError as e:
+    except NameError:
         raise FoldError(
             f"psum over axis_name={axis_name!r}: no mapped axis of that name is bound here "
             "(call it inside jax.shard_map or jax.pmap over that axis)"
-        ) from e
+        ) from None  # one error: JAX's own NameError says less
 
 
 def _exact_psum(x: Any, axis_name: Any, axes: tuple[int, ...]) -> Any:
@@ -141,18 +141,24 @@ def psum(x: Any, axis_name: Any, *, axis: Any = None) -> Any:
     device and ``axis`` rounded once to nearest-even, the same bits for any
     number of devices and any split of the terms. Integer and boolean leaves
     are summed by ``lax.psum`` itself (an integer sum is exact already);
-    complex leaves are refused.
+    complex leaves are refused, by their path in ``x``. Before any work, every
+    leaf and ``axis`` are checked, then ``axis_name``: one that no enclosing
+    ``shard_map`` or ``pmap`` binds is a :class:`bitfold.FoldError`, whatever
+    the leaves' dtypes.
 
     >>> import jax, jax.numpy as jnp, bitfold.jax
     >>> f = jax.pmap(lambda x: bitfold.jax.psum(x, "i", axis=0), axis_name="i")
     >>> f(jnp.array([[1.0, 2.0**-24, 2.0**-24, 2.0**-24]])).tolist()  # float32 adds give 1.0
     [1.000000238418579]
     """
-    leaves, tree = jax.tree.flatten(x)
-    for leaf in leaves:
-        _check_leaf(leaf)
+    paths, tree = jax.tree_util.tree_flatten_with_path(x)
+    for path, leaf in paths:
+        _check_leaf(leaf, path)
     arrays = [leaf if isinstance(leaf, jax.Array) or hasattr(leaf, "aval") else jnp.asarray(leaf)
-              for leaf in leaves]  # fmt: skip
+              for _, leaf in paths]  # fmt: skip
+    for a in arrays:
+        _axes(axis, a.ndim)
+    _devices(axis_name)  # bound here, for float and integer leaves alike
     out: list[Any] = [None] * len(arrays)
     if axis is None:  # float leaves of one dtype travel as one array: one sum, one collective
         groups: dict[str, list[int]] = {}
@@ -173,14 +179,16 @@ def psum(x: Any, axis_name: Any, *, axis: Any = None) -> Any:
     return jax.tree.unflatten(tree, out)
 
 
-def _check_leaf(leaf: Any) -> None:
-    """Refuse a leaf that is neither a float of :data:`VALUE_DTYPES` nor an integer, by dtype."""
+def _check_leaf(leaf: Any, path: tuple[Any, ...] = ()) -> None:
+    """Refuse a leaf that is neither a float of :data:`VALUE_DTYPES` nor an integer, by its
+    dtype and its ``path`` in ``psum``'s ``x`` (``jax.tree_util.keystr``)."""
     kind = jnp.result_type(leaf)
     if dtype_name(kind) in VALUE_DTYPES or jnp.issubdtype(kind, jnp.integer) or kind == jnp.bool_:
         return
     raise FoldTypeError(
         f"psum adds floating-point arrays ({', '.join(VALUE_DTYPES)}) exactly, and integers "
-        f"as lax.psum does; got dtype {dtype_name(kind)}"
+        f"as lax.psum does; the leaf x{jax.tree_util.keystr(path)} has dtype "
+        f"{dtype_name(kind)}"
     )
 
 
