@@ -208,6 +208,45 @@ def test_an_extension_op_called_from_torchscript_is_exact_below_autograd():
     assert mode.counts["pyg::scatter_sum"] == 1
 
 
+@pytest.mark.parametrize("op", ["segment_sum_csr", "segment_sum_coo", "scatter_mul"])
+def test_a_composite_extension_op_called_from_torchscript_is_seen_by_the_mode(op):
+    """torch_scatter's ops are CompositeImplicitAutograd (their C++ sums inside, above the
+    dispatch mode): called from TorchScript, the mode still translates them, or passes them."""
+    def segment_sum_csr(src: torch.Tensor, ptr: torch.Tensor, ids: torch.Tensor, k: int):
+        return torch.ops.torch_scatter.segment_sum_csr(src, ptr, None)
+
+    def segment_sum_coo(src: torch.Tensor, ptr: torch.Tensor, ids: torch.Tensor, k: int):
+        return torch.ops.torch_scatter.segment_sum_coo(src, ids, None, k)
+
+    def scatter_mul(src: torch.Tensor, ptr: torch.Tensor, ids: torch.Tensor, k: int):
+        return torch.ops.torch_scatter.scatter_mul(src, ids, 0, None, k)
+
+    function = {"segment_sum_csr": segment_sum_csr, "segment_sum_coo": segment_sum_coo,
+                "scatter_mul": scatter_mul}[op]  # fmt: skip
+    script = torch.jit.script(function)
+    ids = IDS if op == "scatter_mul" else SORTED
+
+    def scripted(src):
+        return script(src, INDPTR, ids, K)
+
+    src = spread((N, D), 15)
+    if op == "scatter_mul":
+        with bt.exact_mode() as mode:
+            scripted(src)  # the stand-in's own kernel runs, as the package's would
+        assert mode.passed == {"torch_scatter::scatter_mul: a product, not a sum": 1}
+        # TorchScript's interpreter wraps the refusal in its RuntimeError, message kept
+        with pytest.raises(RuntimeError, match=r"FoldError: exact_mode.strict=True.*scatter_mul"):
+            with bt.exact_mode(strict=True):
+                scripted(src)
+        return
+    with bt.exact_mode(strict=True) as mode:
+        got = scripted(src)
+    assert same_bits(got, _sums(src, SORTED))
+    assert mode.counts[f"torch_scatter::{op}"] == 1
+    with pytest.raises(RuntimeError, match="the extension's own kernel ran"):
+        scripted(src)  # outside the mode: the op's own kernel again
+
+
 def test_compiled_extension_sums_are_the_oracle():
     src = spread((N, D), 13)
     f = bt.compile(lambda s, i: torch.ops.torch_scatter.segment_sum_coo(s, i, None, K),

@@ -266,12 +266,17 @@ class _ExactCalls(TorchFunctionMode):
 def _eager_fold_candidate(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether an eager call may fold: any call with a sparse tensor, any public function.
 
-    Left out: attribute reads (``__get__``) and torch's private helpers, which
-    the compiled graphs' own wrappers call on every run (``_set_grad_enabled``).
+    Left out: attribute reads (``__get__``), torch's private helpers, which
+    the compiled graphs' own wrappers call on every run (``_set_grad_enabled``),
+    and ATen overloads (``torch.ops.aten.*``), which inductor's generated code
+    calls for the kernels it does not generate: those nodes went through the
+    graph pass already.
     """
     if any(isinstance(t, torch.Tensor) and t.layout != torch.strided
            for t in tree_leaves((args, kwargs))):  # fmt: skip
         return True
+    if isinstance(func, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        return False
     name = getattr(func, "__name__", "")
     if name in ("__get__", "__set__"):
         return False

@@ -19,7 +19,10 @@ rule's ``description`` says what is exact): that table is the one list, and
 the documentation's coverage page (``docs/exact-mode-coverage.md``) is
 generated from it. The ops of extension packages (``torch_scatter``,
 ``torch_sparse``, ``pyg_lib``) are seen above autograd by name and
-translated into exact ATen folds (:mod:`.extension_ops`).
+translated into exact ATen folds (:mod:`.extension_ops`); called from
+TorchScript or C++, they are seen at the dispatcher (a kernel of their own,
+or, for composite ops whose C++ sums inside, a kernel bitfold registers at
+the autograd keys while a mode is active).
 
 Untouched: integer tensors and maxima/minima (exact in any order already),
 writes (``index_put`` without accumulate, ``index_copy``, ``scatter``),
@@ -270,6 +273,65 @@ class _CompiledBackwardGuard(TorchFunctionMode):
         return result
 
 
+# -- extension ops called from TorchScript or C++ -------------------------------------------------
+# An extension op registered as CompositeImplicitAutograd (torch_scatter's and torch_sparse's are)
+# runs its own kernel at the autograd key, above the dispatch mode, and sums inside: called from
+# Python the function-level guard sees it, but a ``torch.jit.script`` function calls the
+# dispatcher directly. While a mode is active, such ops get a kernel of bitfold's at the autograd
+# keys, registered directly there, which outranks the composite kernel: inside a mode it routes
+# the call through :meth:`ExactMode.extension`; elsewhere (another thread, an op left to its
+# package) it runs the op's own composite kernel. The kernels go when the last mode exits.
+_AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradXPU", "AutogradMPS")
+_registered: dict[str, Any] = {"count": 0, "libraries": []}
+_registry_lock = threading.Lock()
+
+
+def _composite_extension_ops() -> list[str]:
+    """``"ns::name.overload"`` of every extension op whose kernel is CompositeImplicitAutograd."""
+    found = []
+    for full in torch._C._dispatch_get_all_op_names():
+        if full.split("::")[0] in extension_ops.NAMESPACES and (
+            torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd")
+        ):
+            found.append(full)
+    return found
+
+
+def _extension_kernel(op: Any, name: str) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        mode = active_exact_mode()
+        if mode is None or mode._extension_running():
+            return op.decompose(*args, **kwargs)
+        return mode.extension(name, op, args, kwargs)
+
+    return kernel
+
+
+def _register_extension_kernels() -> None:
+    with _registry_lock:
+        _registered["count"] += 1
+        if _registered["count"] > 1:
+            return
+        for full in _composite_extension_ops():
+            qualified, _, overload = full.partition(".")
+            namespace, op_name = qualified.split("::")
+            op = getattr(getattr(getattr(torch.ops, namespace), op_name), overload or "default")
+            library = torch.library.Library(namespace, "IMPL")
+            for key in _AUTOGRAD_KEYS:
+                library.impl(full.split("::")[1], _extension_kernel(op, qualified), key)
+            _registered["libraries"].append(library)
+
+
+def _unregister_extension_kernels() -> None:
+    with _registry_lock:
+        _registered["count"] -= 1
+        if _registered["count"] > 0:
+            return
+        for library in _registered["libraries"]:
+            library._destroy()
+        _registered["libraries"] = []
+
+
 class ExactMode(TorchDispatchMode):
     """The dispatch mode behind :func:`exact_mode` (see the module docstring).
 
@@ -296,12 +358,14 @@ class ExactMode(TorchDispatchMode):
         except BaseException:
             self._guards.pop().__exit__(None, None, None)
             raise
+        _register_extension_kernels()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
             super().__exit__(*exc)
         finally:
+            _unregister_extension_kernels()
             self._guards.pop().__exit__(*exc)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
