@@ -138,11 +138,31 @@ def resolve_device(requested: str) -> str:
     usable = cuda_available()
     if requested == "cuda" and not usable:
         raise DeviceError(
-            "--device cuda needs a CUDA device visible to PyTorch and Triton or numba-cuda "
-            "installed (pip install 'bitfold[triton]'); none is usable here — run with "
-            "--device cpu"
+            f"--device cuda needs a CUDA device: {why_no_cuda()} — run with --device cpu"
         )
     return "cuda" if usable else "cpu"
+
+
+def why_no_cuda() -> str:
+    """What :func:`cuda_available` lacks here, and what would give it (for ``--device cuda``)."""
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed (pip install 'bitfold[triton]')"
+    if all(importlib.util.find_spec(m) is None for m in ("triton", "numba_cuda")):
+        return ("neither Triton nor numba-cuda is installed, and a GPU needs one of them "
+                "(pip install 'bitfold[triton]')")  # fmt: skip
+    passive_openmp_before_torch()
+    import torch
+
+    if torch.cuda.is_available():  # a GPU came after cuda_available() asked
+        return "a GPU is visible now: run again"
+    build = torch.version.cuda or torch.version.hip
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (
+        "no GPU is visible to PyTorch (torch.cuda.is_available() is False"
+        + (f"; torch {torch.__version__} is built without CUDA" if build is None else "")
+        + (f"; CUDA_VISIBLE_DEVICES={seen!r}" if seen is not None else "")
+        + ")"
+    )
 
 
 def make_device(name: str, with_torch: bool) -> CpuDevice | CudaDevice:
