@@ -7,8 +7,13 @@ by replacing the expensive function with one that fails the test when called.
 
 from __future__ import annotations
 
+import importlib.util
+import time
+
+import numpy as np
 import pytest
 
+import bitfold
 from bitfold.errors import DistributedError, FoldError, FoldTypeError
 
 
@@ -176,3 +181,64 @@ def test_psum_over_an_unknown_axis_on_two_simulated_devices_is_one_error():
                           env=env, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["refused", "float32", "refused", "int32"]
+
+
+# -- forced backends on the CPU --------------------------------------------------------------
+
+
+def test_triton_on_cpu_tensors_says_they_run_only_in_the_interpreter(monkeypatch):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from bitfold.backends import triton
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    _forbid(monkeypatch, triton, "_kernels", "plan_tensors")
+    plan = bitfold.Fold([0, 1, 0, 2, 1, 0], 3)
+    calls = [lambda v: plan(v, backend="triton"),
+             lambda v: plan(v, "ordered", backend="triton"),
+             lambda v: plan.accumulator("float32", backend="triton").add(v)]  # fmt: skip
+    for call in calls:
+        with pytest.raises(bitfold.DeviceError, match="triton backend") as err:
+            call(torch.ones(6))
+        message = str(err.value)
+        assert "device 'cpu'" in message
+        assert "CPU tensors run the Triton kernels only under TRITON_INTERPRET=1" in message
+        assert "for tests" in message and "it serves" not in message
+        _no_chain(err.value)
+
+
+def test_cuda_backend_on_the_cpu_is_refused_before_any_work(monkeypatch):
+    from bitfold.backends import cuda
+
+    _forbid(monkeypatch, cuda, "numba_cuda_loads", "device_plan", "device_values")
+    plan = bitfold.Fold([0, 1, 0, 2, 1, 0], 3)
+    values = [np.ones(6, np.float32)]
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        values.append(torch.ones(6))
+    for v in values:
+        start = time.perf_counter()
+        with pytest.raises(bitfold.DeviceError, match="cuda backend does not fold") as err:
+            plan(v, backend="cuda")
+        assert time.perf_counter() - start < 0.5
+        assert "on device 'cpu'" in str(err.value) and "arrays on cuda" in str(err.value)
+        assert "cannot run here" not in str(err.value)  # it never could: cpu is not listed
+        _no_chain(err.value)
+
+
+# -- bitfold probe ---------------------------------------------------------------------------
+
+
+def test_probe_on_cuda_without_a_gpu_says_no_gpu_is_visible(monkeypatch, capsys):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("triton", reason="Triton is not installed")  # the GPU kernels are here
+    from bitfold import cli
+    from bitfold.cli import probe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _forbid(monkeypatch, probe, "make_device", "Probe")
+    assert cli.main(["probe", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda" in err and "no GPU is visible to PyTorch" in err
+    assert "pip install" not in err and "--device cpu" in err

@@ -45,6 +45,10 @@ entry states, as data:
   a backend that lists a device it cannot run on at the moment (a GPU
   kernel library on ``"cpu"`` without its interpreter) does not serve it,
   and the next one is asked;
+* optionally ``why_not(device) -> str``: why it cannot run on a device it
+  lists (``available()`` or ``runs_on(device)`` False), and what would let
+  it, for the refusal of a backend forced by name (the Triton kernels on
+  ``"cpu"``: only under ``TRITON_INTERPRET=1``, for tests);
 * ``priority``: the order backends are asked in, highest first; backends of
   equal priority are asked in the order they were registered. The built-in
   entries leave room between them — ``host`` 300, ``triton`` 200, ``cuda``
@@ -55,7 +59,8 @@ entry states, as data:
 A backend missing any piece is refused by :func:`register` with an error
 naming it and the piece. :func:`backend_for` picks the backend of highest
 priority that serves the values (a backend forced by name that does not
-serve them is refused with a :class:`bitfold.DeviceError` saying why);
+serve them is refused with a :class:`bitfold.DeviceError` saying why, before
+anything is imported or run for them);
 :func:`check_options` refuses an option the backend does not take for an
 operation, listing the ones it does.
 """
@@ -99,7 +104,8 @@ class Backend:
     ``priority`` orders selection (higher is asked first; ties keep registration
     order). ``available()`` says whether the backend can run here at all,
     ``runs_on(device)`` whether it can run on one of its listed device types now;
-    either one saying False makes :meth:`serves` False for the values concerned.
+    either one saying False makes :meth:`serves` False for the values concerned, and
+    ``why_not(device)`` says why (and what would let it run) when it is forced by name.
     """
 
     name: str
@@ -116,6 +122,7 @@ class Backend:
     explain: Impl | None = None
     available: Callable[[], bool] | None = None
     runs_on: Callable[[str], bool] | None = None
+    why_not: Callable[[str], str] | None = None
     priority: int = 0
 
     @classmethod
@@ -228,21 +235,23 @@ def backend_for(
     """The backend of highest priority serving arrays of ``family`` on ``device``, or a refusal.
 
     With ``name``, that backend (forced), refused with a :class:`bitfold.DeviceError`
-    unless it serves them: one that does not list them says what it serves, one that
-    lists them but cannot run here (``available()`` or ``runs_on(device)`` False)
-    says so.
+    unless it serves them: one that does not list them says what it serves (before
+    its ``available()`` is asked: no import, no work), one that lists them but cannot
+    run here (``available()`` or ``runs_on(device)`` False) says so, and why when
+    its entry has a ``why_not``.
     """
     if name is not None:
         chosen = get_backend(name)
-        if not chosen.serves(family, device):
-            unavailable = chosen.available is not None and not chosen.available()
-            stuck = unavailable or (chosen.lists(family, device) and not chosen.can_run(device))
+        refused = (f"the {name} backend does not fold {what} that are {family} arrays on "
+                   f"device {device!r}")  # fmt: skip
+        if not chosen.lists(family, device):
             raise DeviceError(
-                f"the {name} backend does not fold {what} that are {family} arrays on device "
-                f"{device!r}: it serves {', '.join(chosen.families)} arrays on "
+                f"{refused}: it serves {', '.join(chosen.families)} arrays on "
                 f"{', '.join(chosen.devices)}"
-                + (", and cannot run here" if stuck else "")
             )
+        if not chosen.can_run(device):
+            why = chosen.why_not(device) if chosen.why_not is not None else ""
+            raise DeviceError(f"{refused}: it cannot run here" + (f"; {why}" if why else ""))
         return chosen
     for backend in backends():
         if backend.serves(family, device):

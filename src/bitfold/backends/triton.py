@@ -75,6 +75,22 @@ def runs_on(device: str) -> bool:
     return device == "cpu" and interpreting()
 
 
+def why_not(device: str) -> str:
+    """Why the kernels cannot run on tensors of torch device type ``device`` here, and what
+    would let them (the registry's refusal of ``backend="triton"``)."""
+    missing = [m for m in ("triton", "torch") if importlib.util.find_spec(m) is None]
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        return f"{' and '.join(missing)} {verb} not installed (pip install 'bitfold[triton]')"
+    if device == "cpu":
+        return (
+            "CPU tensors run the Triton kernels only under TRITON_INTERPRET=1 (Triton's "
+            "interpreter, for tests); leave backend= out to fold them on the host, or move "
+            "them to a GPU"
+        )
+    return f"the Triton kernels run on {', '.join(GPU_DEVICES)} (and cpu in the interpreter)"
+
+
 def _torch() -> Any:
     import torch
 
@@ -533,6 +549,7 @@ BACKEND = Backend.from_functions(
     explain=explain_route,
     available=lambda: triton_loads(),  # looked up at each call: tests may replace it
     runs_on=runs_on,
+    why_not=why_not,
     priority=200,  # below host, above the numba-cuda kernels: the default for GPU tensors
 )
 
@@ -556,4 +573,5 @@ __all__ = [
     "new_state",
     "round_state",
     "runs_on",
+    "why_not",
 ]
