@@ -323,3 +323,25 @@ def test_amd_keeps_subnormals_and_fuses_nothing(gfx942, name):
         assert not fused, f"{name}: fused or multiplying float instructions: {fused}"
         width = "64" if tmc.parse(name)[2] == "float64" else "32"
         assert f"v_add_f{width}" in asm, f"{name}: no v_add_f{width} in the gfx942 code"
+
+
+# -- 6. offsets: the x program id never enters 32-bit arithmetic ----------------------------------
+#: 32-bit integer arithmetic (a product or sum that wraps past 2^31); ``.wide`` forms are 64-bit.
+ARITH32 = re.compile(r"(?:add|sub|mul|mad|shl|or|xor)(?:\.(?:lo|hi|cc))?\.[bsu]32")
+#: A PTX instruction (its predicate dropped): ``(opcode, operands)``.
+INSTRUCTION = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)\s+([^;]*);", re.M)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ptx_widens_the_program_id_before_its_offsets(sm90, name):
+    """A grid has up to 2^31 - 1 programs along x, so ``program_id(0) * BLOCK`` in int32 wraps
+    past 2^31 elements. The kernels widen the id to int64 first: in the PTX the register read
+    from ``%ctaid.x`` is only widened (``cvt`` to 64 bits, ``mul.wide``/``mad.wide``) or
+    compared, never an operand of 32-bit arithmetic. (``%ctaid.y`` is below 65,536, so ptxas
+    may keep its small products in 32 bits.)"""
+    code = _ptx(sm90, name)
+    ids = set(re.findall(r"mov\.u32\s+(%r\d+),\s*%ctaid\.x;", code))
+    assert ids, f"{name}: no read of %ctaid.x in the PTX"
+    narrow = [f"{op} {operands}" for op, operands in INSTRUCTION.findall(code)
+              if ARITH32.fullmatch(op) and ids & {a.strip() for a in operands.split(",")[1:]}]
+    assert not narrow, f"{name}: the x program id in 32-bit arithmetic: {narrow}"

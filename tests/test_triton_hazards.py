@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
+import re
 import types
 
 import numpy as np
@@ -158,3 +160,22 @@ def test_the_guard_makes_a_tensors_cuda_device_current(monkeypatch):
     with triton_backend.launching(types.SimpleNamespace(device=torch.device("cpu"))):
         pass
     assert len(fake.entered) == 1
+
+
+# -- 2. 64-bit offsets -----------------------------------------------------------------------------
+def _program_ids(module):
+    """Every ``tl.program_id(...)`` of a kernel module's source, with what follows it."""
+    source = inspect.getsource(module)
+    return re.findall(r"tl\.program_id\(\d\)[^\n]*", source)
+
+
+@pytest.mark.parametrize("module", [fold_kernels, triton_words], ids=lambda m: m.__name__)
+def test_every_program_id_is_widened_to_int64_before_it_is_multiplied(module):
+    """``program_id * BLOCK`` in int32 wraps past 2^31 elements: each program id is int64 first,
+    so every offset made from it (``b * BLOCK + j``, ``3 * c``, ``r * W``) is 64-bit."""
+    found = _program_ids(module)
+    assert found, f"{module.__name__}: no program ids found"
+    wide = re.compile(r"tl\.program_id\(\d\)\.to\(tl\.int64\)")
+    narrow = [line for line in found if not wide.match(line)]
+    assert not narrow, f"{module.__name__}: program ids used in int32: {narrow}"
+

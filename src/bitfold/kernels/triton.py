@@ -47,6 +47,10 @@ Blind spots of the CPU interpreter, closed in the code
   case selected away with ``where`` (a shift by 64 or more is poison on a GPU).
 * Memory: every load and store is masked to its tensor's extent; indices
   that only masked lanes compute are clamped first.
+* Offsets: every program id is widened to int64 before it is multiplied
+  (``tl.program_id(0).to(tl.int64) * BLOCK``), so no offset wraps past 2^31
+  elements (the interpreter computes in NumPy's int32 too, but no test here
+  can afford 2^31 elements; the sm_90 PTX is checked instead).
 * Races: no program reads what another writes. Programs share memory only
   through 64-bit integer atomic adds (``atom.add.u64``, relaxed: the values
   are integers, so any order gives the same bits), and a kernel reads a state
@@ -293,8 +297,8 @@ def _lanes(offsets_ptr, K, D, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
     columns); lanes past ``K`` or ``D`` are not live and read bucket 0.
     """
     lane = tl.arange(0, BLOCK_K * BLOCK_D)
-    k = tl.program_id(0) * BLOCK_K + lane // BLOCK_D
-    d = tl.program_id(1) * BLOCK_D + lane % BLOCK_D
+    k = tl.program_id(0).to(tl.int64) * BLOCK_K + lane // BLOCK_D
+    d = tl.program_id(1).to(tl.int64) * BLOCK_D + lane % BLOCK_D
     live = (k < K) & (d < D)
     kc = tl.where(live, k, 0).to(tl.int64)
     lo = tl.load(offsets_ptr + kc, mask=live, other=0)
@@ -360,11 +364,11 @@ def hot_kernel(
     and adds it to ``state[row]`` with 64-bit integer atomics. Term counts are
     not added (the rounding adds the plan's counts).
     """
-    c = tl.program_id(0)
+    c = tl.program_id(0).to(tl.int64)
     hot = tl.load(chunk_ptr + 3 * c).to(tl.int64)
     start = tl.load(chunk_ptr + 3 * c + 1).to(tl.int64)
     end = tl.load(chunk_ptr + 3 * c + 2).to(tl.int64)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
     dlive = d < D
     limb = tl.arange(0, L_PAD)[:, None]
     acc = tl.zeros((L_PAD, BLOCK_D), tl.int64)
@@ -421,7 +425,7 @@ def round_rows_kernel(
     ``n_not_negzero``; ``HAS_INIT`` adds the bucket's ``init`` element as one
     more term.
     """
-    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     live = r < R
     rc = tl.where(live, r, 0).to(tl.int64)
     limb = tl.arange(0, L_PAD)[:, None]
@@ -465,8 +469,8 @@ def scatter_kernel(
     counters; term counts are the caller's. Order-free: the same state in any
     schedule. At most :data:`MAX_RUN` values a launch reach one row.
     """
-    i = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    i = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    d = tl.program_id(1).to(tl.int64) * BLOCK_D + tl.arange(0, BLOCK_D)
     here = (i < N)[:, None] & (d < D)[None, :]
     ic = tl.where(i < N, i, 0).to(tl.int64)
     k = tl.load(index_ptr + ic, mask=i < N, other=0).to(tl.int64)

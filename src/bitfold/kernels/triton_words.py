@@ -7,9 +7,11 @@ kernel: a program takes ``BLOCKS`` blocks of the wire's ``BLOCK`` elements
 (a ``(BLOCKS, BLOCK)`` tile), reads each value's bits once and writes its
 block's bounds, its words or its rounded sums. Integer operations only (no
 float unit sees a value: subnormals are exact in any mode); every shift is
-clamped below 64; every load and store is masked; no atomics (each word is
-gathered from the elements that feed it, so no program writes what another
-does).
+clamped below 64; every load and store is masked; every offset is int64 (the
+program id is widened before it is multiplied: ``b * BLOCK`` passes 2^31 on
+large arrays); no atomics (each word is gathered from the elements that feed
+it, so no program writes what another does). Launches run under the folds'
+device guard (:func:`bitfold.backends.triton.launching`).
 
 Numeric contract: :func:`words_kernel`'s words are the host's words bit for
 bit, and :func:`decode_kernel` rounds each element's exact sum ``S·2^lo``
@@ -61,7 +63,7 @@ def bounds_kernel(
 ):  # fmt: skip
     """``out[b] = (-lo, hi, -z)`` (int32) of every block ``b`` (the host's array bounds; a block
     with a NaN or an infinity gets ``hi = SPECIAL_HI``)."""
-    b = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
+    b = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     j = tl.arange(0, BLOCK)
     at = b[:, None] * BLOCK + j[None, :]
     live = (b[:, None] < blocks) & (at < n)
@@ -100,7 +102,7 @@ def _block_facts(b, classes_ptr, lo_ptr, offsets_ptr, n, blocks, BLOCK: tl.const
     klass = tl.load(classes_ptr + b, mask=ok, other=0)[:, None]
     lo = tl.load(lo_ptr + b, mask=ok, other=0)[:, None]
     base = tl.load(offsets_ptr + b, mask=ok, other=0)[:, None]
-    count = tl.where(ok, tl.minimum(n - b.to(tl.int64) * BLOCK, BLOCK), 0)[:, None]
+    count = tl.where(ok, tl.minimum(n - b * BLOCK, BLOCK), 0)[:, None]
     a = count // 2
     r = count - a + count % 2
     return klass, lo, base, count, a, tl.maximum((r + 2) // 3, 1)
@@ -128,11 +130,11 @@ def words_kernel(
     the elements that feed it (the host's ``_pack``: half ``x[2k] + x[2k+1]·2^32``; thirds
     word ``k < a`` is (low of ``k``, high of ``k``, low of ``a + k``), the rest three lanes of
     the highs of ``a ..`` and the odd last element's low; narrow ``x[k]``)."""
-    b = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
+    b = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     klass, lo, base, count, a, rw = _block_facts(b, classes_ptr, lo_ptr, offsets_ptr, n, blocks,
                                                  BLOCK)  # fmt: skip
     k = tl.arange(0, BLOCK)[None, :]
-    first = b[:, None].to(tl.int64) * BLOCK
+    first = b[:, None] * BLOCK
     half = klass == _HALF
     thirds = klass == _THIRDS
     words = tl.where(half, (count + 1) // 2, tl.where(thirds, (2 * count + 2) // 3, count))
@@ -189,12 +191,12 @@ def decode_kernel(
     even: the output format's bits (``PREC`` bits of precision, ``TEXP`` of exponent, the
     smallest subnormal ``2^SUBEXP``). A zero sum is ``-0.0`` where ``negzero`` says every
     term on every rank was (``HAS_SIGNS``), else ``+0.0``."""
-    b = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
+    b = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     klass, lo, base, count, a, rw = _block_facts(b, classes_ptr, lo_ptr, offsets_ptr, n, blocks,
                                                  BLOCK)  # fmt: skip
     j = tl.arange(0, BLOCK)[None, :]
     live = j < count
-    at = b[:, None].to(tl.int64) * BLOCK + j
+    at = b[:, None] * BLOCK + j
     half = klass == _HALF
     thirds = klass == _THIRDS
     # narrow: word j; half: a lane of word j // 2; thirds: a low lane and a high one
