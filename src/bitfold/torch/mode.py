@@ -341,9 +341,16 @@ class ExactMode(TorchDispatchMode):
     for those instead.
     """
 
-    def __init__(self, *, strict: bool = False) -> None:
+    def __init__(self, *, strict: bool = False, products: str = "rounded") -> None:
         super().__init__()
+        if products not in sparse.PRODUCT_RULES:
+            raise FoldError(
+                f"exact_mode(products=...) takes one of {', '.join(sparse.PRODUCT_RULES)}; "
+                f"got {products!r}"
+            )
         self.strict = bool(strict)
+        self.products = products
+        self._products_tokens: list[Any] = []
         self.counts: Counter[str] = Counter()
         self.passed: Counter[str] = Counter()
         self._guards: list[_CompiledBackwardGuard] = []
@@ -359,12 +366,14 @@ class ExactMode(TorchDispatchMode):
             self._guards.pop().__exit__(None, None, None)
             raise
         _register_extension_kernels()
+        self._products_tokens.append(sparse.PRODUCTS.set(self.products))
         return self
 
     def __exit__(self, *exc: Any) -> None:
         try:
             super().__exit__(*exc)
         finally:
+            sparse.PRODUCTS.reset(self._products_tokens.pop())
             _unregister_extension_kernels()
             self._guards.pop().__exit__(*exc)
 
@@ -414,7 +423,7 @@ class ExactMode(TorchDispatchMode):
             return func(*args, **kwargs)
         nested = None
         if active_exact_mode() is not self:  # below autograd: this mode is off while we run
-            nested = ExactMode(strict=self.strict)
+            nested = ExactMode(strict=self.strict, products=self.products)
             nested.counts, nested.passed = self.counts, self.passed
         with nested if nested is not None else contextlib.nullcontext():
             result = extension_ops.run(name, func, args, kwargs)
@@ -440,7 +449,7 @@ class ExactMode(TorchDispatchMode):
 
 
 @checked_options
-def exact_mode(*, strict: bool = False) -> ExactMode:
+def exact_mode(*, strict: bool = False, products: str = "rounded") -> ExactMode:
     """A context manager inside which every fold that reaches ATen is exact, forward and backward.
 
     ``with exact_mode() as mode:`` around a training step makes every
@@ -454,6 +463,14 @@ def exact_mode(*, strict: bool = False) -> ExactMode:
     ``mode.passed`` lists the folds it could not (complex, sparse, "prod");
     ``strict=True`` raises :class:`bitfold.FoldError` for those.
 
+    ``products``: how a sum of products (a sparse matrix product) takes its
+    terms. ``"rounded"`` (the default, the rule of every path): each product
+    rounded to the dtype as torch computes it, the sum of those rounded once,
+    so an ``edge_index`` fold, a ``torch_sparse`` product and a
+    ``torch.sparse`` product of the same messages give the same bits.
+    ``"exact"``: the exact dot product, each product exact, one rounding
+    (more accurate, other bits).
+
     >>> import torch, bitfold.torch as bt
     >>> w = torch.zeros(3, requires_grad=True)
     >>> with bt.exact_mode() as mode:
@@ -461,7 +478,7 @@ def exact_mode(*, strict: bool = False) -> ExactMode:
     >>> w.grad.tolist(), mode.counts["index_put"]
     ([1.0, 0.0, 2.0], 1)
     """
-    return ExactMode(strict=strict)
+    return ExactMode(strict=strict, products=products)
 
 
 def active_exact_mode() -> ExactMode | None:

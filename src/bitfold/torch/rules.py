@@ -160,10 +160,12 @@ RULES: tuple[Rule, ...] = (
     Rule("segment_reduce", (aten.segment_reduce,), h.segment_reduce,
          '"sum" and "mean" exact (lengths or offsets, any axis, initial); its backward is a '
          "gather", h.segment_reduce_verdict, _present("segment_reduce")),
-    Rule("sparse_mm", (aten.mm,), h.mm, "exact when one factor is COO, CSR or CSC"),
+    Rule("sparse_mm", (aten.mm,), h.mm, "exact when one factor is COO, CSR or CSC: each "
+         "product rounded as torch rounds it, their sum rounded once (products='exact': the "
+         "exact dot product)"),
     Rule("sparse_mm", (aten.addmm, aten._sparse_addmm), h.addmm,
          "beta * C + alpha * (A @ B) with a sparse factor, one rounding"),
-    Rule("sparse_mm", (aten._sparse_mm,), h.sparse_mm, "exact with a sparse factor"),
+    Rule("sparse_mm", (aten._sparse_mm,), h.sparse_mm, "exact with a sparse factor, as mm"),
     Rule("sparse_mm", (aten._sparse_mm_reduce_impl,), h.sparse_mm_reduce,
          '"sum" and "mean" exact'),
     Rule("sparse_sampled_addmm", (aten.sparse_sampled_addmm,), h.sampled_addmm,

@@ -2,14 +2,23 @@
 
 A product with a sparse matrix ``A`` (COO, CSR or CSC, 2-D, scalar values)
 is a fold: ``(A @ X)[i, :]`` adds the rows ``a * X[k, :]`` of the stored
-entries ``(i, k, a)`` of row i. Here every product ``a * x`` is written as
-an exact sum of float64 terms (:mod:`bitfold.torch.products`) and the terms
-of each output element are folded exactly (:func:`bitfold.torch.folds.fold_rows`,
-keyed by the entries' rows) and rounded once to the dtype. Numeric contract:
+entries ``(i, k, a)`` of row i. The terms of each output element are folded
+exactly (:func:`bitfold.torch.folds.fold_rows`, keyed by the entries' rows)
+and rounded once to the dtype.
+
+**One rule for sums of products**, the same on every path a sum of products
+takes (``w * x[src]`` then ``index_add``, ``torch_sparse``'s ``spmm``, an
+embedding bag's ``per_sample_weights``): each product ``a * x`` is the
+product **rounded to the dtype, as torch computes it**, and the sum of those
+rounded products is rounded once. So a graph layer gives the same bits
+whether its messages go through an ``edge_index``, a ``SparseTensor`` or a
+``torch.sparse`` matrix. The exact dot product (each product exact, the sum
+rounded once: more accurate, other bits) is there by name:
+``exact_mode(products="exact")`` (:data:`PRODUCTS`). Numeric contract:
 
 * ``A @ X`` (``mm``, ``matmul``, ``torch.sparse.mm``; ``A`` on the left or
-  the right): each element is the **correctly rounded sum of the exact
-  products** ``a * x`` of its terms (an empty row gives ``+0.0``).
+  the right): each element is the **correctly rounded sum of the products**
+  ``a * x`` of its terms (an empty row gives ``+0.0``).
 * ``addmm(C, A, X, beta=beta, alpha=alpha)``: ``beta`` and ``alpha`` are
   first rounded to the dtype (torch's kernels read them so); then each
   element is the correctly rounded value of ``beta * C + alpha * sum(a * x)``,
@@ -25,14 +34,16 @@ keyed by the entries' rows) and rounded once to the dtype. Numeric contract:
 * ``sparse_sampled_addmm``: each stored value becomes the correctly rounded
   ``beta * value + alpha * sum_j mat1[i, j] * mat2[j, k]``.
 
-Exact for float16, bfloat16 and float32 always; for float64 unless a
-product leaves float64's range (:mod:`bitfold.torch.products`). The terms
-take ``nnz * N`` float64 values each (1 to 4 terms a product): memory, not
+With ``products="exact"``: exact for float16, bfloat16 and float32 always;
+for float64 unless a product leaves float64's range
+(:mod:`bitfold.torch.products`). The terms take ``nnz * N`` float64 values
+each (1 to 4 terms a product; 1 or 2 with rounded products): memory, not
 time, is the cost to watch.
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +56,21 @@ from .products import as_dtype, product_terms, scale_terms
 
 #: the sparse layouts folded here
 LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
+
+#: the product rules: each product rounded to the dtype as torch rounds it (the default, every
+#: path's rule), or exact (the exact dot product)
+PRODUCT_RULES = ("rounded", "exact")
+#: the rule in force (set by ``exact_mode(products=...)`` while the mode is active)
+PRODUCTS: contextvars.ContextVar[str] = contextvars.ContextVar("bitfold_products",
+                                                               default="rounded")
+
+
+def _terms(a: torch.Tensor, b: torch.Tensor, scale: float, rule: str) -> list[torch.Tensor]:
+    """Float64 terms whose exact sum is ``scale`` times the products ``a * b`` (broadcasting):
+    each product rounded to the dtype (``rule="rounded"``) or exact (``"exact"``)."""
+    if rule == "exact":
+        return product_terms(a, b, scale)
+    return scale_terms([(a * b).to(torch.float64)], scale)
 
 
 @dataclass(frozen=True)
@@ -102,18 +128,21 @@ def spmm(
     alpha: float = 1.0,
     C: torch.Tensor | None = None,
     beta: float = 1.0,
+    products: str | None = None,
 ) -> torch.Tensor:
     """``beta * C + alpha * (A @ X)`` for ``A`` given by ``p``, exact (module docstring).
 
     ``X`` is dense ``(K, N)``; ``C`` (optional) broadcasts to ``(M, N)``;
     ``alpha``/``beta`` are rounded to ``X``'s dtype here. The result is
-    ``(M, N)`` in ``X``'s dtype.
+    ``(M, N)`` in ``X``'s dtype. ``products``: a rule of :data:`PRODUCT_RULES`
+    (default: the one in force, :data:`PRODUCTS`).
     """
     dtype = X.dtype
     m, n = p.shape[0], int(X.shape[1])
     X = X.detach()
     alpha, beta = as_dtype(alpha, dtype), as_dtype(beta, dtype)
-    terms = product_terms(p.values.detach().reshape(-1, 1), X[p.cols], alpha)
+    rule = products or PRODUCTS.get()
+    terms = _terms(p.values.detach().reshape(-1, 1), X[p.cols], alpha, rule)
     ids = [p.rows] * len(terms)
     if C is not None and beta != 0:
         base = scale_terms([C.detach().to(torch.float64).broadcast_to((m, n))], beta)
@@ -124,24 +153,38 @@ def spmm(
     return fold_rows(torch.cat(ids), torch.cat(terms), m, out_dtype=dtype)
 
 
-def sampled(p: Pattern, G: torch.Tensor, X: torch.Tensor, *, alpha: float = 1.0) -> torch.Tensor:
+def sampled(
+    p: Pattern,
+    G: torch.Tensor,
+    X: torch.Tensor,
+    *,
+    alpha: float = 1.0,
+    products: str | None = None,
+) -> torch.Tensor:
     """Entry e: ``alpha * sum_j G[rows[e], j] * X[cols[e], j]``, correctly rounded; (nnz,).
 
     The gradient of the sparse values of ``A @ X`` (``G`` the output
-    gradient, ``(M, N)``; ``X`` ``(K, N)``), in ``G``'s dtype.
+    gradient, ``(M, N)``; ``X`` ``(K, N)``), in ``G``'s dtype; each product
+    by ``products`` (:func:`spmm`).
     """
     dtype = G.dtype
     nnz, n = int(p.rows.numel()), int(G.shape[1])
     if nnz == 0:
         return G.new_zeros((0,))
-    terms = product_terms(G.detach()[p.rows], X.detach()[p.cols], as_dtype(alpha, dtype))
+    rule = products or PRODUCTS.get()
+    terms = _terms(G.detach()[p.rows], X.detach()[p.cols], as_dtype(alpha, dtype), rule)
     ids = torch.arange(nnz, device=G.device).repeat_interleave(n)
     values = torch.cat([t.reshape(-1) for t in terms])
     return fold_rows(ids.repeat(len(terms)), values, nnz, out_dtype=dtype)
 
 
 def sparse_grad(
-    A: torch.Tensor, G: torch.Tensor, X: torch.Tensor, alpha: float, right: bool
+    A: torch.Tensor,
+    G: torch.Tensor,
+    X: torch.Tensor,
+    alpha: float,
+    right: bool,
+    products: str | None = None,
 ) -> torch.Tensor:
     """The gradient of ``A`` in ``alpha * (A @ X)`` (or ``X @ A`` with ``right``), in its layout.
 
@@ -155,7 +198,7 @@ def sparse_grad(
         coords = torch.unique(p.rows * ncols + p.cols)
         p = Pattern(coords // ncols, coords % ncols, p.values, p.shape)
     lp, lg, lx = (p.t(), G.t(), X.t()) if right else (p, G, X)
-    values = sampled(lp, lg, lx, alpha=alpha)
+    values = sampled(lp, lg, lx, alpha=alpha, products=products)
     if A.layout == torch.sparse_coo:
         index = torch.stack([p.rows, p.cols])
         return torch.sparse_coo_tensor(index, values, A.shape, is_coalesced=True)
@@ -183,11 +226,12 @@ class SparseAddmm(torch.autograd.Function):
     ) -> torch.Tensor:
         p = pattern(A)
         ctx.beta, ctx.alpha, ctx.right = beta, alpha, right
+        ctx.products = rule = PRODUCTS.get()  # the backward's products follow the forward's rule
         ctx.save_for_backward(A, X)
         if right:  # X @ A == (A^T @ X^T)^T
             Ct = None if C is None else C.t()
-            return spmm(p.t(), X.t(), alpha=alpha, C=Ct, beta=beta).t().contiguous()
-        return spmm(p, X, alpha=alpha, C=C, beta=beta)
+            return spmm(p.t(), X.t(), alpha=alpha, C=Ct, beta=beta, products=rule).t().contiguous()
+        return spmm(p, X, alpha=alpha, C=C, beta=beta, products=rule)
 
     @staticmethod
     def backward(ctx: Any, G: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
@@ -198,11 +242,11 @@ class SparseAddmm(torch.autograd.Function):
             grad_c = G if ctx.beta == 1 else G * ctx.beta
         if ctx.needs_input_grad[2]:
             if ctx.right:  # out^T = A^T X^T: dX^T = A @ G^T
-                grad_x = spmm(p, G.t(), alpha=ctx.alpha).t().contiguous()
+                grad_x = spmm(p, G.t(), alpha=ctx.alpha, products=ctx.products).t().contiguous()
             else:
-                grad_x = spmm(p.t(), G, alpha=ctx.alpha)
+                grad_x = spmm(p.t(), G, alpha=ctx.alpha, products=ctx.products)
         if ctx.needs_input_grad[1]:
-            grad_a = sparse_grad(A, G, X, ctx.alpha, ctx.right)
+            grad_a = sparse_grad(A, G, X, ctx.alpha, ctx.right, ctx.products)
         return grad_c, grad_a, grad_x, None, None, None
 
 
@@ -361,7 +405,8 @@ def sampled_addmm(
     """``torch.sparse.sampled_addmm`` (CSR ``S``), exact: module docstring."""
     p = pattern(S)
     dtype = S.dtype
-    terms = product_terms(mat1.detach()[p.rows], mat2.detach().t()[p.cols], as_dtype(alpha, dtype))
+    terms = _terms(mat1.detach()[p.rows], mat2.detach().t()[p.cols], as_dtype(alpha, dtype),
+                   PRODUCTS.get())  # fmt: skip
     n = int(mat1.shape[1])
     nnz = int(p.rows.numel())
     ids = torch.arange(nnz, device=S.device).repeat_interleave(n).repeat(len(terms))
@@ -379,6 +424,8 @@ def sampled_addmm(
 
 __all__ = [
     "LAYOUTS",
+    "PRODUCTS",
+    "PRODUCT_RULES",
     "Operands",
     "Pattern",
     "SparseAddmm",
