@@ -179,3 +179,54 @@ def test_every_program_id_is_widened_to_int64_before_it_is_multiplied(module):
     narrow = [line for line in found if not wide.match(line)]
     assert not narrow, f"{module.__name__}: program ids used in int32: {narrow}"
 
+
+
+# -- 3. the hot table with what every supported torch has ----------------------------------------
+class _Reads:
+    """Counts the reads of tensors back to the host (``tolist``, ``item``, ``int``, ``bool``)."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in ("tolist", "item", "__int__", "__bool__", "__index__"):
+            monkeypatch.setattr(torch.Tensor, name, self._counted(getattr(torch.Tensor, name)))
+
+    def _counted(self, real):
+        def read(t, *args):
+            self.count += 1
+            return real(t, *args)
+
+        return read
+
+
+@interpreted
+def test_the_hot_table_needs_no_nonzero_static_and_reads_back_once(monkeypatch):
+    monkeypatch.delattr(torch, "nonzero_static", raising=False)
+    rng = np.random.default_rng(4)
+    K = 40
+    index = rng.integers(0, K, 900)
+    index[:200], index[200:320], index[320:340] = 3, 17, 39  # hot, hot, cold at hot_min=64
+    plan = bitfold.Fold(index, K)
+    counts = np.bincount(index, minlength=K)
+    reads = _Reads(monkeypatch)
+    table = triton_backend.hot_table(plan, torch.device("cpu"), 64, 50)
+    assert reads.count == 1  # the table's two sizes, read once together
+    hot = np.flatnonzero(counts >= 64)
+    assert table.count == len(hot) and table.buckets.tolist() == hot.tolist()
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    want = [(r, s, min(s + 50, offsets[k + 1])) for r, k in enumerate(hot)
+            for s in range(offsets[k], offsets[k + 1], 50)]  # fmt: skip
+    assert table.nchunks == len(want) and [tuple(c) for c in table.chunks.tolist()] == want
+    v = torch.from_numpy(rng.standard_normal(900).astype(np.float32))
+    want_bits = _bits(plan(v))
+    assert torch.equal(_bits(plan(v, backend="triton", hot_min=64, chunk=50)), want_bits)
+    reads.count = 0
+    got = plan(v, backend="triton", hot_min=64, chunk=50)  # warm: nothing read back
+    assert reads.count == 0
+    assert torch.equal(_bits(got), want_bits)
+
+
+def test_the_compaction_keeps_every_true_index_in_order():
+    for mask in ([], [False] * 5, [True] * 5, [True, False, False, True, True, False, True]):
+        m = torch.tensor(mask, dtype=torch.bool)
+        got = triton_backend._first_true(m, int(m.sum()))
+        assert got.tolist() == torch.nonzero(m).reshape(-1).tolist()

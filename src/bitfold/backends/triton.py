@@ -233,7 +233,7 @@ def hot_table(plan: Fold, device: Any, hot_min: int, chunk: int) -> HotTable:
         hot = counts >= hot_min
         H, C = (int(n) for n in torch.stack(  # the table's two sizes, in one read
             [hot.sum(), torch.where(hot, (counts + chunk - 1) // chunk, 0).sum()]).tolist())
-        buckets = torch.nonzero_static(hot, size=H).reshape(-1)
+        buckets = _first_true(hot, H)
         if H == 0:
             empty = torch.zeros((0, 3), dtype=torch.int64, device=device)
             return HotTable(buckets, empty, 0, 0)
@@ -246,6 +246,23 @@ def hot_table(plan: Fold, device: Any, hot_min: int, chunk: int) -> HotTable:
         return HotTable(buckets, torch.stack([rank, start, end], 1).contiguous(), H, C)
 
     return plan.prepared((NAME, "hot", str(device), hot_min, chunk), build)
+
+
+def _first_true(mask: Any, count: int) -> Any:
+    """The indices where ``mask`` (1-D bool) is true, increasing; ``count`` of them, known.
+
+    A stable partition by scans and one scatter, on ``mask``'s device: no
+    wait for the device (``torch.nonzero`` reads its size back first) and no
+    ``torch.nonzero_static`` (missing on CUDA in older torch releases).
+    Every element gets its own place (the true ones first, in order), so the
+    scatter is deterministic.
+    """
+    torch = _torch()
+    flags = mask.to(torch.int64)
+    place = torch.where(mask, torch.cumsum(flags, 0), count + torch.cumsum(1 - flags, 0)) - 1
+    order = torch.empty_like(place)
+    order[place] = torch.arange(place.numel(), device=place.device)
+    return order[:count]
 
 
 # -- the strategies ------------------------------------------------------------------------------
