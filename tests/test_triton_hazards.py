@@ -230,3 +230,46 @@ def test_the_compaction_keeps_every_true_index_in_order():
         m = torch.tensor(mask, dtype=torch.bool)
         got = triton_backend._first_true(m, int(m.sum()))
         assert got.tolist() == torch.nonzero(m).reshape(-1).tolist()
+
+
+# -- 4. options and shapes ------------------------------------------------------------------------
+FOLD_KERNELS = ["lanes_kernel", "hot_kernel", "round_rows_kernel", "ordered_kernel",
+                "scatter_kernel"]  # fmt: skip
+
+
+@interpreted
+@pytest.mark.parametrize("option", ["hot_min", "chunk"])
+def test_tuning_past_the_carry_bound_is_refused_by_name_before_any_work(monkeypatch, option):
+    """A lane sums fewer than ``hot_min`` values and a hot program ``chunk`` values in int64
+    limbs without a carry: more than ``MAX_RUN`` could overflow them, silently."""
+    bound = fold_kernels.MAX_RUN
+    plan = bitfold.Fold(np.arange(10) % 3, 3)
+    v = torch.ones(10)
+    watch = _Watch(monkeypatch, fold_kernels, FOLD_KERNELS)
+    for bad in (bound + 1, 1 << 40):
+        with pytest.raises(bitfold.FoldError, match=rf"{option} must be at most 536,870,912"):
+            plan(v, backend="triton", **{option: bad})
+        with pytest.raises(bitfold.FoldError, match=option):
+            plan.route(v, backend="triton", **{option: bad})
+    assert watch.launches == []
+    assert torch.equal(_bits(plan(v, backend="triton", **{option: bound})), _bits(plan(v)))
+
+
+@interpreted
+@pytest.mark.parametrize("trailing", [(0,), (2, 0), (0, 3)])
+def test_rows_of_no_elements_fold_to_empty_results_without_a_launch(monkeypatch, trailing):
+    plan = bitfold.Fold(np.arange(6) % 3, 3)
+    v = torch.ones(6, *trailing)
+    init = torch.zeros(3, *trailing)
+    watch = _Watch(monkeypatch, fold_kernels, FOLD_KERNELS)
+    for kwargs in ({}, {"chunk": 4, "hot_min": 2}, {"init": init}, {"out_dtype": torch.float16}):
+        got = plan(v, backend="triton", **kwargs)
+        want = plan(v, **{k: a for k, a in kwargs.items() if k not in ("chunk", "hot_min")})
+        assert (got.shape, got.dtype) == (want.shape, want.dtype) == ((3, *trailing), want.dtype)
+    got = plan(v, "ordered", backend="triton")
+    assert got.shape == (3, *trailing)
+    acc = plan.accumulator("float32", trailing, backend="triton").add(v, start=0)
+    assert acc.result().shape == (3, *trailing)
+    assert [n for n, _, _ in watch.launches] == []
+    with pytest.raises(bitfold.FoldError, match="hot_min"):  # options still checked
+        plan(v, backend="triton", hot_min=0)

@@ -104,17 +104,22 @@ def checked_options(func: F) -> F:
     return checked  # type: ignore[return-value]
 
 
-def positive_int_or_none(value: Any, name: str, meaning: str) -> int | None:
+def positive_int_or_none(
+    value: Any, name: str, meaning: str, *, at_most: int | None = None, why: str = ""
+) -> int | None:
     """``value`` as an ``int`` when it is a positive integer (not a bool), None when None.
 
     Anything else is refused with a :class:`~bitfold.FoldError` that names the
-    option, says what it means (``meaning``) and shows the value given.
+    option, says what it means (``meaning``) and shows the value given; so is
+    a value above ``at_most``, saying ``why`` that is the most.
     """
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise FoldError(f"{name} must be None or a positive integer ({meaning}); got "
                         f"{name}={value!r}")  # fmt: skip
+    if at_most is not None and value > at_most:
+        raise FoldError(f"{name} must be at most {at_most:,} ({why}); got {name}={value!r}")
     return int(value)
 
 

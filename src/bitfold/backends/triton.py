@@ -322,6 +322,22 @@ def exact_launch(
     return plan.prepared(key, build)
 
 
+def _tuning(hot_min: Any, chunk: Any, D: int) -> tuple[int, int]:
+    """``(hot_min, chunk)`` of a fold of rows of ``D`` elements: the defaults, or the values
+    given, checked by name before any work.
+
+    Both are at most the kernels' carry bound (:data:`bitfold.kernels.triton.MAX_RUN`
+    values): a lane sums a bucket of fewer than ``hot_min`` positions (and the
+    init) in its limbs without a carry, and a hot program ``chunk`` positions;
+    more could overflow the int64 limbs.
+    """
+    bound = _kernels().MAX_RUN
+    why = "the most values the kernels' limbs add before a carry"
+    hot = positive_int_or_none(hot_min, "hot_min", _HOT_MEANING, at_most=bound, why=why)
+    cut = positive_int_or_none(chunk, "chunk", _CHUNK_MEANING, at_most=bound, why=why)
+    return hot or HOT_MIN, cut or max(16, CHUNK_VALUES // max(D, 1))
+
+
 def fold_exact(
     plan: Fold,
     values: Any,
@@ -342,15 +358,16 @@ def fold_exact(
     """
     t, lib = _as_torch(values)
     _check_device(t)
-    hot_min = positive_int_or_none(hot_min, "hot_min", _HOT_MEANING) or HOT_MIN
     K, D = plan.K, spec.row_size
-    chunk = positive_int_or_none(chunk, "chunk", _CHUNK_MEANING) or max(16, CHUNK_VALUES // D)
+    hot_min, chunk = _tuning(hot_min, chunk, D)
     bits = _bits(t, spec.dtype)
     init_bits = bits
     if init is not None:
         it, _ = _as_torch(init)
         _same_place(it, t, spec.dtype)
         init_bits = _bits(it, spec.dtype)
+    if D == 0:  # rows of no elements: nothing to sum, nothing to launch
+        return _back(_out(t, (K, *spec.trailing), out_name)[0], lib)
     launch = exact_launch(plan, t.device, spec.dtype, out_name, D, init is not None, hot_min,
                           chunk)  # fmt: skip
     pt = launch.tensors
@@ -406,6 +423,8 @@ def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
     _check_device(t)
     kernels = _kernels()
     K, D, N = plan.K, spec.row_size, spec.positions
+    if D == 0:  # rows of no elements: nothing to add, nothing to launch
+        return _back(_out(t, (K, *spec.trailing), out_name)[0], lib)
     rows = t.reshape(N, D)
     rows = rows.float() if spec.dtype in ("float16", "bfloat16") else rows
     rows = rows.contiguous()
@@ -471,7 +490,8 @@ def exact_state(plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> Any:
     block_d = min(kernels.next_power_of_2(D), 64)
     block_n = max(1, 1024 // block_d)
     step = kernels.MAX_RUN
-    for first in range(0, N, step):  # at most MAX_RUN values reach a row a launch
+    starts = range(0, N, step) if D else range(0)  # rows of no elements: nothing to launch
+    for first in starts:  # at most MAX_RUN values reach a row a launch
         n = min(step, N - first)
         with launching(t, lib):
             kernels.scatter_kernel[(triton_cdiv(n, block_n), triton_cdiv(D, block_d))](
@@ -536,7 +556,7 @@ def round_state(state: Any, fmt: LimbFormat, out_name: str) -> Any:
 
 def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tuple[str, str]:
     """``plan.route``'s answer: lanes, and the hot buckets' chunks when there are any."""
-    hot_min = positive_int_or_none(options.get("hot_min"), "hot_min", _HOT_MEANING) or HOT_MIN
+    hot_min, _ = _tuning(options.get("hot_min"), options.get("chunk"), spec.row_size)
     built = plan.device_tensors  # a plan built on a device: counted there, not copied here
     hot = int(((plan.counts if built is None else built.counts) >= hot_min).sum())
     what = f"{spec.dtype} {'rows' if spec.trailing else 'scalars'} into {plan.K:,} buckets"
