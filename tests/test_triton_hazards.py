@@ -1,18 +1,20 @@
 """Hazards of the Triton path that the interpreter alone would not show.
 
 Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by ``tests/conftest.py``)
-runs every kernel here, but it has one device, wide integers and no sync to
-notice. These tests reach the hazards by other means:
+runs every kernel here, but it has one device, no sync to notice, and no test
+can afford 2^31 elements in it. These tests reach the hazards by other means:
 
 * the device guard: every launch of the folds' and the all-reduce words'
   kernels happens inside :func:`bitfold.backends.triton.launching` for its
   tensor's device (a recording guard and recording kernels, monkeypatched),
   and the guard makes ``cuda:1`` current for a ``cuda:1`` tensor (a fake
-  ``torch.cuda.device``);
+  ``torch.cuda.device``; ``xpu`` likewise);
 * 64-bit offsets: every program id is widened to int64 before it is
   multiplied (the kernels' source; ``tests/test_triton_compile.py`` checks
   the sm_90 PTX);
-* the hot table is made with operations every supported torch has;
+* the hot table is made with operations every supported torch has (no
+  ``torch.nonzero_static``), reading its sizes back once, and a warm fold
+  reads nothing back;
 * tuning options past the limbs' carry bound are refused by name, and rows
   of size 0 fold to empty results of the right shape.
 """
@@ -43,6 +45,9 @@ interpreted = pytest.mark.skipif(
     not triton_backend.interpreting(), reason="TRITON_INTERPRET=1 is not set (conftest sets it)"
 )
 INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: Every kernel the folds launch (:mod:`bitfold.kernels.triton`).
+FOLD_KERNELS = ["lanes_kernel", "hot_kernel", "round_rows_kernel", "ordered_kernel",
+                "scatter_kernel"]  # fmt: skip
 
 
 def _bits(t):
@@ -111,9 +116,7 @@ def test_every_word_kernel_launch_is_guarded_by_its_tensors_device(monkeypatch):
 
 @interpreted
 def test_every_fold_kernel_launch_is_guarded_by_its_tensors_device(monkeypatch):
-    names = ["lanes_kernel", "hot_kernel", "round_rows_kernel", "ordered_kernel",
-             "scatter_kernel"]  # fmt: skip
-    watch = _Watch(monkeypatch, fold_kernels, names)
+    watch = _Watch(monkeypatch, fold_kernels, FOLD_KERNELS)
     rng = np.random.default_rng(2)
     index = rng.integers(0, 5, 60)
     index[:30] = 1  # a hot bucket
@@ -162,6 +165,21 @@ def test_the_guard_makes_a_tensors_cuda_device_current(monkeypatch):
     assert len(fake.entered) == 1
 
 
+def test_the_guard_makes_a_tensors_xpu_device_current(monkeypatch):
+    if not hasattr(torch, "xpu"):
+        pytest.skip("this torch has no torch.xpu")
+    entered = []
+
+    @contextlib.contextmanager
+    def device(where):
+        entered.append(torch.device(where))
+        yield
+
+    monkeypatch.setattr(torch.xpu, "device", device)
+    with triton_backend.launching(types.SimpleNamespace(device=torch.device("xpu", 1))):
+        assert entered == [torch.device("xpu", 1)]
+
+
 # -- 2. 64-bit offsets -----------------------------------------------------------------------------
 def _program_ids(module):
     """Every ``tl.program_id(...)`` of a kernel module's source, with what follows it."""
@@ -178,7 +196,6 @@ def test_every_program_id_is_widened_to_int64_before_it_is_multiplied(module):
     wide = re.compile(r"tl\.program_id\(\d\)\.to\(tl\.int64\)")
     narrow = [line for line in found if not wide.match(line)]
     assert not narrow, f"{module.__name__}: program ids used in int32: {narrow}"
-
 
 
 # -- 3. the hot table with what every supported torch has ----------------------------------------
@@ -233,8 +250,6 @@ def test_the_compaction_keeps_every_true_index_in_order():
 
 
 # -- 4. options and shapes ------------------------------------------------------------------------
-FOLD_KERNELS = ["lanes_kernel", "hot_kernel", "round_rows_kernel", "ordered_kernel",
-                "scatter_kernel"]  # fmt: skip
 
 
 @interpreted

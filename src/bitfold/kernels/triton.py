@@ -49,8 +49,13 @@ Blind spots of the CPU interpreter, closed in the code
   that only masked lanes compute are clamped first.
 * Offsets: every program id is widened to int64 before it is multiplied
   (``tl.program_id(0).to(tl.int64) * BLOCK``), so no offset wraps past 2^31
-  elements (the interpreter computes in NumPy's int32 too, but no test here
-  can afford 2^31 elements; the sm_90 PTX is checked instead).
+  elements. The interpreter's program ids are int32 too, but no test can
+  afford 2^31 elements in it; the source and the sm_90 PTX are checked.
+* Devices: Triton launches on torch's *current* device and stream, whatever
+  the tensors' device. Every launch (the folds' and the all-reduce words' of
+  :mod:`bitfold.kernels.triton_words`) runs under
+  :func:`bitfold.backends.triton.launching`, which makes the tensor's device
+  current (a ``cuda:1`` tensor while ``cuda:0`` is current).
 * Races: no program reads what another writes. Programs share memory only
   through 64-bit integer atomic adds (``atom.add.u64``, relaxed: the values
   are integers, so any order gives the same bits), and a kernel reads a state
@@ -64,7 +69,25 @@ Blind spots of the CPU interpreter, closed in the code
 Carry bound: a lane or chunk adds at most :data:`MAX_RUN` values before its
 tile is carried; a piece is below ``2^33``; so a limb stays below ``2^62``.
 Merged tiles are carried (limbs below ``2^32`` but the top one), so a state
-row absorbs ``2^29`` merges.
+row absorbs ``2^29`` merges. The backend refuses a ``hot_min`` or ``chunk``
+above :data:`MAX_RUN` by name, before any launch; rows of no elements
+launch nothing (an empty result of the right shape).
+
+Closed here but proved only on a device
+---------------------------------------
+The suite runs without a GPU; these closings are checked by other means,
+not by running them where they matter:
+
+* the device guard with a recording guard and a fake ``torch.cuda.device``
+  (and ``torch.xpu.device``): no launch on a second GPU, and no CuPy array
+  on its external stream, runs here;
+* the 64-bit offsets in the source and the sm_90 PTX (no AMD code is read
+  for them), never with 2^31 elements;
+* the hot table's compaction (scans and one scatter, not
+  ``torch.nonzero_static``, which older torch releases lack on CUDA and
+  XPU) on CPU tensors with ``nonzero_static`` removed, and its one read of
+  the sizes counted there; torch 2.4 itself is not installed here, and a
+  sync that a CUDA operation would hide inside is not visible on the CPU.
 """
 
 from __future__ import annotations
