@@ -61,6 +61,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -242,10 +244,16 @@ class _ExactCalls(TorchFunctionMode):
         self._report = report
         #: an op ran outside Dynamo's graphs (so its autograd nodes need the exact rules)
         self.eager = False
+        #: where inductor writes the code it generates (whose calls are the graphs' own)
+        self._generated = _generated_code_dir()
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if not torch.compiler.is_compiling() and _eager_fold_candidate(func, args, kwargs):
+        if (
+            not torch.compiler.is_compiling()
+            and _eager_fold_candidate(func, args, kwargs)
+            and not sys._getframe(1).f_code.co_filename.startswith(self._generated)
+        ):
             # Dynamo runs this call itself, outside any graph: the exact mode's rules take it
             self.eager = True
             with _ReportMode(self._report):
@@ -261,6 +269,15 @@ class _ExactCalls(TorchFunctionMode):
         if reason is not None:
             _left(self.report, name, reason)
         return func(*args, **kwargs)
+
+
+def _generated_code_dir() -> tuple[str, ...]:
+    """The folder of inductor's generated code (as given and resolved): its calls (``torch.mm``
+    for a graph's products) run the compiled graphs, not eager code."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    given = cache_dir()
+    return tuple({os.path.join(given, ""), os.path.join(os.path.realpath(given), "")})
 
 
 def _eager_fold_candidate(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -282,6 +299,13 @@ def _eager_fold_candidate(func: Any, args: tuple[Any, ...], kwargs: dict[str, An
         return False
     return not name.startswith("_") or name.startswith("__")
 
+
+# Called from eager code (a frame Dynamo skipped, a graph break), the handler is a frame of its
+# own, which Dynamo would compile too, guarding too little on ``func``: the compiled handler of
+# ``tensor.shape``'s ``__get__`` then served ``tensor.device`` (transformers' Mixtral with eager
+# experts). The handler runs as Python when it is a top-level frame; Dynamo still inlines it while
+# it traces a compiled function.
+torch._dynamo.eval_frame.skip_code(_ExactCalls.__torch_function__.__code__)
 
 #: the reports of the calls running now, by id (read by :func:`_left` while Dynamo traces)
 _REPORTS: weakref.WeakValueDictionary[int, CompileReport] = weakref.WeakValueDictionary()

@@ -195,7 +195,9 @@ def rewrite(graph: torch.fx.Graph, report: CompileReport) -> None:
         if rule is None:
             known = rule_for(node.target)
             if known is not None and known.verdict is not None:
-                _leave(report, known.kind, str(node.target), "an overload bitfold does not rewrite")
+                reason = _unrewritten(known, node)
+                if reason is not None:
+                    _leave(report, known.kind, str(node.target), reason)
             continue
         assert rule.verdict is not None
         verdict = rule.verdict({k: _val(v) for k, v in bind(node.target, node.args,
@@ -207,6 +209,23 @@ def rewrite(graph: torch.fx.Graph, report: CompileReport) -> None:
         _replace(graph, node, EXACT_OPS[node.target], call_args(node.target, node.args,
                                                                  node.kwargs))  # fmt: skip
         report.record(f"exact:{rule.kind}")
+
+
+def _unrewritten(rule: rules.Rule, node: torch.fx.Node) -> str | None:
+    """Why a fold overload the pass does not rewrite stays inexact; None when it is no fold.
+
+    The rule's verdict on the node's fake tensors decides: a plain write
+    (``aten.scatter.src``, which ``topk``'s backward makes) is untouched, not passed.
+    """
+    assert rule.verdict is not None
+    try:
+        bound = bind(node.target, node.args, node.kwargs)
+    except (TypeError, RuntimeError):
+        return "an overload bitfold does not rewrite"
+    verdict = rule.verdict({k: _val(v) for k, v in bound.items()})
+    if isinstance(verdict, Leave):
+        return verdict.reason
+    return "an overload bitfold does not rewrite"
 
 
 def _replace(graph: torch.fx.Graph, node: torch.fx.Node, op: Any, args: tuple[Any, ...]) -> None:
