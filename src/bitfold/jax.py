@@ -24,7 +24,9 @@ bitfold's CPU kernels, called by XLA through an FFI target
 and the K sums are written into XLA's output buffer (batched calls of
 ``vmap`` run one after another). A JAX without ``jax.ffi`` takes
 ``jax.pure_callback``, which copies the gradient first. It is refused on
-other backends (:class:`bitfold.DeviceError`).
+other backends (:class:`bitfold.DeviceError`). A plan a jitted fold uses
+is held by the computations that call it (their compiled executables) and
+freed with the last of them, as any value the function closes over.
 
 Out-of-range segment ids
 ------------------------
@@ -158,7 +160,7 @@ def _callback(plan: Fold, strategy: str, g: Any, out_name: str) -> Any:
     out = jax.ShapeDtypeStruct((plan.K, *trailing), jnp.dtype(out_name))
     fn = functools.partial(_host_fold, plan, strategy, out_name)
     if xla_host_call.available():  # the gradient read where it lies
-        return xla_host_call.host_call(fn, g, out, ("fold", id(plan), strategy, out_name))
+        return xla_host_call.host_call(fn, g, out, ("fold", plan, strategy, out_name))
     return jax.pure_callback(fn, out, g, vmap_method="sequential")
 
 

@@ -1,12 +1,12 @@
-"""A host function called from a jitted JAX computation on the CPU, without copying its input.
+"""A host function called from a jitted JAX computation on the CPU, without copying its inputs.
 
 ``jax.pure_callback`` hands its function a copy of every argument, made
 when the call runs; for a gradient of tens of megabytes that copy costs
 several times the fold it feeds. This module registers one XLA FFI target,
 ``bitfold_host_call``, whose handler XLA calls with its buffers where they
-lie: the registered Python function reads a NumPy view of the input and its
+lie: the registered Python function reads NumPy views of the inputs and its
 result is written into the output buffer (one copy of the output, none of
-the input).
+the inputs).
 
 The handler is a ``ctypes`` callback (it takes the GIL as any Python
 callback does) reading the FFI's C structures (``xla/ffi/api/c_api.h``: the
@@ -14,6 +14,17 @@ call frame, its argument and result buffers): no compiler is needed. XLA
 asks a handler for its FFI version first; it answers with the runtime's
 own. An exception in the function becomes an XLA error naming it, so the
 jitted call raises instead of returning an unwritten buffer.
+
+Lifetimes: a call is registered under a key (an int32 constant in the
+computation) by a primitive of this module, ``bitfold_host_call``, which
+holds the registration (the function and what it closes over: a plan) in
+its parameters. Lowering it hands the registration to the compiled
+executable (JAX's keep-alive list, as its own callbacks do), and the
+registry holds it only weakly: it lives while a traced computation or a
+compiled executable that calls it lives, and is freed with the last of them
+(a jitted function deleted, ``jax.clear_caches()``). Outside ``jit`` the
+primitive calls the function directly, with no compilation and nothing
+registered for longer than the call.
 
 Numeric contract: the output is the function's result, bit for bit.
 """
@@ -23,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -42,12 +54,34 @@ class _ErrorArgs(ctypes.Structure):
                 ("message", ctypes.c_char_p), ("errc", ctypes.c_int)]  # fmt: skip
 
 
-_Call = tuple[Callable[[np.ndarray], Any], tuple[int, ...], np.dtype, tuple[int, ...], np.dtype]
-_CALLS: dict[int, _Call] = {}
-_KEYS: dict[tuple[Any, ...], int] = {}
+class Call:
+    """One registered host function: ``fn`` of the inputs' views, and the shapes it is called
+    with. Held by the ``bitfold_host_call`` equations that call it and by the executables
+    compiled from them; the registry holds it weakly (module docstring)."""
+
+    __slots__ = ("__weakref__", "fn", "identity", "ins", "key", "out")
+
+    def __init__(self, key: int, fn: Callable[..., Any], identity: tuple[Any, ...],
+                 ins: tuple[tuple[tuple[int, ...], np.dtype], ...],
+                 out: tuple[tuple[int, ...], np.dtype]) -> None:  # fmt: skip
+        self.key, self.fn, self.identity, self.ins, self.out = key, fn, identity, ins, out
+
+    def __call__(self, *views: np.ndarray) -> np.ndarray:
+        """The function's result for these inputs, as an array of the output's shape and dtype."""
+        shape, dtype = self.out
+        return np.asarray(self.fn(*views), dtype).reshape(shape)
+
+    def __repr__(self) -> str:
+        return f"bitfold_host_call(key={self.key}, {self.identity[0]!r})"
+
+
+#: key -> registered call, while something that calls it lives (weak: module docstring).
+_CALLS: weakref.WeakValueDictionary[int, Call] = weakref.WeakValueDictionary()
+#: what a call computes, and its shapes -> its registration, so that equal calls share one.
+_NAMES: weakref.WeakValueDictionary[tuple[Any, ...], Call] = weakref.WeakValueDictionary()
 _NEXT = itertools.count(1)
 _LOCK = threading.Lock()
-_REGISTERED: list[Any] = []  # the ctypes callback, kept alive while XLA may call it
+_REGISTERED: list[Any] = []  # the ctypes callback (kept alive while XLA may call it), the primitive
 
 
 def _words(address: int, n: int) -> Any:
@@ -75,9 +109,9 @@ def _error(api: int, message: str) -> int:
 def _handle(frame: int) -> int | None:
     """The FFI handler: ``XLA_FFI_Error* (XLA_FFI_CallFrame*)``, ``None`` for success.
 
-    Call frame words: 1 extension, 2 API, 4 stage, 9 argument buffers, 14
-    result buffers; a buffer's word 3 is its data. Arguments: the input, then
-    one int32, the key of the registered call.
+    Call frame words: 1 extension, 2 API, 4 stage, 7 argument count, 9
+    argument buffers, 14 result buffers; a buffer's word 3 is its data.
+    Arguments: the inputs, then one int32, the key of the registered call.
     """
     w = _words(frame, 15)
     try:
@@ -89,11 +123,19 @@ def _handle(frame: int) -> int | None:
                 return None
         if w[4] & 0xFFFFFFFF != _EXECUTE:
             return None
-        args, rets = _words(w[9], 2), _words(w[14], 1)
-        key = ctypes.c_int32.from_address(_words(args[1], 4)[3]).value
-        fn, in_shape, in_dtype, out_shape, out_dtype = _CALLS[key]
-        result = fn(_view(_words(args[0], 4)[3], in_shape, in_dtype, False))
-        _view(_words(rets[0], 4)[3], out_shape, out_dtype, True)[...] = result
+        args, rets = _words(w[9], w[7]), _words(w[14], 1)
+        key = ctypes.c_int32.from_address(_words(args[w[7] - 1], 4)[3]).value
+        call = _CALLS.get(key)
+        if call is None:
+            raise LookupError(
+                f"no host function is registered under key {key}: the computation outlived "
+                "the executable it was compiled into (a serialized or exported computation "
+                "cannot call bitfold's host functions)"
+            )
+        views = [_view(_words(args[i], 4)[3], shape, dtype, False)
+                 for i, (shape, dtype) in enumerate(call.ins)]  # fmt: skip
+        result = call(*views)
+        _view(_words(rets[0], 4)[3], *call.out, True)[...] = result
         return None
     except BaseException as exc:  # never a silent, unwritten output: XLA raises it
         return _error(w[2], f"bitfold host call: {type(exc).__name__}: {exc}")
@@ -106,38 +148,84 @@ def available() -> bool:
     return hasattr(getattr(jax, "ffi", None), "ffi_call")
 
 
-def _register_target() -> None:
+def _primitive() -> Any:
+    """The ``bitfold_host_call`` primitive (made, and the FFI target registered, on first use)."""
     with _LOCK:
-        if _REGISTERED:
-            return
-        import jax
+        if not _REGISTERED:
+            import jax
 
-        handler = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(_handle)
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler), platform="cpu")
-        _REGISTERED.append(handler)
+            handler = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(_handle)
+            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler), platform="cpu")
+            _REGISTERED.extend([handler, _define_primitive()])
+        return _REGISTERED[1]
 
 
-def host_call(fn: Callable[[np.ndarray], Any], x: Any, out: Any, identity: tuple[Any, ...]
-              ) -> Any:  # fmt: skip
-    """``fn(x)`` on the host inside a jitted computation: a JAX array like ``out``
-    (a ``jax.ShapeDtypeStruct``).
-
-    ``fn`` gets a read-only NumPy view of ``x``'s buffer and returns an array
-    of ``out``'s shape (cast to its dtype). ``identity`` names what ``fn``
-    computes (calls of equal identities share one registration, kept for the
-    life of the process with ``fn``). Under ``vmap``, one call a batch element.
-    """
+def _define_primitive() -> Any:
+    """``bitfold_host_call(*inputs, call=Call)``: abstract value, direct call outside ``jit``,
+    the FFI custom call (the registration kept alive by the executable), ``vmap`` one
+    element at a time."""
     import jax
     import jax.numpy as jnp
+    from jax.extend.core import Primitive
+    from jax.interpreters import batching, mlir
 
-    _register_target()
-    in_shape, in_dtype = tuple(x.shape), np.dtype(x.dtype)
-    out_shape, out_dtype = tuple(out.shape), np.dtype(out.dtype)
-    name = (*identity, in_shape, in_dtype.str, out_shape, out_dtype.str)
+    prim = Primitive(TARGET)
+
+    def abstract(*avals: Any, call: Call) -> Any:
+        shape, dtype = call.out
+        return jax.core.ShapedArray(shape, dtype)
+
+    def impl(*xs: Any, call: Call) -> Any:  # outside jit: no compilation, nothing kept
+        return jnp.asarray(call(*(np.asarray(x) for x in xs)))
+
+    def lowering(ctx: Any, *operands: Any, call: Call) -> Any:
+        ctx.module_context.add_host_callback(call)  # the runtime executable holds it
+        key = mlir.ir_constant(np.array([call.key], np.int32))
+        ctx = ctx.replace(avals_in=[*ctx.avals_in, jax.core.ShapedArray((1,), np.int32)])
+        return jax.ffi.ffi_lowering(TARGET)(ctx, *operands, key)
+
+    def batch(args: Any, dims: Any, *, call: Call) -> Any:
+        batched = [d is not None for d in dims]
+        moved = [jnp.moveaxis(x, d, 0) for x, d in zip(args, dims, strict=True) if d is not None]
+
+        def one(xs: Any) -> Any:
+            it = iter(xs)
+            return prim.bind(*(next(it) if b else x for x, b in zip(args, batched, strict=True)),
+                             call=call)  # fmt: skip
+
+        return jax.lax.map(one, moved), 0
+
+    prim.def_impl(impl)
+    prim.def_abstract_eval(abstract)
+    mlir.register_lowering(prim, lowering, platform="cpu")
+    batching.primitive_batchers[prim] = batch
+    return prim
+
+
+def host_call(fn: Callable[..., Any], x: Any, out: Any, identity: tuple[Any, ...]) -> Any:
+    """``fn(*x)`` on the host inside a jitted computation: a JAX array like ``out``
+    (a ``jax.ShapeDtypeStruct``).
+
+    ``x`` is a JAX array or a tuple of them; ``fn`` gets a read-only NumPy view
+    of each one's buffer and returns an array of ``out``'s shape (cast to its
+    dtype). ``identity`` names what ``fn`` computes: calls of equal identities
+    and shapes share one registration, which lives while a computation that
+    calls it lives (module docstring); an object in ``identity`` (a plan) is
+    kept with it. Under ``vmap``, one call a batch element.
+    """
+    prim = _primitive()
+    xs = tuple(x) if isinstance(x, tuple | list) else (x,)
+    ins = tuple((tuple(a.shape), np.dtype(a.dtype)) for a in xs)
+    spec = (tuple(out.shape), np.dtype(out.dtype))
+    name = (*identity, tuple((s, d.str) for s, d in ins), spec[0], spec[1].str)
     with _LOCK:
-        key = _KEYS.get(name)
-        if key is None:
-            key = _KEYS[name] = next(_NEXT)
-            _CALLS[key] = (fn, in_shape, in_dtype, out_shape, out_dtype)
-    call = jax.ffi.ffi_call(TARGET, out, vmap_method="sequential")
-    return call(x, jnp.asarray(np.array([key], np.int32)))
+        call = _NAMES.get(name)
+        if call is None:
+            call = Call(next(_NEXT), fn, tuple(identity), ins, spec)
+            _NAMES[name] = _CALLS[call.key] = call
+    return prim.bind(*xs, call=call)
+
+
+def registered() -> int:
+    """How many host calls are registered now (each one held by something that calls it)."""
+    return len(_CALLS)
