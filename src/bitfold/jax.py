@@ -28,6 +28,18 @@ other backends (:class:`bitfold.DeviceError`). A plan a jitted fold uses
 is held by the computations that call it (their compiled executables) and
 freed with the last of them, as any value the function closes over.
 
+Plans of segment ids
+--------------------
+:func:`segment_sum` folds by a plan of its ids on the host route, as
+``fold`` does. Concrete ids (outside ``jit``, or a constant the jitted
+function closes over) are planned when it is called, so a jitted step
+plans its constant ids once, when it is traced. Ids traced inside ``jit``
+(an argument of the jitted step) are read by the host call where they lie
+and folded by a plan kept for them (:mod:`bitfold.host_plans`: the last
+few index arrays met), reused only after a check that the ids are its own,
+entry for entry: never a stale plan, the same bits with or without it.
+:func:`clear_plan_cache` forgets the kept plans.
+
 Out-of-range segment ids
 ------------------------
 :func:`segment_sum` refuses an id outside ``[0, num_segments)`` with
@@ -60,6 +72,7 @@ from .arrays import library_of
 from .backends import portable
 from .errors import DeviceError, FoldError, FoldTypeError, IndexRangeError, ShapeError
 from .formats import FLOATS, VALUE_DTYPES, dtype_name, resolve_out_dtype
+from .host_plans import HostPlans
 from .jax_psum import psum
 from .plan import Fold
 from .strategies import get_strategy
@@ -76,7 +89,7 @@ from .validate import (
 #: The paths a fold of JAX arrays can take (module docstring).
 PATHS = ("host", "portable")
 
-__all__ = ["MODES", "PATHS", "expand", "fold", "psum", "segment_sum"]
+__all__ = ["MODES", "PATHS", "clear_plan_cache", "expand", "fold", "psum", "segment_sum"]
 
 
 def _host_fold(plan: Fold, strategy: str, out_name: str, g: Any) -> np.ndarray:
@@ -256,35 +269,48 @@ def fold(
 
 
 # -- segment_sum: jax.ops.segment_sum's signature, exact ----------------------------------------
+#: The plans of the segment ids met on the host (concrete ids, ids read in an XLA buffer),
+#: reused after an entry-for-entry check (:mod:`bitfold.host_plans`).
+_PLANS = HostPlans()
+
+
+def clear_plan_cache() -> None:
+    """Forget the plans :func:`segment_sum` keeps for segment ids met again (no result changes:
+    a kept plan is used only for ids equal to its own, entry for entry)."""
+    _PLANS.clear()
+
+
 def _host_segment_sum(num_segments: int, out_name: str, data: Any, ids: Any) -> np.ndarray:
-    """One (unbatched) exact segment sum on the host: a plan of these ids, folded once.
+    """One (unbatched) exact segment sum on the host of ``data`` (``(n,) + trailing``) by the
+    flat ``ids``: the fold of a plan of these ids (a kept one when they are its ids).
 
     An id outside ``[0, num_segments)`` (possible only for ids traced inside
     ``jit``) gives the canonical NaN everywhere: raising inside a callback
     would surface as an untyped runtime error.
     """
-    ids = np.asarray(ids)
-    shape = (num_segments, *np.shape(data)[ids.ndim :])
-    flat = ids.reshape(-1)
-    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= num_segments):
+    shape = (num_segments, *np.shape(data)[1:])
+    try:
+        plan = _PLANS.plan(ids, num_segments)
+    except IndexRangeError:
         nan = FLOATS[out_name].canonical_nan
         return np.full(shape, nan, FLOATS[out_name].bits_dtype).view(jnp.dtype(out_name))
-    plan = Fold(ids, num_segments)
-    rows = np.asarray(data).reshape((ids.size, *shape[1:]))  # empty data too
-    return _host_fold(plan, "exact", out_name, rows).reshape(shape)
+    return _host_fold(plan, "exact", out_name, data).reshape(shape)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _segment_sum(data: Any, segment_ids: Any, num_segments: int, path: str) -> Any:
+    """The segment sum of ids traced inside ``jit`` (concrete ids fold through a plan)."""
     out_name = np.dtype(data.dtype).name
     trailing = tuple(data.shape[segment_ids.ndim :])
+    ids = segment_ids.reshape(-1)
+    flat = data.reshape((ids.shape[0], *trailing))
     if path == "portable":
-        ids = segment_ids.reshape(-1)
-        flat = data.reshape((ids.shape[0], *trailing))
         return portable.segment_fold(flat, ids, num_segments, out_name)
     out = jax.ShapeDtypeStruct((num_segments, *trailing), data.dtype)
     fn = functools.partial(_host_segment_sum, num_segments, out_name)
-    return jax.pure_callback(fn, out, data, segment_ids, vmap_method="sequential")
+    if xla_host_call.available():  # data and ids read where they lie
+        return xla_host_call.host_call(fn, (flat, ids), out, ("segment_sum", num_segments))
+    return jax.pure_callback(fn, out, flat, ids, vmap_method="sequential")
 
 
 def _segment_sum_fwd(data: Any, segment_ids: Any, num_segments: int, path: str) -> tuple[Any, Any]:
@@ -361,14 +387,17 @@ def segment_sum(
     if clip:
         ids = jnp.clip(ids, 0, num_segments - 1)
         concrete = None if concrete is None else np.clip(concrete, 0, num_segments - 1)
-    if concrete is not None and concrete.size:
-        _check_ids(concrete, num_segments)
+    plan = None if concrete is None else _concrete_plan(concrete, num_segments)
+    trailing = tuple(data.shape[ids.ndim :])
     if integers:  # exact in any order already: JAX's own scatter
-        trailing = tuple(data.shape[ids.ndim :])
         flat = data.reshape((ids.size, *trailing))
         return jax.ops.segment_sum(flat, ids.reshape(-1), num_segments, indices_are_sorted,
                                    unique_indices, mode=mode)  # fmt: skip
-    return _segment_sum(data, ids, num_segments, _path(data, backend))
+    path = _path(data, backend)
+    if plan is not None and path == "host":  # concrete ids (a constant under jit): their plan
+        flat = data.reshape((plan.size, *trailing))
+        return _fold(flat, plan, "exact", np.dtype(data.dtype).name, path)
+    return _segment_sum(data, ids, num_segments, path)
 
 
 def _segment_ids(segment_ids: Any) -> tuple[Any, np.ndarray | None]:
@@ -415,18 +444,19 @@ def _num_segments(num_segments: Any, concrete: np.ndarray | None) -> int:
     return check_K(num_segments, "num_segments")
 
 
-def _check_ids(concrete: np.ndarray, num_segments: int) -> None:
-    """Refuse a concrete id outside ``[0, num_segments)``, naming it and ``num_segments``."""
-    found: IndexRangeError | None = None
+def _concrete_plan(concrete: np.ndarray, num_segments: int) -> Fold:
+    """The plan of concrete ids (a kept one when they are its ids: :mod:`bitfold.host_plans`),
+    built when ``segment_sum`` is called (under ``jit``: once, when the function is traced); an
+    id outside ``[0, num_segments)`` is refused, naming it and ``num_segments``."""
+    found: IndexRangeError
     try:
-        Fold(concrete, num_segments)
+        return _PLANS.plan(concrete, num_segments)
     except IndexRangeError as err:  # raised below in segment_sum's words: one error
         found = err
-    if found is not None:
-        raise index_range_error(
-            concrete.shape, found.position, found.value, num_segments,
-            f"num_segments = {num_segments}", name="segment_ids",
-        )  # fmt: skip
+    raise index_range_error(
+        concrete.shape, found.position, found.value, num_segments,
+        f"num_segments = {num_segments}", name="segment_ids",
+    )  # fmt: skip
 
 
 def _clips(mode: Any) -> bool:
