@@ -50,6 +50,9 @@ def test_probe_prints_four_answers_and_writes_json(probe_run, capsys):
     assert cost["np.add.at"]["ratio_to_atomic"] == pytest.approx(1.0)
     assert {"bitfold exact", "bitfold ordered", "bitfold atomic"} <= set(cost)
     assert all(row["median_ms"] > 0 for row in cost.values())
+    assert rep["q3_cost"]["rounds"] == 3 and all(len(row["round_ms"]) == 3 for row in cost.values())
+    lo, hi = cost["bitfold exact"]["ratio_spread"]
+    assert lo <= hi and rep["q3_cost"]["load"]["cores"] >= 1
     assert rep["q3_cost"]["forward_matmul_ms"] > 0
     assert any("CPU only" in line for line in rep["readout"])
     q2 = rep["q2_fixed_order"]  # every fold against the exact sum; the earlier keys are kept
@@ -170,6 +173,24 @@ def test_readout_cost_in_plain_words(exact_ms, words):
     cost = readout(_report(exact_ms=exact_ms))[3]
     assert words in cost and f"the exact fold takes {exact_ms:.3f} ms a call" in cost
     assert "%" not in cost and "less a training step" not in cost
+
+
+@pytest.mark.parametrize("load", [0.3, 5.2])
+def test_readout_gives_the_spread_over_rounds_and_says_when_the_machine_was_busy(load):
+    rep = _report(exact_ms=2.0)
+    q3 = rep["q3_cost"]
+    q3["rounds"] = 3
+    q3["per_call"]["bitfold exact"]["ratio_spread"] = [0.35, 0.8]
+    q3["load"] = {"cores": 2, "before": 0.2, "after": load}
+    cost = readout(rep)[3]
+    assert "from 0.35 to 0.80 times over 3 rounds in which the folds took turns" in cost
+    busy = "The machine was busy (load average 5.2 on 2 cores)"
+    assert (busy in cost) == (load > 1.5)
+    text = io.StringIO()
+    rep.update(readout=readout(rep), machine=fingerprint(), backend="numpy (CPU)")
+    rep["config"].update(D=8, hid=16, K=5, reps=5, batch=4, lr=1e-3)
+    print_report(rep, text)
+    assert ("0.50x (0.35-0.80x)" in text.getvalue()) and ((busy in text.getvalue()) == (load > 1.5))
 
 
 @pytest.mark.parametrize("case", [{}, {"noisy": USUAL, "parted": ("atomic",)}, {"skipped": True}])

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import math
 import os
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -33,8 +34,11 @@ from .probe_devices import CpuDevice, CudaDevice
 from .probe_report import BIT_STRATEGIES, print_report, readout
 from .progress import progress_bar
 from .seed_model import SEED_STEPS, SeedAdam, SeedModel, autograd_gradient, folded_gradient, train
-from .timing import peak_bytes, time_call
+from .timing import machine_load, peak_bytes, time_call
 from .torch_env import passive_openmp_before_torch
+
+#: rounds in which question 3's folds take turns (their ratios' spread is reported)
+COST_ROUNDS = 3
 
 HELP = (
     "check on this machine: (1) does the usual scatter-add give different bits run to run, "
@@ -339,23 +343,37 @@ class Probe:
         contenders.update(self.baselines())
         rows: dict[str, Any] = {}
         repeats = max(5, self.cfg.reps)
-        with self._bar(len(contenders) + 1, "3/4 the cost of each fold") as bar:
-            for name, fn in contenders.items():
-                bar.note(name)
-                t = time_call(fn, repeats=repeats, sync=sync)
-                rows[name] = {"median_ms": t.median_s * 1e3, "first_call_ms": t.first_s * 1e3}
-                bar.tick()
+        load_before = machine_load()
+        # the contenders take turns, COST_ROUNDS rounds: drift in the machine's speed hits all,
+        # and the ratios' spread over the rounds says how far to trust them
+        rounds: dict[str, list[float]] = {name: [] for name in contenders}
+        with self._bar(len(contenders) * COST_ROUNDS + 1, "3/4 the cost of each fold") as bar:
+            for r in range(COST_ROUNDS):
+                for name, fn in contenders.items():
+                    bar.note(name)
+                    t = time_call(fn, repeats=repeats, sync=sync)
+                    rounds[name].append(t.median_s * 1e3)
+                    if r == 0:
+                        rows[name] = {"first_call_ms": t.first_s * 1e3}
+                    bar.tick()
             bar.note("a forward matrix product, for scale")
             x, w = self.dev.array(self.matmul_x), self.dev.array(self.matmul_w)
             matmul = time_call(lambda: x @ w, repeats=repeats, sync=sync)
             bar.tick()
-        base = rows[self.atomic_baseline]["median_ms"]
-        for row in rows.values():
+        base_rounds = rounds[self.atomic_baseline]
+        base = statistics.median(base_rounds)
+        for name, row in rows.items():
+            row["median_ms"] = statistics.median(rounds[name])
+            row["round_ms"] = rounds[name]
             row["ratio_to_atomic"] = row["median_ms"] / base if base else float("nan")
+            ratios = [t / b for t, b in zip(rounds[name], base_rounds, strict=True) if b]
+            row["ratio_spread"] = [min(ratios), max(ratios)] if ratios else [float("nan")] * 2
         return {
             "atomic_baseline": self.atomic_baseline,
             "per_call": rows,
+            "rounds": COST_ROUNDS,
             "forward_matmul_ms": matmul.median_s * 1e3,
+            "load": {"cores": os.cpu_count(), "before": load_before, "after": machine_load()},
         }
 
     # -- training --------------------------------------------------------------------

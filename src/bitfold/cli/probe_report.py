@@ -100,15 +100,32 @@ def _cost(rep: dict[str, Any]) -> str:
     exact_ms = q3["per_call"]["bitfold exact"]["median_ms"]
     base_ms = q3["per_call"][base]["median_ms"]
     ratio = q3["per_call"]["bitfold exact"]["ratio_to_atomic"]
+    spread = q3["per_call"]["bitfold exact"].get("ratio_spread")
     extra = exact_ms - base_ms
     step = (f"adds {extra:.3f} ms to each step" if extra >= 0
             else f"makes each step {-extra:.3f} ms shorter")  # fmt: skip
+    varied = ""
+    if spread:
+        varied = (f" (from {spread[0]:.2f} to {spread[1]:.2f} times over {q3['rounds']} rounds "
+                  "in which the folds took turns)")  # fmt: skip
     return (
         f"Cost: the exact fold takes {exact_ms:.3f} ms a call, {ratio:.2f} times the "
-        f"{base_ms:.3f} ms of {base}, the usual scatter-add here. A training step folds its "
-        f"gradient once, so the exact fold {step}; for scale, the layer's forward matrix "
-        f"product takes {q3['forward_matmul_ms']:.3f} ms."
+        f"{base_ms:.3f} ms of {base}, the usual scatter-add here{varied}. A training step "
+        f"folds its gradient once, so the exact fold {step}; for scale, the layer's forward "
+        f"matrix product takes {q3['forward_matmul_ms']:.3f} ms.{_busy(q3)}"
     )
+
+
+def _busy(q3: dict[str, Any]) -> str:
+    """A sentence when other work loaded the machine while the costs were measured."""
+    load = q3.get("load") or {}
+    cores = load.get("cores") or 1
+    seen = [x for x in (load.get("before"), load.get("after")) if x is not None]
+    if not seen or max(seen) <= 0.75 * cores:
+        return ""
+    return (f" The machine was busy (load average {max(seen):.1f} on {cores} cores): "
+            "other work shared the cores, so these times and ratios can move by several "
+            "times between runs; rerun on a quiet machine to compare.")  # fmt: skip
 
 
 def _device(rep: dict[str, Any]) -> str:
@@ -192,10 +209,16 @@ def _print_question3(rep: dict[str, Any], p: Any) -> None:
     q3 = rep["q3_cost"]
     p(f"\n 3. WHAT DOES IT COST?   (median per call; ratio to {q3['atomic_baseline']})\n")
     for name, r in q3["per_call"].items():
+        lo, hi = r.get("ratio_spread", (r["ratio_to_atomic"],) * 2)
         p(
             f" {name:>24s} {_fmt_ms(r['median_ms'])}  {r['ratio_to_atomic']:6.2f}x"
-            f"   (first call {r['first_call_ms']:.1f} ms)"
+            f" ({lo:.2f}-{hi:.2f}x)   (first call {r['first_call_ms']:.1f} ms)"
         )
+    p(f" (ratios: median over {q3.get('rounds', 1)} rounds in which the folds took turns, "
+      "and their spread)")  # fmt: skip
+    busy = _busy(q3)
+    if busy:
+        p(" " + busy.strip())
     p(f" {'one forward matmul':>24s} {_fmt_ms(q3['forward_matmul_ms'])}  (for scale)")
 
 

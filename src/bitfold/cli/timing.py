@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import tracemalloc
@@ -41,6 +42,15 @@ def time_call(
             sync()
         samples.append(time.perf_counter() - t0)
     return Timing(first, statistics.median(samples), repeats)
+
+
+def machine_load() -> float | None:
+    """The one-minute load average (runnable processes; compare with the cores), or None
+    where the system does not report one."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def peak_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
