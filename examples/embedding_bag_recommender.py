@@ -18,7 +18,8 @@ second time with the ids inside every bag shuffled (the same bags), three ways:
 On a CPU, plain PyTorch gives the same bits for the same order run after run;
 on a GPU its atomics reorder the sums by themselves.
 
-Run (``--small`` takes about 10 s on a 2-core CPU)::
+Run (``--small`` took 10 to 20 s on this project's 2-core CPU machine; a first run also
+compiles the kernels)::
 
     python examples/embedding_bag_recommender.py --small
     python examples/embedding_bag_recommender.py --items 1000000 --dim 64 --batch 4096

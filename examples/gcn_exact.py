@@ -18,7 +18,7 @@ edge list shuffled (the same graph), three ways:
 On a CPU, plain PyTorch gives the same bits for the same edge order run
 after run; on a GPU its atomics reorder the sums by themselves.
 
-Run (``--small`` takes about a minute on a 2-core CPU, most of it compiling)::
+Run (``--small`` took 1 to 2 minutes on this project's 2-core CPU machine, most of it compiling)::
 
     python examples/gcn_exact.py --small
     python examples/gcn_exact.py --nodes 20000 --edges 200000 --steps 50

@@ -154,3 +154,6 @@ def test_site_builds_strict(tmp_path):
     performance = (site / "performance" / "index.html").read_text(encoding="utf-8")
     plots = re.findall(r'<img alt="[^"]*" src="\.\./([^"]+\.png)"', performance)
     assert plots and all((site / p).is_file() for p in plots)
+    # code blocks wrap long lines (comments cut off past the page's edge otherwise)
+    assert 'href="../stylesheets/extra.css"' in performance
+    assert "pre-wrap" in (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
