@@ -324,53 +324,79 @@ class DenseSum:
         return self
 
     # -- the wire ---------------------------------------------------------------------------------
-    def bounds(self, block: int = BLOCK) -> np.ndarray:
+    def bounds(self, block: int = BLOCK, *, start: int = 0, stop: int | None = None) -> np.ndarray:
         """``(-lo, hi, -z)`` of every block (int32, MAX-reducible over processes).
 
         The block's values are multiples of ``2^lo`` below ``2^hi`` in magnitude; ``z`` is 1
         when one of its elements took only ``-0.0`` terms (or none), else 0. The adds keep
         them as they go (no pass of its own); only blocks they could not keep (a limb row,
         the edge of a part) are read again here — the same bounds either way.
+
+        ``start``/``stop``: the bounds of elements ``start .. stop-1`` only, as if they were
+        a sum of their own (its blocks start at ``start``; a shard of a reduce-scatter).
         """
         self._materialise()
-        if block == BLOCK and self._bounds_kept:  # kept by the adds: read only what they could not
+        a, b = self._span(start, stop)
+        whole = (a, b) == (0, self.size)
+        if whole and block == BLOCK and self._bounds_kept:  # kept by the adds: read the rest
             out = self._bounds
         else:
-            out = np.empty(((self.size + block - 1) // block, 3), np.int32)
+            out = np.empty(((b - a + block - 1) // block, 3), np.int32)
         start_thread_pool()
-        kernels.block_bounds(self._fast, self._slow_of, self._slow, block, self.format.unit_exp,
-                             out, out is self._bounds)  # fmt: skip
+        kernels.block_bounds(self._fast[a:b], self._slow_of[a:b], self._slow, block,
+                             self.format.unit_exp, out, out is self._bounds)  # fmt: skip
         return out.copy() if out is self._bounds else out
 
-    def encode(self, layout: WireLayout, *, reuse: bool = False) -> np.ndarray:
+    def _span(self, start: int, stop: int | None) -> tuple[int, int]:
+        """``(start, stop)`` checked against this sum's elements (``stop`` None: the end)."""
+        stop = self.size if stop is None else stop
+        if not 0 <= start <= stop <= self.size:
+            raise FoldError(f"elements {start} .. {stop} are not within this sum's {self.size}")
+        return int(start), int(stop)
+
+    def encode(
+        self,
+        layout: WireLayout,
+        *,
+        reuse: bool = False,
+        start: int = 0,
+        into: np.ndarray | None = None,
+    ) -> np.ndarray:
         """This process's int64 words in ``layout`` (SUM-reducible over processes).
 
         With ``reuse`` the words go into a buffer this sum keeps from call to
         call (no new pages to fault in every step), overwritten by the next
-        ``encode(..., reuse=True)``.
+        ``encode(..., reuse=True)``; with ``into`` (int64, at least ``layout.words``) into
+        its front. ``start``: the words of elements ``start .. start + layout.size - 1``,
+        in a layout made from their own :meth:`bounds` (``start=``, ``stop=``).
         """
         self._materialise()
-        if not reuse:
+        a, b = self._span(start, start + layout.size)
+        if into is not None:
+            words = into[: layout.words]
+        elif not reuse:
             words = np.empty(layout.words, np.int64)
         else:
             if self._words is None or self._words.shape != (layout.words,):
                 self._words = np.empty(layout.words, np.int64)
             words = self._words
-        if self.size >= (1 << 16):
+        if b - a >= (1 << 16):
             start_thread_pool()
-        kernels.encode(self._fast, self._slow_of, self._slow, self.adds, self.format.unit_exp,
-                       layout.block, layout.classes, layout.lo, layout.offsets, layout.split,
-                       words)  # fmt: skip
+        kernels.encode(self._fast[a:b], self._slow_of[a:b], self._slow, self.adds,
+                       self.format.unit_exp, layout.block, layout.classes, layout.lo,
+                       layout.offsets, layout.split, words)  # fmt: skip
         return words
 
-    def negzero(self) -> np.ndarray:
+    def negzero(self, *, start: int = 0, stop: int | None = None) -> np.ndarray:
         """int32 flags: 1 where every term added was ``-0.0`` (or none was), else 0.
 
         MIN-reducible over processes; on the wire only ``layout.sign_elements()`` need them.
+        ``start``/``stop``: the flags of those elements only.
         """
         self._materialise()
-        out = np.empty(self.size, np.int32)
-        kernels.negzero_flags(self._fast, self._slow_of, self._slow, out)
+        a, b = self._span(start, stop)
+        out = np.empty(b - a, np.int32)
+        kernels.negzero_flags(self._fast[a:b], self._slow_of[a:b], self._slow, out)
         return out
 
     def decode(

@@ -42,6 +42,7 @@ rank and step), use :class:`GradientSum`.
 from __future__ import annotations
 
 import hashlib
+import math
 import numbers
 import threading
 from collections.abc import Callable, Iterable
@@ -65,9 +66,16 @@ from .dense import (
 )
 from .errors import DistributedError, FoldError, FoldTypeError
 from .formats import VALUE_DTYPES, dtype_name, resolve_out_dtype
+from .kernels.dense import HALF, NARROW, THIRDS
 from .validate import check_has_data, checked_options, positive_int_or_none
 
-__all__ = ["WORDS", "GradientSum", "exact_all_reduce", "exact_allreduce_hook"]
+__all__ = [
+    "WORDS",
+    "GradientSum",
+    "exact_all_reduce",
+    "exact_allreduce_hook",
+    "exact_reduce_scatter",
+]
 
 #: Where the words of an array's exact all-reduce are made and read: ``"host"`` (NumPy and
 #: Numba, after one copy of the array to the host) or ``"device"`` (PyTorch's operations on
@@ -90,8 +98,15 @@ def _device_of(group: Any) -> torch.device:
 
 def _collective(tensor: torch.Tensor, op: Any, group: Any, timeout: float, what: str) -> None:
     """``all_reduce(tensor, op)`` in place, waiting at most ``timeout`` seconds."""
+    _waited(lambda: dist.all_reduce(tensor, op=op, group=group, async_op=True), group, timeout,
+            what)  # fmt: skip
+
+
+def _waited(start: Callable[[], Any], group: Any, timeout: float, what: str) -> None:
+    """Run the collective ``start`` begins (``async_op=True``), waiting at most ``timeout``
+    seconds; a failure or a wait past it is a :class:`DistributedError` naming ``what``."""
     try:
-        work = dist.all_reduce(tensor, op=op, group=group, async_op=True)
+        work = start()
         if not work.wait(timeout=timedelta(seconds=timeout)):
             raise RuntimeError(f"no result after {timeout:g} s")
     except RuntimeError as err:
@@ -370,13 +385,20 @@ def _host_tensor(result: np.ndarray, out_name: str) -> torch.Tensor:
     return t.to(torch.bfloat16) if out_name == "bfloat16" else t
 
 
+def _host_flat(x: Any) -> np.ndarray:
+    """``x`` (a tensor or a NumPy array of float values) flat on the host, as float32 or
+    float64 (float16 and bfloat16 widened: exact), native byte order, contiguous."""
+    flat = np.ascontiguousarray(to_numpy(x)).reshape(-1)  # bfloat16 comes widened: exact
+    if flat.dtype == np.float16 or not flat.dtype.isnative:
+        flat = flat.astype(np.float32 if flat.dtype.itemsize <= 4 else np.float64)  # exact
+    return flat
+
+
 def _all_reduce_array(x: Any, group: Any, timeout: float, out_dtype: Any, mean_over: int) -> Any:
     """:func:`exact_all_reduce` of one array, through a :class:`DenseSum`, back in its kind."""
     name, out_name = _checked_array(x, out_dtype)
     s = DenseSum(tuple(int(n) for n in x.shape), "float64" if name == "float64" else "float32")
-    flat = np.ascontiguousarray(to_numpy(x)).reshape(-1)  # bfloat16 comes widened: exact
-    if flat.dtype == np.float16 or not flat.dtype.isnative:
-        flat = flat.astype(np.float32 if flat.dtype.itemsize <= 4 else np.float64)  # exact
+    flat = _host_flat(x)
     bounds = array_bounds(flat)
     if bounds is None:  # a NaN or an infinity: this rank's share through a DenseSum
         s.add(x)
@@ -595,3 +617,391 @@ if hasattr(dist, "GradBucket"):  # absent where torch.distributed is not built
     exact_allreduce_hook.__annotations__.update(
         bucket=dist.GradBucket, **{"return": torch.futures.Future[torch.Tensor]}
     )
+
+
+# -- the exact reduce-scatter ---------------------------------------------------------------------
+
+#: Integers a rank tells the others before an exact reduce-scatter (one row of the metadata
+#: all-reduce): input dtype, numel, ndim, six dims, a hash of the shape; output dtype, numel;
+#: op, mean_over, words.
+_META = 15
+#: Dtype codes of the metadata: the value dtypes from 1, others named from 10, then unnamed.
+_NAMED_DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32",
+                 "uint64", "complex32", "complex64", "complex128", "float8_e4m3fn",
+                 "float8_e5m2")  # fmt: skip
+_NOT_ARRAY, _NO_DATA, _OTHER_DTYPE = -1, -2, 99
+_SUM, _AVG, _BAD = 0, 1, -1
+
+
+def _dtype_code(x: Any) -> int:
+    """``x``'s dtype as a metadata code (:data:`_NOT_ARRAY`, :data:`_NO_DATA` for a tensor on a
+    device without data, 1.. for :data:`VALUE_DTYPES`, 10.. for :data:`_NAMED_DTYPES`)."""
+    if isinstance(x, DenseSum):
+        return 1 + VALUE_DTYPES.index(x.format.value_dtypes[-1])
+    if not isinstance(x, torch.Tensor | np.ndarray):
+        return _NOT_ARRAY
+    try:
+        check_has_data(x, "the array")
+    except FoldError:
+        return _NO_DATA
+    name = dtype_name(x)
+    if name in VALUE_DTYPES:
+        return 1 + VALUE_DTYPES.index(name)
+    return 10 + _NAMED_DTYPES.index(name) if name in _NAMED_DTYPES else _OTHER_DTYPE
+
+
+def _dtype_label(code: int) -> str:
+    """The name behind a metadata dtype code."""
+    if 1 <= code <= len(VALUE_DTYPES):
+        return VALUE_DTYPES[code - 1]
+    if 10 <= code < 10 + len(_NAMED_DTYPES):
+        return _NAMED_DTYPES[code - 10]
+    return "a dtype that is not float16, bfloat16, float32 or float64"
+
+
+def _op_code(op: Any) -> int:
+    """``op`` (None: SUM) as :data:`_SUM`, :data:`_AVG` or :data:`_BAD`."""
+    if op is None:
+        return _SUM
+    try:
+        return _SUM if op == dist.ReduceOp.SUM else _AVG if op == dist.ReduceOp.AVG else _BAD
+    except (TypeError, RuntimeError):  # an object ReduceOp cannot compare with
+        return _BAD
+
+
+def _meta_row(output: Any, x: Any, op: Any, mean_over: Any, words: Any) -> np.ndarray:
+    """This rank's row of the reduce-scatter's metadata (:data:`_META` int64)."""
+    row = np.zeros(_META, np.int64)
+    row[0] = code = _dtype_code(x)
+    if code not in (_NOT_ARRAY,):
+        shape = tuple(int(n) for n in x.shape)
+        row[1], row[2] = math.prod(shape), len(shape)
+        row[3:9] = (list(shape[:6]) + [-1] * 6)[:6]
+        row[9] = int.from_bytes(hashlib.sha256(repr(shape).encode()).digest()[:6], "little")
+    row[10] = _dtype_code(output)
+    if row[10] != _NOT_ARRAY:
+        row[11] = math.prod(int(n) for n in output.shape)
+    row[12] = _op_code(op)
+    try:
+        count = positive_int_or_none(mean_over, "mean_over", "")
+        row[13] = 0 if count is None else count if count < (1 << 31) else _BAD
+    except FoldError:
+        row[13] = _BAD
+    try:
+        row[14] = WORDS.index(_check_words(words, [x] if row[0] > 0 else []))
+    except FoldError:
+        row[14] = _BAD
+    return row
+
+
+def _shape_label(row: np.ndarray) -> str:
+    """A metadata row's input dtype and shape, as a message names them."""
+    ndim = int(row[2])
+    if ndim > 6:
+        return f"{_dtype_label(int(row[0]))} of {ndim} dimensions, {int(row[1])} elements"
+    return f"{_dtype_label(int(row[0]))} {tuple(int(n) for n in row[3 : 3 + ndim])}"
+
+
+def _meta_problems(table: np.ndarray) -> list[str]:
+    """What the ranks' metadata rows (``table``, one a rank) refuse, the same on every rank:
+    each problem names the ranks with it; empty when the reduce-scatter can go ahead."""
+    ranks = table.shape[0]
+    floats = len(VALUE_DTYPES)
+    problems = []
+    for r, row in enumerate(table.tolist()):
+        for at, what in ((0, "input"), (10, "output")):
+            if row[at] == _NOT_ARRAY:
+                problems.append(f"rank {r}'s {what} is not a torch.Tensor or a NumPy array")
+            elif row[at] == _NO_DATA:
+                problems.append(f"rank {r}'s {what} is on a device that holds no data (meta)")
+            elif not 1 <= row[at] <= floats:
+                problems.append(f"rank {r}'s {what} has dtype {_dtype_label(row[at])}: "
+                                "exact_reduce_scatter sums and writes float16, bfloat16, "
+                                "float32 or float64 values")  # fmt: skip
+        if row[12] == _BAD:
+            problems.append(
+                f"rank {r} passes an op other than ReduceOp.SUM or ReduceOp.AVG "
+                "(an exact reduce-scatter sums, or averages with one rounding)"
+            )
+        if row[13] == _BAD:
+            problems.append(f"rank {r} passes a mean_over that is not None or a positive "
+                            "integer below 2**31")  # fmt: skip
+        elif row[12] == _AVG and row[13] > 0:
+            problems.append(f"rank {r} passes op=ReduceOp.AVG and mean_over: AVG divides by "
+                            "the world size; give one divisor")  # fmt: skip
+        if row[14] == _BAD:
+            problems.append(
+                f"rank {r} passes words that are not {WORDS} or None for its "
+                "input (words='device' takes a torch.Tensor)"
+            )
+    if problems:
+        return problems
+    if len({(row[0], row[1], row[2], *row[3:10]) for row in table.tolist()}) > 1:
+        listed = ", ".join(f"rank {r}: {_shape_label(row)}" for r, row in enumerate(table))
+        problems.append(f"the ranks pass inputs of different shapes or dtypes ({listed}); "
+                        "every rank passes one of the same shape and dtype")  # fmt: skip
+    if len({row[10] for row in table.tolist()}) > 1:
+        listed = ", ".join(f"rank {r}: {_dtype_label(int(row[10]))}"
+                           for r, row in enumerate(table))  # fmt: skip
+        problems.append(f"the ranks pass outputs of different dtypes ({listed})")
+    if len({(row[12], row[13]) for row in table.tolist()}) > 1:
+        listed = ", ".join(
+            f"rank {r}: op {'AVG' if row[12] == _AVG else 'SUM'}, mean_over {row[13] or None}"
+            for r, row in enumerate(table.tolist())
+        )
+        problems.append(f"the ranks pass different op or mean_over ({listed})")
+    if problems:
+        return problems
+    numel = int(table[0, 1])
+    if numel % ranks:
+        problems.append(f"input.numel() = {numel} does not split into {ranks} equal shards "
+                        f"(the world size)")  # fmt: skip
+    for r, row in enumerate(table.tolist()):
+        if not numel % ranks and row[11] != numel // ranks:
+            problems.append(f"rank {r}'s output holds {row[11]} elements; input.numel() / "
+                            f"world_size = {numel} / {ranks} = {numel // ranks}")  # fmt: skip
+    return problems
+
+
+class _ArrayShare:
+    """One shard of an array (float32 or float64, flat, on the host) as the words read it: its
+    bounds and words straight from its bits, or through a :class:`DenseSum` when it holds a NaN
+    or an infinity, or a block needs wider words (the same words either way)."""
+
+    def __init__(self, flat: np.ndarray, family: str) -> None:
+        self.flat = flat
+        self.family = family
+        self._sum: DenseSum | None = None
+
+    def _summed(self) -> DenseSum:
+        if self._sum is None:
+            self._sum = DenseSum((self.flat.size,), self.family).add(self.flat)
+        return self._sum
+
+    def bounds(self) -> np.ndarray:
+        """:meth:`DenseSum.bounds` of this shard."""
+        bounds = array_bounds(self.flat)
+        return self._summed().bounds() if bounds is None else bounds
+
+    def encode(self, layout: WireLayout, into: np.ndarray) -> None:
+        """This shard's words in ``layout``, written into the front of ``into``."""
+        if self._sum is None and array_words(self.flat, layout, into) is not None:
+            return
+        self._summed().encode(layout, into=into)
+
+    def negzero(self) -> np.ndarray:
+        """:meth:`DenseSum.negzero` of this shard: 1 where an element is ``-0.0``."""
+        return _negative_zeros(self.flat)
+
+
+class _SumShare:
+    """Elements ``start .. stop-1`` of a :class:`DenseSum` as the words read them: their
+    bounds, words and zero flags as those of a sum of their own."""
+
+    def __init__(self, s: DenseSum, start: int, stop: int) -> None:
+        self.s, self.start, self.stop = s, start, stop
+
+    def bounds(self) -> np.ndarray:
+        """:meth:`DenseSum.bounds` of these elements."""
+        return self.s.bounds(start=self.start, stop=self.stop)
+
+    def encode(self, layout: WireLayout, into: np.ndarray) -> None:
+        """These elements' words in ``layout``, written into the front of ``into``."""
+        self.s.encode(layout, start=self.start, into=into)
+
+    def negzero(self) -> np.ndarray:
+        """:meth:`DenseSum.negzero` of these elements."""
+        return self.s.negzero(start=self.start, stop=self.stop)
+
+
+def _shard_layouts(bounds: np.ndarray, size: int, ranks: int, limbs: int) -> list[WireLayout]:
+    """Each shard's layout (``size`` elements each) from the reduced bounds of every shard."""
+    nb = -(-size // BLOCK)
+    return [wire_layout(bounds[r * nb : (r + 1) * nb], size, ranks, limbs) for r in range(ranks)]
+
+
+def _scatter(words: torch.Tensor, group: Any, timeout: float) -> torch.Tensor:
+    """``reduce_scatter_tensor`` (SUM) of ``words`` (``(ranks, L)`` int64): this rank's
+    ``(L,)`` row of the sums, where ``words`` lies."""
+    got = torch.empty(words.shape[1], dtype=torch.int64, device=words.device)
+    _waited(lambda: dist.reduce_scatter_tensor(got, words.reshape(-1), op=dist.ReduceOp.SUM,
+                                               group=group, async_op=True),
+            group, timeout, "the exact reduce-scatter")  # fmt: skip
+    return got
+
+
+def _scatter_words(
+    shares: list[Any],
+    bounds: np.ndarray,
+    size: int,
+    family: str,
+    group: Any,
+    timeout: float,
+    out_name: str,
+    mean_over: int,
+) -> np.ndarray:
+    """The words of every shard (reduced ``bounds`` known) reduce-scattered, and this rank's
+    shard rounded once: a flat NumPy array of ``out_name`` (bfloat16 held in float32).
+
+    Shard ``r``'s words, then one int64 flag an element whose zero sign travels (1: all its
+    terms were ``-0.0``; summed, the world size means every rank's were), padded with zeros
+    to the longest shard's, make row ``r`` of the reduce-scatter's input: one collective.
+    """
+    ranks, me = dist.get_world_size(group), dist.get_rank(group)
+    s = DenseSum((size,), family)  # the decoder of this rank's shard
+    layouts = _shard_layouts(bounds, size, ranks, s.format.limbs)
+    signs = [layout.sign_elements() for layout in layouts]
+    width = max(layout.words + at.size for layout, at in zip(layouts, signs, strict=True))
+    spare = getattr(_SPARE, "scatter", None)
+    if spare is None or spare.size < ranks * width:
+        spare = _SPARE.scatter = np.empty(ranks * width, np.int64)  # this thread's, kept
+    rows = spare[: ranks * width].reshape(ranks, width)
+    for r, (share, layout, at) in enumerate(zip(shares, layouts, signs, strict=True)):
+        share.encode(layout, rows[r])
+        rows[r, layout.words : layout.words + at.size] = share.negzero()[at] if at.size else 0
+        rows[r, layout.words + at.size :] = 0
+    got = _scatter(_on_group_device(torch.from_numpy(rows), group), group, timeout).cpu().numpy()
+    layout, at = layouts[me], signs[me]
+    negzero = np.zeros(0, np.int32)  # every zero sum +0.0, but where the signs travel
+    if at.size:
+        negzero = np.zeros(size, np.int32)
+        negzero[at] = got[layout.words : layout.words + at.size] == ranks
+    return s.decode(got[: layout.words], layout, negzero, out_name, mean_over=mean_over)
+
+
+def _reduce_scatter_host(
+    x: Any, group: Any, timeout: float, out_name: str, mean_over: int
+) -> np.ndarray:
+    """:func:`exact_reduce_scatter` of ``x`` (an array or a :class:`DenseSum`) with its words
+    made and read on the host."""
+    ranks = dist.get_world_size(group)
+    shares: list[Any]
+    if isinstance(x, DenseSum):
+        family, size = x.format.value_dtypes[-1], x.size // ranks
+        shares = [_SumShare(x, r * size, (r + 1) * size) for r in range(ranks)]
+    else:
+        flat = _host_flat(x)
+        family, size = ("float64" if flat.dtype == np.float64 else "float32"), flat.size // ranks
+        shares = [_ArrayShare(flat[r * size : (r + 1) * size], family) for r in range(ranks)]
+    bounds = np.concatenate([share.bounds() for share in shares])
+    bounds = _reduce(bounds, dist.ReduceOp.MAX, group, timeout, "the bounds all-reduce")
+    return _scatter_words(shares, bounds, size, family, group, timeout, out_name, mean_over)
+
+
+def _reduce_scatter_on_device(
+    flat: torch.Tensor, group: Any, timeout: float, out_name: str, mean_over: int
+) -> torch.Tensor:
+    """:func:`exact_reduce_scatter` of ``flat`` (float32 or float64) with its words made and
+    read on its device (:mod:`bitfold.dense_device`; one host read of every shard's layout
+    totals); a layout with a wide, wider or full block goes to the host, as the all-reduce's."""
+    ranks, me = dist.get_world_size(group), dist.get_rank(group)
+    size = flat.numel() // ranks
+    family = "float64" if flat.dtype == torch.float64 else "float32"
+    limbs = DenseSum((1,), family).format.limbs
+    pieces = flat.view(ranks, size)
+    bounds = _on_group_device(torch.cat([dense_device.array_bounds(pieces[r], BLOCK)
+                                         for r in range(ranks)]), group)  # fmt: skip
+    _collective(bounds, dist.ReduceOp.MAX, group, timeout, "the bounds all-reduce")
+    bounds = bounds.to(flat.device)
+    nb = -(-size // BLOCK)
+    layouts = [dense_device.device_layout(bounds[r * nb : (r + 1) * nb], size, ranks, BLOCK,
+                                          ranks <= WIDE_MAX_RANKS, limbs)
+               for r in range(ranks)]  # fmt: skip
+    counts = torch.clamp(size - torch.arange(nb, device=flat.device) * BLOCK, max=BLOCK)
+    fast = torch.tensor([HALF, THIRDS, NARROW], dtype=torch.int64, device=flat.device)
+    facts = torch.stack([torch.stack([layout.offsets[-1],
+                                      torch.isin(layout.classes, fast).all().to(torch.int64),
+                                      (layout.signs.to(torch.int64) * counts).sum()])
+                         for layout in layouts]).tolist()  # one read  # fmt: skip
+    if not all(f[1] for f in facts):  # a wide, wider or full block: the host's words
+        shares = [_ArrayShare(pieces[r].cpu().numpy(), family) for r in range(ranks)]
+        got = _scatter_words(shares, bounds.cpu().numpy(), size, family, group, timeout,
+                             out_name, mean_over)  # fmt: skip
+        return _host_tensor(got, out_name).to(flat.device)
+    width = max(f[0] + f[2] for f in facts)
+    rows = torch.zeros((ranks, width), dtype=torch.int64, device=flat.device)
+    for r, (layout, (words, _, signs)) in enumerate(zip(layouts, facts, strict=True)):
+        rows[r, :words] = dense_device.array_words(pieces[r], layout, words)
+        if signs:
+            rows[r, words : words + signs] = _negative_zeros(pieces[r])[layout.sign_elements()]
+    got = _scatter(_on_group_device(rows, group), group, timeout).to(flat.device)
+    words, _, signs = facts[me]
+    flags = None
+    if signs:
+        flags = torch.zeros(size, dtype=torch.int32, device=flat.device)
+        flags[layouts[me].sign_elements()] = (got[words : words + signs] == ranks).to(torch.int32)
+    return dense_device.decode(got[:words], layouts[me], flags, out_name, mean_over)
+
+
+@checked_options
+def exact_reduce_scatter(
+    output: Any,
+    input: Any,  # the name torch.distributed.reduce_scatter_tensor gives it
+    group: Any = None,
+    *,
+    op: Any = None,
+    timeout: float = 300.0,
+    mean_over: int | None = None,
+    words: str | None = None,
+) -> Any:
+    """Reduce-scatter ``input`` over ``group`` exactly: each rank's shard rounded once.
+
+    What ``dist.reduce_scatter_tensor(output, input)`` computes, exact: every
+    rank passes an ``input`` of the same shape and dtype (float16, bfloat16,
+    float32 or float64; a ``torch.Tensor`` on any device, or a NumPy array),
+    read flat and cut into ``world_size`` equal shards; rank ``r``'s
+    ``output`` (any shape of ``input.numel() / world_size`` elements, a float
+    dtype) is overwritten with shard ``r`` of the element-wise sum over the
+    ranks: each element the correctly rounded exact sum of its terms (divided
+    by ``mean_over`` first, or by the world size for ``op=ReduceOp.AVG``: one
+    rounding in all), with the fold's rules for ``-0.0``, NaN and infinities.
+    The bits do not depend on the number of ranks, their order, the backend or
+    ``words``: shard ``r`` of a run on ``W`` ranks equals the same elements of
+    :func:`exact_all_reduce` on any number of ranks. Returns ``output``.
+
+    The words are the all-reduce's (:mod:`bitfold.dense`): one all-reduce (MAX)
+    of every shard's block bounds, then one ``reduce_scatter_tensor`` (SUM) of
+    int64 words, exact in any order — each shard's words (and the zero-sign
+    flags of the rare blocks that need them) padded to the longest shard's —
+    and each rank decodes and rounds only its shard.
+
+    Refusals come on every rank, before any collective on the values and
+    before ``output`` is written: the ranks first all-reduce a small table of
+    what each passes (dtypes, shapes, output size, ``op``, ``mean_over``), and
+    an input of another dtype, inputs of different shapes or dtypes, an output
+    whose size is not ``input.numel() / world_size``, an ``op`` other than
+    ``ReduceOp.SUM`` or ``ReduceOp.AVG`` (or AVG with ``mean_over``) raise the
+    same :class:`bitfold.errors.DistributedError` naming the problem and the
+    ranks. No initialised process group, or a bad ``timeout``, is refused
+    before any collective. Every collective waits at most ``timeout``
+    seconds. ``words`` (``"host"`` or ``"device"``) says where the words are
+    made and read, as for :func:`exact_all_reduce`.
+    """
+    timeout = _check_timeout(timeout)
+    _check_process_group("exact_reduce_scatter sums arrays")
+    ranks = dist.get_world_size(group)
+    table = np.zeros((ranks, _META), np.int64)
+    table[dist.get_rank(group)] = _meta_row(output, input, op, mean_over, words)
+    table = _reduce(table, dist.ReduceOp.SUM, group, timeout, "the reduce-scatter's check")
+    problems = _meta_problems(table)
+    if problems:
+        raise DistributedError(
+            f"exact_reduce_scatter refused on every rank of the group ({ranks} ranks): "
+            + "; ".join(problems)
+        )
+    if int(table[0, 1]) == 0:
+        return output  # every rank knows: nothing to sum
+    mean = ranks if _op_code(op) == _AVG else _check_mean_over(mean_over)
+    out_name = dtype_name(output)
+    if _check_words(words, [input]) == "device":
+        result = _reduce_scatter_on_device(dense_device.widened(input), group, timeout,
+                                           out_name, mean)  # fmt: skip
+    else:
+        got = _reduce_scatter_host(input, group, timeout, out_name, mean)
+        result = _host_tensor(got, out_name) if isinstance(output, torch.Tensor) else got
+    if isinstance(output, torch.Tensor):
+        output.copy_(result.reshape(output.shape))
+    else:
+        result = result.cpu().numpy() if isinstance(result, torch.Tensor) else result
+        output[...] = result.reshape(output.shape)
+    return output
