@@ -32,6 +32,11 @@ or hangs makes the others raise :class:`bitfold.errors.DistributedError`
 within it, never a silent hang or a partial result. Parameter lists that
 differ between ranks are refused before any reduction.
 
+Sharded data parallelism (FSDP's gradient reduce-scatter): :func:`exact_reduce_scatter`
+sends the same words — the bounds of every shard's blocks (MAX), then one
+``reduce_scatter_tensor`` (SUM) of the int64 words — and each rank rounds only
+its shard: the bits of the all-reduce's elements, on any number of ranks.
+
 For ``DistributedDataParallel``: :func:`exact_allreduce_hook` (register it
 with ``model.register_comm_hook(None, exact_allreduce_hook)``) makes each
 bucket's all-reduce exact — world-size invariant when each rank runs one
@@ -958,6 +963,11 @@ def exact_reduce_scatter(
     The bits do not depend on the number of ranks, their order, the backend or
     ``words``: shard ``r`` of a run on ``W`` ranks equals the same elements of
     :func:`exact_all_reduce` on any number of ranks. Returns ``output``.
+
+    ``input`` may also be a :class:`DenseSum` (a rank's micro-batch gradients
+    summed exactly; its ``size`` plays ``numel()``): then the result is the
+    correctly rounded sum over every micro-batch of every rank, however the
+    micro-batches were dealt — the same bits on 1, 2 or 64 ranks.
 
     The words are the all-reduce's (:mod:`bitfold.dense`): one all-reduce (MAX)
     of every shard's block bounds, then one ``reduce_scatter_tensor`` (SUM) of
