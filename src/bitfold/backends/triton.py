@@ -35,7 +35,7 @@ from ..arrays import library_of, to_numpy
 from ..errors import DeviceError, FoldTypeError
 from ..formats import FLOATS, N_NOT_NEGZERO, N_TERMS, LimbFormat, decoding, limb_format_for
 from ..validate import Values, positive_int_or_none
-from . import host_state
+from . import host_state, selftest
 from .device_plan import plan_tensors
 from .registry import Backend, InitRule
 
@@ -308,7 +308,7 @@ def exact_launch(
             tensors=plan_tensors(plan, device),
             lanes_grid=(triton_cdiv(plan.K, block_k), triton_cdiv(D, block_d)),
             lanes=dict(**dec, HAS_INIT=has_init, **limbs, **target, BLOCK_K=block_k,
-                       BLOCK_D=block_d),
+                       BLOCK_D=block_d, WORD=True),
             hot=hot,
             hot_grid=(hot.nchunks if hot is not None else 1, triton_cdiv(D, block_d)),
             hot_args=dict(**dec, **limbs, W=fmt.width, BLOCK_N=block_n, BLOCK_D=block_d),
@@ -574,6 +574,66 @@ def triton_cdiv(a: int, b: int) -> int:
     return max(1, -(-int(a) // int(b)))
 
 
+# -- the known-answer test (bitfold.backends.selftest) -------------------------------------------
+def device_of(values: Any) -> str:
+    """The device of values this backend folds, as torch names it (``"cuda:0"``, ``"cpu"``)."""
+    t, _ = _as_torch(values)
+    device = t.device
+    if device.type != "cpu" and device.index is None:
+        return f"{device.type}:0"
+    return str(device)
+
+
+def place(bits: np.ndarray, dtype: str, values: Any) -> Any:
+    """``bits`` (unsigned patterns of ``dtype``) as a ``dtype`` tensor on ``values``' device."""
+    torch = _torch()
+    t, _ = _as_torch(values)
+    signed = np.ascontiguousarray(bits).view(np.dtype(_BITS[dtype]))
+    return torch.from_numpy(signed).to(t.device).view(getattr(torch, dtype))
+
+
+def about(values: Any) -> dict[str, str]:
+    """The device the kernels run on, its driver and the compiler: for the self-test's verdict."""
+    import importlib.metadata
+
+    torch = _torch()
+    t, _ = _as_torch(values)
+    kind = t.device.type
+    compiler = f"Triton {importlib.metadata.version('triton')}, torch {torch.__version__}"
+    if kind == "cpu":
+        return {"device": "the CPU, in Triton's interpreter (TRITON_INTERPRET=1)",
+                "driver": "none", "compiler": compiler}  # fmt: skip
+    index = t.device.index or 0
+    name = getattr(torch, kind).get_device_name(index)
+    if kind == "cuda" and torch.version.hip:
+        driver = f"ROCm {torch.version.hip}"
+    elif kind == "cuda":
+        driver = f"NVIDIA {selftest.nvidia_driver() or 'unknown'}, CUDA {torch.version.cuda}"
+    else:
+        driver = "unknown"
+    return {"device": name, "driver": driver, "compiler": compiler}
+
+
+def busy(values: Any) -> bool:
+    """True when the test cannot run now: values being traced, or a CUDA graph capture."""
+    torch = _torch()
+    t, _ = _as_torch(values)
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        return True  # a fake or functional tensor: torch.compile or make_fx is tracing
+    return t.device.type == "cuda" and bool(torch.cuda.is_current_stream_capturing())
+
+
+#: How the known-answer test runs here: the problem set's folds with a hot bucket cut in chunks.
+KNOWN_ANSWERS = selftest.KnownAnswers(
+    family="Triton",
+    device=device_of,
+    place=place,
+    about=about,
+    busy=busy,
+    options={"scalars": ({"hot_min": 8, "chunk": 10},), "rows": ({"hot_min": 8, "chunk": 6},)},
+)
+
+
 #: The registry's entry: torch tensors and CuPy arrays on the GPUs Triton targets (CPU tensors
 #: in the interpreter, when named), ahead of the numba-cuda kernels.
 BACKEND = Backend.from_functions(
@@ -587,16 +647,21 @@ BACKEND = Backend.from_functions(
     available=lambda: triton_loads(),  # looked up at each call: tests may replace it
     runs_on=runs_on,
     why_not=why_not,
+    known_answers=KNOWN_ANSWERS,
     priority=200,  # below host, above the numba-cuda kernels: the default for GPU tensors
 )
 
 __all__ = [
     "BACKEND",
     "GPU_DEVICES",
+    "KNOWN_ANSWERS",
     "NAME",
     "ExactLaunch",
     "HotTable",
+    "about",
     "add_to_state",
+    "busy",
+    "device_of",
     "exact_launch",
     "exact_state",
     "expand",
@@ -608,6 +673,7 @@ __all__ = [
     "launching",
     "merge_states",
     "new_state",
+    "place",
     "round_state",
     "runs_on",
     "why_not",

@@ -23,6 +23,12 @@ programs run in:
   walks its bucket's run of the sorted order and rounds in registers: no state,
   no atomics, no second pass. Rows are read whole, a row's columns by
   neighbouring lanes.
+* *One word a value* (the lanes' common case): a lane first reads its terms'
+  exponent bounds; where its certificate holds (``bit_length(terms) + (p_hi -
+  p_lo) + significand bits <= 62``) each value is one shifted integer added to
+  one int64 word, exact, and the word is rounded once, straight to the output
+  dtype (:func:`_round_word`: no double rounding through float32). Lanes the
+  certificate refuses take the limbs; the counters of specials are the same.
 * *Hot buckets* (more positions than a lane walks): :func:`hot_kernel` splits
   them into chunks of the sorted order; a program sums a chunk, all its lanes
   on one bucket, carries its tile and adds it into the bucket's row of an int64
@@ -311,6 +317,56 @@ def _round_float_bits(
     return tl.where(nan, NAN_BITS, bits)
 
 
+@triton.jit
+def _round_word(
+    word, e, n_terms, n_not_negzero, n_nan, n_pinf, n_ninf,
+    PREC: tl.constexpr, TEXP: tl.constexpr, SUBEXP: tl.constexpr, NAN_BITS: tl.constexpr,
+):  # fmt: skip
+    """Round ``word · 2^e`` (a lane's exact sum in one signed int64, ``|word| < 2^62``) once,
+    to nearest-even; the counters' rules as :func:`_round_tile`'s. Integers only."""
+    sign: tl.constexpr = -(1 << (PREC + TEXP - 2)) * 2  # the sign bit, sign-extended
+    e_inf: tl.constexpr = (1 << TEXP) - 1
+    inf_bits: tl.constexpr = e_inf << (PREC - 1)
+    negative = word < 0
+    a = tl.where(negative, -word, word)
+    q = tl.maximum(tl.maximum(_bit_length(a) - PREC, SUBEXP - e), 0)
+    r = _shr(a, q)
+    t = tl.maximum(q - 1, 0)
+    half = (_shr(a, t) & 1) == 1
+    below = (a & (_shl(tl.full(a.shape, 1, tl.int64), t) - 1)) != 0
+    up = (q > 0) & half & (below | ((r & 1) == 1))
+    bits = _encode(r + up.to(tl.int64), e + q, negative, PREC, TEXP, SUBEXP)
+    zero = tl.where((n_terms > 0) & (n_not_negzero == 0), sign, 0).to(tl.int64)
+    bits = tl.where(a == 0, zero, bits)
+    bits = tl.where(n_ninf > 0, inf_bits | sign, bits)
+    bits = tl.where(n_pinf > 0, inf_bits, bits)
+    return tl.where((n_nan > 0) | ((n_pinf > 0) & (n_ninf > 0)), NAN_BITS, bits)
+
+
+@triton.jit
+def _bounds(p_lo, p_hi, raw, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr,
+            SHIFT: tl.constexpr):  # fmt: skip
+    """A lane's exponent bounds with one more value (its bits ``raw``): finite values only."""
+    finite, _negative, _m, p, _nan, _pinf, _ninf, _negzero = _decode(raw, EXP_BITS, FRAC_BITS,
+                                                                     SHIFT)  # fmt: skip
+    return tl.where(finite, tl.minimum(p_lo, p), p_lo), tl.where(finite, tl.maximum(p_hi, p), p_hi)
+
+
+@triton.jit
+def _add_word(word, n_negzero, n_nan, n_pinf, n_ninf, p_lo, raw, EXP_BITS: tl.constexpr,
+              FRAC_BITS: tl.constexpr, SHIFT: tl.constexpr):  # fmt: skip
+    """One value a lane added to its word at the unit ``2^(p_lo + UNIT)``, or counted."""
+    _finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS, SHIFT)
+    term = _shl(m, tl.maximum(p - p_lo, 0))  # m is 0 where the value is not finite
+    return (
+        word + tl.where(negative, -term, term),
+        n_negzero + negzero.to(tl.int64),
+        n_nan + nan.to(tl.int64),
+        n_pinf + pinf.to(tl.int64),
+        n_ninf + ninf.to(tl.int64),
+    )
+
+
 # -- exact: lanes ------------------------------------------------------------------------------
 @triton.jit
 def _lanes(offsets_ptr, K, D, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -336,37 +392,85 @@ def lanes_kernel(
     SHIFT: tl.constexpr, WIDE: tl.constexpr, HAS_INIT: tl.constexpr,
     L: tl.constexpr, L_PAD: tl.constexpr, UNIT: tl.constexpr, PREC: tl.constexpr,
     TEXP: tl.constexpr, SUBEXP: tl.constexpr, NAN_BITS: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, WORD: tl.constexpr,
 ):  # fmt: skip
     """One lane an output element: its bucket's run summed exactly in registers, rounded once.
 
     Lanes of buckets with ``hot_min`` positions or more write nothing (the hot
     kernels fold them). ``init`` (bits in the values' format) is one more term.
+
+    With ``WORD``, a lane first reads its terms' exponent bounds ``p_lo ..
+    p_hi`` (finite values; ``±m·2^(p + UNIT)``, ``m < 2^(FRAC_BITS + 1)``) and
+    its term count ``n``; where ``bit_length(n) + (p_hi - p_lo) + FRAC_BITS + 1
+    <= 62`` (the certificate) every term is an integer multiple of
+    ``2^(p_lo + UNIT)`` below ``2^(62 - bit_length(n))``, so one int64 word
+    holds the exact sum: a shift and an add a value, one rounding
+    (:func:`_round_word`). Lanes the certificate refuses walk their run again
+    into the limb tile; a program whose lanes all hold it never does.
     """
     d, live, kc, lo, count = _lanes(offsets_ptr, K, D, BLOCK_K, BLOCK_D)
     walk = live & (count < hot_min)
     run = tl.where(walk, count, 0)
     limb = tl.arange(0, L_PAD)[:, None]
-    acc = tl.zeros((L_PAD, BLOCK_K * BLOCK_D), tl.int64)
     zeros = tl.zeros((BLOCK_K * BLOCK_D,), tl.int64)
     n_negzero = zeros
     n_nan = zeros
     n_pinf = zeros
     n_ninf = zeros
+    terms = run + HAS_INIT
+    word_bits = zeros
+    if WORD:
+        p_lo = zeros + (1 << 20)
+        p_hi = zeros - 1
+        for t in range(0, tl.max(run, axis=0)):
+            here = walk & (t < run)
+            row = tl.load(order_ptr + tl.where(here, lo + t, 0), mask=here, other=0).to(tl.int64)
+            raw = tl.load(bits_ptr + row * D + d, mask=here, other=0).to(tl.int64) & BITS_MASK
+            p_lo, p_hi = _bounds(p_lo, p_hi, raw, EXP_BITS, FRAC_BITS, SHIFT)
+        if HAS_INIT:
+            raw = tl.load(init_ptr + kc * D + d, mask=walk, other=0).to(tl.int64) & BITS_MASK
+            p_lo, p_hi = _bounds(p_lo, p_hi, raw, EXP_BITS, FRAC_BITS, SHIFT)
+        p_lo = tl.minimum(p_lo, p_hi)  # no finite term: both 0 .. -1 -> -1, the word stays 0
+        p_lo = tl.maximum(p_lo, 0)
+        fits = _bit_length(terms) + (p_hi - p_lo) + (FRAC_BITS + 1) <= 62
+        word_run = tl.where(fits, run, 0)
+        word = zeros
+        for t in range(0, tl.max(word_run, axis=0)):
+            here = walk & (t < word_run)
+            row = tl.load(order_ptr + tl.where(here, lo + t, 0), mask=here, other=0).to(tl.int64)
+            raw = tl.load(bits_ptr + row * D + d, mask=here, other=0).to(tl.int64) & BITS_MASK
+            word, n_negzero, n_nan, n_pinf, n_ninf = _add_word(
+                word, n_negzero, n_nan, n_pinf, n_ninf, p_lo, raw, EXP_BITS, FRAC_BITS, SHIFT)
+        if HAS_INIT:
+            raw = tl.load(init_ptr + kc * D + d, mask=walk & fits, other=0).to(tl.int64)
+            word, n_negzero, n_nan, n_pinf, n_ninf = _add_word(
+                word, n_negzero, n_nan, n_pinf, n_ninf, p_lo, raw & BITS_MASK, EXP_BITS,
+                FRAC_BITS, SHIFT)
+        word_bits = _round_word(word, p_lo + UNIT, terms, terms - n_negzero, n_nan, n_pinf,
+                                n_ninf, PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
+        run = tl.where(fits, 0, run)  # the limbs take the lanes the certificate refused
+        walk_limbs = walk & (~fits)
+        n_negzero = tl.where(fits, 0, n_negzero)
+        n_nan = tl.where(fits, 0, n_nan)
+        n_pinf = tl.where(fits, 0, n_pinf)
+        n_ninf = tl.where(fits, 0, n_ninf)
+    else:
+        fits = zeros != 0
+        walk_limbs = walk
+    acc = tl.zeros((L_PAD, BLOCK_K * BLOCK_D), tl.int64)
     for t in range(0, tl.max(run, axis=0)):
         here = walk & (t < run)
         row = tl.load(order_ptr + tl.where(here, lo + t, 0), mask=here, other=0).to(tl.int64)
         raw = tl.load(bits_ptr + row * D + d, mask=here, other=0).to(tl.int64) & BITS_MASK
         acc, n_negzero, n_nan, n_pinf, n_ninf = _take(
             acc, n_negzero, n_nan, n_pinf, n_ninf, limb, raw, EXP_BITS, FRAC_BITS, SHIFT, WIDE)
-    terms = run
     if HAS_INIT:
-        raw = tl.load(init_ptr + kc * D + d, mask=walk, other=0).to(tl.int64) & BITS_MASK
+        raw = tl.load(init_ptr + kc * D + d, mask=walk_limbs, other=0).to(tl.int64) & BITS_MASK
         acc, n_negzero, n_nan, n_pinf, n_ninf = _take(
             acc, n_negzero, n_nan, n_pinf, n_ninf, limb, raw, EXP_BITS, FRAC_BITS, SHIFT, WIDE)
-        terms = terms + 1
     bits = _round_tile(acc, limb, terms, terms - n_negzero, n_nan, n_pinf, n_ninf,
                        L, UNIT, PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
+    bits = tl.where(fits, word_bits, bits)
     tl.store(out_ptr + kc * D + d, bits.to(out_ptr.dtype.element_ty), mask=walk)
 
 
@@ -671,7 +775,7 @@ def compile_targets() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                      "out_ptr": op}, ("K", "D", "hot_min"),
                     {**decode(dtype), "HAS_INIT": has_init, **limbs,
                      **target(out_name, fmt.unit_exp), "BLOCK_K": 128 if fmt.limbs < 16 else 32,
-                     "BLOCK_D": 1})  # fmt: skip
+                     "BLOCK_D": 1, "WORD": True})  # fmt: skip
                 out.append((f"lanes[{dtype}->{out_name}, init={has_init}]", lanes_kernel, sig,
                             const))  # fmt: skip
                 sig, const = typed(
