@@ -66,7 +66,7 @@ docs: $(VENV)/.installed-test
 
 # On a machine with an NVIDIA GPU, with the python3 already there (no venv, no install, works
 # offline; ARGS=--install to pip-install first): the GPU benchmark and the GPU tests in at most
-# 6 minutes, JSON in OUT (default benchmarks/results/gpu-DATE). ARGS=--smoke: no GPU needed.
+# 7 minutes, JSON in OUT (default benchmarks/results/gpu-DATE). ARGS=--smoke: no GPU needed.
 gpu-check:
 	scripts/gpu_check.sh $(ARGS) $(or $(OUT),benchmarks/results/gpu-$(shell date +%Y-%m-%d))
 

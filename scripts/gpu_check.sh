@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check of bitfold in one command, for a machine with an NVIDIA GPU, in at most 6 minutes:
+# Every GPU check of bitfold in one command, for a machine with an NVIDIA GPU, in at most 7 minutes:
 #
 #   scripts/gpu_check.sh [--install] [--smoke] [OUTDIR]     (or: make gpu-check OUT=OUTDIR)
 #
@@ -9,7 +9,11 @@
 # 1. environment: nvidia-smi, git commit, and which libraries import (torch with CUDA, numba-cuda,
 #    CuPy, JAX with a GPU, triton, torch_geometric; bitfold's registered backends)
 #    -> OUT/imports.json;
-# 2. the GPU benchmark, scripts/gpu_check.py, first (it makes the goals' figures): at the seed
+# 2. the bits first, each in its own process and time limit: the backend table on the Triton
+#    kernels with CUDA tensors -> OUT/triton_tests.*, and the GPU kernel cases on the device
+#    (tests/cuda_cases.py, BITFOLD_CUDA_DEVICE=1) -> OUT/gpu_tests.*;
+# 3. the GPU benchmark, scripts/gpu_check.py (it makes the goals' figures), with the time left
+#    but the reserve of the steps after it: at the seed
 #    configuration, K = 10^6, rows uniform and Zipf, K = 1 at N = 10^8, the Triton path
 #    (backend="triton": wall, host and device time), the one-shot fold (plan built in the call
 #    from a new CUDA index) and the numba kernels (backend="cuda") against torch's atomic
@@ -18,13 +22,11 @@
 #    modes); then cupyx.scatter_add, deterministic index_add_, jax segment_sum, CUDA-graph
 #    replay and diagnostics, as its budget allows; judged in its "assessment"
 #    -> OUT/gpu_bench.json;
-# 3. bitfold probe with its defaults on the GPU and on the CPU: the GPU's exact and ordered folds
+# 4. bitfold probe with its defaults on the GPU and on the CPU: the GPU's exact and ordered folds
 #    bit-identical run to run, the exact digest the CPU's (scripts/gpu_probe.py) -> OUT/probe_*;
-# 4. the exact all-reduce: one-process NCCL group, two processes on the GPU over gloo, the
-#    GradientSum step against DDP's (scripts/gpu_allreduce.py) -> OUT/allreduce.json;
-# 4b. the backend table on the Triton kernels with CUDA tensors -> OUT/triton_tests.*;
-# 5. the GPU kernel cases on the device (tests/cuda_cases.py, BITFOLD_CUDA_DEVICE=1), with the
-#    time left -> OUT/gpu_tests.*
+# 5. the exact all-reduce: one-process NCCL group, two processes on the GPU over gloo, the
+#    GradientSum step against DDP's (scripts/gpu_allreduce.py) -> OUT/allreduce.json, and the
+#    data-parallel model on paper -> OUT/dp_model.json
 #
 # Each step has a time budget and its output in OUT/<step>.log; OUT/summary.json (written on any
 # exit) records each step's exit status and seconds. Exit status: 0 when the benchmark's bit checks,
@@ -34,7 +36,7 @@
 #          the triton backend is registered, Triton's interpreter (TRITON_INTERPRET=1, torch CPU
 #          tensors); checks this script and gpu_check.py; times mean nothing.
 # --install: first pip-install the cuda and test extras (and CuPy) into PYTHON's environment; the
-#            6-minute budget then starts after the install.
+#            7-minute budget then starts after the install.
 set -u -o pipefail
 
 INSTALL=0
@@ -44,7 +46,7 @@ for arg in "$@"; do
     case "$arg" in
         --install) INSTALL=1 ;;
         --smoke) SMOKE=1 ;;
-        -h | --help) sed -n '2,34p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
         -*) echo "unknown option $arg (see --help)" >&2; exit 64 ;;
         *) OUT=$arg ;;
     esac
@@ -55,7 +57,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-TOTAL=${GPU_CHECK_BUDGET:-350}  # seconds for every step after the install (6 minutes with margin)
+TOTAL=${GPU_CHECK_BUDGET:-400}  # seconds for every step after the install (7 minutes with margin)
 START=$(date +%s)
 LOG="$OUT/gpu_check.log"
 : >"$LOG"
@@ -185,10 +187,23 @@ fi
 
 export BITFOLD_CUDA_DEVICE=1 BITFOLD_REQUIRE_CUDA=1
 unset NUMBA_ENABLE_CUDASIM TRITON_INTERPRET
-# the benchmark first: its goals' figures come first within it, and its own budget stops it in
-# time to write its JSON before the step's limit (25 s later), leaving RESERVE seconds for the
-# probe (~20 s on an H200), the all-reduce (~40 s) and the device tests (Triton first)
-RESERVE=${GPU_CHECK_RESERVE:-160}
+# The bits first, each step in its own process with a limit of its own, so that no step can
+# starve another (a sticky CUDA error stays in the process that met it): the backend table on
+# the Triton kernels with CUDA tensors (the oracle's and the host's bits), then the numba
+# kernels' device cases, on 8 workers where pytest-xdist is installed (each compiles the
+# kernels its tests launch: compiling dominates). Then the benchmark with what is left but
+# the reserve of the probe, the all-reduce and the model; its own budget stops it in time to
+# write its JSON before the step's limit (25 s later).
+PARALLEL=()
+"$PY" -c "import xdist" >/dev/null 2>&1 && PARALLEL=(-n 8)
+step triton_tests 75 "$PY" -m pytest \
+    "tests/test_backend_table.py::test_the_backend_agrees_with_the_oracle_and_the_host" \
+    -k triton ${PARALLEL[@]+"${PARALLEL[@]}"} -v -p no:cacheprovider -o addopts= -rs \
+    --durations=10 --junitxml="$OUT/triton_tests.xml"
+step gpu_tests 90 "$PY" -m pytest tests/cuda_cases.py \
+    "tests/test_cuda_compile.py::test_cuda_backend_loads_when_required" ${PARALLEL[@]+"${PARALLEL[@]}"} \
+    -v -p no:cacheprovider -o addopts= -rs --durations=15 --junitxml="$OUT/gpu_tests.xml"
+RESERVE=${GPU_CHECK_RESERVE:-100}  # the probe (~20 s on an H200), the all-reduce (~40 s), the model
 BENCH_BUDGET=$(($(left) - 25 - RESERVE))
 [ "$BENCH_BUDGET" -gt 220 ] && BENCH_BUDGET=220
 # at least 60 s asked of the benchmark; the step's own limit (the time left) still stops it, and
@@ -197,24 +212,12 @@ BENCH_BUDGET=$(($(left) - 25 - RESERVE))
 step gpu_bench $((BENCH_BUDGET + 25)) "$PY" scripts/gpu_check.py --budget "$BENCH_BUDGET" \
     --out "$OUT/gpu_bench.json"
 # bitfold probe with its defaults (on the GPU) against the same probe on the CPU: same exact digest
-step probe 100 "$PY" scripts/gpu_probe.py --gpu-timeout 65 --cpu-timeout 30 "$OUT"
-# the device tests with the time left, on 8 workers where pytest-xdist is installed (each
-# compiles the kernels its tests launch: compiling dominates)
-PARALLEL=()
-"$PY" -c "import xdist" >/dev/null 2>&1 && PARALLEL=(-n 8)
+step probe 60 "$PY" scripts/gpu_probe.py --gpu-timeout 40 --cpu-timeout 15 "$OUT"
 # the exact all-reduce: a one-process NCCL group, two processes on the GPU over gloo (the CPU's
 # bits), the GradientSum step against DDP's
-step allreduce 60 "$PY" scripts/gpu_allreduce.py "$OUT/allreduce.json" --budget 45
+step allreduce 50 "$PY" scripts/gpu_allreduce.py "$OUT/allreduce.json" --budget 40
 # the step on 8 and 64 GPUs predicted from those figures (on paper; judged, not a failure)
-step dp_model 15 "$PY" benchmarks/dp_model.py "$OUT/allreduce.json" --json "$OUT/dp_model.json"
-# the backend table on the Triton kernels with CUDA tensors: the oracle's and the host's bits
-step triton_tests 90 "$PY" -m pytest \
-    "tests/test_backend_table.py::test_the_backend_agrees_with_the_oracle_and_the_host" \
-    -k triton ${PARALLEL[@]+"${PARALLEL[@]}"} -v -p no:cacheprovider -o addopts= -rs \
-    --durations=10 --junitxml="$OUT/triton_tests.xml"
-step gpu_tests 170 "$PY" -m pytest tests/cuda_cases.py \
-    "tests/test_cuda_compile.py::test_cuda_backend_loads_when_required" ${PARALLEL[@]+"${PARALLEL[@]}"} \
-    -v -p no:cacheprovider -o addopts= -rs --durations=15 --junitxml="$OUT/gpu_tests.xml"
+step dp_model 10 "$PY" benchmarks/dp_model.py "$OUT/allreduce.json" --json "$OUT/dp_model.json"
 
 if [ "${RC[gpu_tests]}" = 0 ] && [ "${RC[gpu_bench]}" = 0 ] && [ "${RC[probe]}" = 0 ] \
     && [ "${RC[triton_tests]}" = 0 ] && [ "${RC[allreduce]}" = 0 ]; then
