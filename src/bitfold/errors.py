@@ -51,3 +51,24 @@ class DeviceError(FoldError):
 
 class DistributedError(FoldError):
     """A collective failed: a rank died, hung past the timeout, or disagrees with the others."""
+
+
+class SelfTestError(DeviceError):
+    """A GPU kernel family failed its known-answer test on a device, and nothing may replace it.
+
+    Raised where :class:`SelfTestWarning` would be warned when the test is strict
+    (``BITFOLD_SELFTEST=strict``), and always when the failing backend was forced by
+    name (``backend="triton"``): there is no other backend to move to.
+    """
+
+
+class BitfoldWarning(UserWarning):
+    """Base class of the warnings bitfold gives (filter them by this class)."""
+
+
+class SelfTestWarning(BitfoldWarning):
+    """A GPU kernel family failed its known-answer test on a device; folds there moved on.
+
+    Given once per backend and device in a process; the message names the device,
+    its driver, the compiler and the failing case (:mod:`bitfold.backends.selftest`).
+    """

@@ -49,6 +49,10 @@ entry states, as data:
   lists (``available()`` or ``runs_on(device)`` False), and what would let
   it, for the refusal of a backend forced by name (the Triton kernels on
   ``"cpu"``: only under ``TRITON_INTERPRET=1``, for tests);
+* optionally ``known_answers``: a GPU kernel family's known-answer test
+  (:class:`bitfold.backends.selftest.KnownAnswers`), run on each device before
+  the family first folds there; a family that fails it on a device does not
+  serve that device for the rest of the process (the next one is asked);
 * ``priority``: the order backends are asked in, highest first; backends of
   equal priority are asked in the order they were registered. The built-in
   entries leave room between them — ``host`` 300, ``triton`` 200, ``cuda``
@@ -69,10 +73,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DeviceError, FoldError, UnknownOptionError
 from ..validate import checked_options
+
+if TYPE_CHECKING:
+    from .selftest import KnownAnswers
 
 #: The strategies every backend implements (the strategy registry holds the same names).
 FOLDS: tuple[str, ...] = ("exact", "ordered", "atomic")
@@ -123,6 +130,7 @@ class Backend:
     available: Callable[[], bool] | None = None
     runs_on: Callable[[str], bool] | None = None
     why_not: Callable[[str], str] | None = None
+    known_answers: KnownAnswers | None = None
     priority: int = 0
 
     @classmethod
@@ -230,7 +238,11 @@ def backends() -> tuple[Backend, ...]:
 
 
 def backend_for(
-    family: str, device: str, what: str = "values", name: str | None = None
+    family: str,
+    device: str,
+    what: str = "values",
+    name: str | None = None,
+    admits: Callable[[Backend, bool], bool] | None = None,
 ) -> Backend:
     """The backend of highest priority serving arrays of ``family`` on ``device``, or a refusal.
 
@@ -239,6 +251,11 @@ def backend_for(
     its ``available()`` is asked: no import, no work), one that lists them but cannot
     run here (``available()`` or ``runs_on(device)`` False) says so, and why when
     its entry has a ``why_not``.
+
+    ``admits(backend, forced)``, when given, is asked of a backend that serves them
+    before it is chosen (the dispatch's known-answer gate,
+    :func:`bitfold.backends.selftest.admits`): a backend it says False of is passed
+    over for the next one; for a forced backend it raises rather than say False.
     """
     if name is not None:
         chosen = get_backend(name)
@@ -252,10 +269,20 @@ def backend_for(
         if not chosen.can_run(device):
             why = chosen.why_not(device) if chosen.why_not is not None else ""
             raise DeviceError(f"{refused}: it cannot run here" + (f"; {why}" if why else ""))
+        if admits is not None:
+            admits(chosen, True)
         return chosen
+    failed = []
     for backend in backends():
         if backend.serves(family, device):
-            return backend
+            if admits is None or admits(backend, False):
+                return backend
+            failed.append(backend.name)
+    if failed:
+        raise DeviceError(
+            f"{what} are {family} arrays on device {device!r}, whose backends here "
+            f"({', '.join(failed)}) all failed their known-answer test"
+        )
     served = "; ".join(
         f"{b.name}: {', '.join(b.families)} arrays on {', '.join(b.devices)}"
         for b in backends()
