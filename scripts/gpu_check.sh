@@ -10,7 +10,9 @@
 #    CuPy, JAX with a GPU, triton, torch_geometric; bitfold's registered backends)
 #    -> OUT/imports.json;
 # 2. the bits first, each in its own process and time limit: the backend table on the Triton
-#    kernels with CUDA tensors -> OUT/triton_tests.*, and the GPU kernel cases on the device
+#    kernels with CUDA tensors -> OUT/triton_tests.*; every dtype and init, a torch and a CuPy
+#    stream, hot buckets in a CUDA graph, cuda:1, the self-test's verdict and the one-word
+#    share (scripts/gpu_bits.py) -> OUT/gpu_bits.json; the GPU kernel cases on the device
 #    (tests/cuda_cases.py, BITFOLD_CUDA_DEVICE=1) -> OUT/gpu_tests.*;
 # 3. the GPU benchmark, scripts/gpu_check.py (it makes the goals' figures), with the time left
 #    but the reserve of the steps after it: at the seed
@@ -46,7 +48,7 @@ for arg in "$@"; do
     case "$arg" in
         --install) INSTALL=1 ;;
         --smoke) SMOKE=1 ;;
-        -h | --help) sed -n '2,39p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,41p' "$0"; exit 0 ;;
         -*) echo "unknown option $arg (see --help)" >&2; exit 64 ;;
         *) OUT=$arg ;;
     esac
@@ -178,8 +180,9 @@ if [ $SMOKE = 1 ]; then
     step gpu_bench 300 "$PY" scripts/gpu_check.py --smoke --budget 240 --out "$OUT/gpu_bench.json"
     step probe 60 "$PY" scripts/gpu_probe.py --smoke "$OUT"
     step allreduce 60 "$PY" scripts/gpu_allreduce.py "$OUT/allreduce.json" --smoke --budget 45
+    step gpu_bits 120 "$PY" scripts/gpu_bits.py "$OUT/gpu_bits.json" --smoke
     [ "${RC[gpu_bench]}" = 0 ] && [ "${RC[imports]}" = 0 ] && [ "${RC[probe]}" = 0 ] &&
-        [ "${RC[allreduce]}" = 0 ] &&
+        [ "${RC[allreduce]}" = 0 ] && [ "${RC[gpu_bits]}" = 0 ] &&
         { log "smoke passed"; exit 0; }
     log "smoke FAILED"
     exit 1
@@ -196,11 +199,14 @@ unset NUMBA_ENABLE_CUDASIM TRITON_INTERPRET
 # write its JSON before the step's limit (25 s later).
 PARALLEL=()
 "$PY" -c "import xdist" >/dev/null 2>&1 && PARALLEL=(-n 8)
-step triton_tests 75 "$PY" -m pytest \
+step triton_tests 70 "$PY" -m pytest \
     "tests/test_backend_table.py::test_the_backend_agrees_with_the_oracle_and_the_host" \
     -k triton ${PARALLEL[@]+"${PARALLEL[@]}"} -v -p no:cacheprovider -o addopts= -rs \
     --durations=10 --junitxml="$OUT/triton_tests.xml"
-step gpu_tests 90 "$PY" -m pytest tests/cuda_cases.py \
+# every dtype with and without init, a torch stream, a CuPy stream, hot buckets in a CUDA graph,
+# cuda:1 where there are two devices, the self-test's verdict, the one-word share
+step gpu_bits 45 "$PY" scripts/gpu_bits.py "$OUT/gpu_bits.json"
+step gpu_tests 80 "$PY" -m pytest tests/cuda_cases.py \
     "tests/test_cuda_compile.py::test_cuda_backend_loads_when_required" ${PARALLEL[@]+"${PARALLEL[@]}"} \
     -v -p no:cacheprovider -o addopts= -rs --durations=15 --junitxml="$OUT/gpu_tests.xml"
 RESERVE=${GPU_CHECK_RESERVE:-100}  # the probe (~20 s on an H200), the all-reduce (~40 s), the model
@@ -220,9 +226,9 @@ step allreduce 50 "$PY" scripts/gpu_allreduce.py "$OUT/allreduce.json" --budget 
 step dp_model 10 "$PY" benchmarks/dp_model.py "$OUT/allreduce.json" --json "$OUT/dp_model.json"
 
 if [ "${RC[gpu_tests]}" = 0 ] && [ "${RC[gpu_bench]}" = 0 ] && [ "${RC[probe]}" = 0 ] \
-    && [ "${RC[triton_tests]}" = 0 ] && [ "${RC[allreduce]}" = 0 ]; then
+    && [ "${RC[triton_tests]}" = 0 ] && [ "${RC[allreduce]}" = 0 ] && [ "${RC[gpu_bits]}" = 0 ]; then
     log "GPU checks passed"
     exit 0
 fi
-log "GPU checks FAILED (gpu_bench exit ${RC[gpu_bench]}, allreduce exit ${RC[allreduce]}, triton_tests exit ${RC[triton_tests]}, gpu_tests exit ${RC[gpu_tests]}, probe exit ${RC[probe]})"
+log "GPU checks FAILED (gpu_bench exit ${RC[gpu_bench]}, allreduce exit ${RC[allreduce]}, triton_tests exit ${RC[triton_tests]}, gpu_bits exit ${RC[gpu_bits]}, gpu_tests exit ${RC[gpu_tests]}, probe exit ${RC[probe]})"
 exit 1

@@ -200,3 +200,26 @@ def test_the_smoke_run_without_the_triton_backend_skips_its_steps(tmp_path):
     assert "failed" not in {s["status"] for s in steps.values()}, steps
     assert report["configs"]["seed"]["bits"]["numba_equals_cpu"] is True
     assert report["assessment"]["G5_bits"]["met"].startswith("not measured")
+
+
+def test_the_bits_step_runs_every_dtype_and_init_and_says_what_it_skipped(tmp_path):
+    """scripts/gpu_bits.py --smoke: every dtype with and without init in Triton's interpreter,
+    the host's bits; the device-only cases skipped with their reason."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    out = tmp_path / "gpu_bits.json"
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1] / "src")}
+    proc = subprocess.run([sys.executable, str(SCRIPT.parent / "gpu_bits.py"), str(out),
+                           "--smoke"], capture_output=True, text=True, timeout=300,
+                          env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    cases = report["cases"]
+    for dtype in ("float32", "float16", "bfloat16", "float64"):
+        for init in (False, True):
+            assert cases[f"{dtype}, init={init}"]["ok"] is True
+    for name in ("torch stream", "cupy stream", "hot buckets in a CUDA graph", "cuda:1"):
+        assert "--smoke" in cases[name]["skipped"]
+    assert report["all_bits_equal"] is True
+    assert set(report["one_word_share"]) == {"float32", "float16", "bfloat16", "float64"}
+    assert all(0 <= share <= 1 for share in report["one_word_share"].values())
