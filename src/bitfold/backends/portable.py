@@ -7,8 +7,8 @@ views of float bits, shifts and masks, an integer scatter-add, gathers,
 ``where`` and reductions. There is no switch on the library: the same lines
 run everywhere, so the CPU tests prove the code that runs on a device.
 
-Method (DESIGN.md §11)
-----------------------
+Method
+------
 Integer addition is associative and commutative, so an integer scatter-add
 gives the same bits in any order, atomics included.
 

@@ -1,6 +1,8 @@
-"""The seed's folded model and its one training loop (``bitfold probe``, ``bitfold train``).
+"""The hashed layer experiment's model and its one training loop (``bitfold probe``, ``train``).
 
-The model of the seed experiment (``shared/seed/fold_reproducibility.py``):
+The model of the hashed layer experiment that bitfold grew from (described on the
+documentation's Concepts page, "The seed experiment"; the user's script is not part of
+the repository):
 K shared parameters ``v``, a static map ``idx`` (D x hid, uniform in
 [0, K)), the weight ``W = v[idx]``, one fixed random batch ``X`` (batch x D),
 ``h = relu(X @ W)`` and the loss ``sum((h - 1)^2) / (2 batch)``, trained
