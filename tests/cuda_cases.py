@@ -625,9 +625,47 @@ def test_segment_lengths_balance_the_work_and_bound_the_state():
     assert table.segment_bucket.tolist() == [0] * 2 + [1] * 16
 
 
+# -- the known-answer test (bitfold.backends.selftest) --------------------------------------------
+def test_the_numba_cuda_kernels_pass_their_known_answers_here():
+    """The problem set the kernels meet before they first fold on a device: every value dtype
+    numba arrays hold, into its default output and float16 (each path: shared, buckets, hot
+    segments); a folded numba array brings the test to its device and keeps the verdict."""
+    from bitfold.backends import selftest
+
+    like = cuda.to_device(np.zeros(1, np.float32))
+    pairs = [("float32", "float32"), ("float16", "float16"), ("float64", "float64"),
+             ("float64", "float16")]  # fmt: skip
+    with selftest.fresh():
+        verdict = selftest.check(gpu.BACKEND, like, pairs, bitfold.Fold)
+        assert verdict.passed, verdict.failure
+        assert verdict.device == "cuda:0" and verdict.about["compiler"].startswith("numba-cuda")
+        plan = bitfold.Fold(np.array([0, 1, 1]), 2)
+        assert cuda_fold(plan, cuda.to_device(np.ones(3, np.float32))).copy_to_host()[1] == 2.0
+        (kept,) = selftest.verdicts()
+        assert (kept.backend, kept.device) == ("cuda", "cuda:0")
+        assert kept.passed and kept.checked == ["float32 -> float32"]
+
+
+@device_only
+def test_the_known_answers_of_torch_tensors_on_the_gpu_pass_bfloat16_too():
+    import torch
+
+    from bitfold.backends import selftest
+
+    like = torch.zeros(1, device="cuda")
+    pairs = [("bfloat16", "bfloat16"), ("bfloat16", "float32")]
+    from bitfold.backends.registry import get_backend
+
+    for backend in (gpu.BACKEND, get_backend("triton")):
+        verdict = selftest.check(backend, like, pairs, bitfold.Fold)
+        assert verdict.passed, verdict.failure
+
+
 # -- streams: scratch shared by every stream, ordered, never allocated twice -------------------
 def _allocations(monkeypatch):
-    """Record the shape of every device allocation the backend makes through numba."""
+    """Record the shape of every device allocation the backend makes through numba (the
+    folds' own: the known-answer test, which allocates its cases, is off)."""
+    monkeypatch.setenv("BITFOLD_SELFTEST", "off")
     seen = []
     real_array, real_to_device = cuda.device_array, cuda.to_device
 
@@ -699,6 +737,7 @@ def test_uploads_and_the_state_copy_run_on_the_values_stream(monkeypatch):
     s = cuda.stream()
     streams = []
     real_to_device = cuda.to_device
+    monkeypatch.setenv("BITFOLD_SELFTEST", "off")  # the uploads counted are the fold's own
 
     def to_device(ary, stream=0, **kw):
         streams.append(stream)

@@ -16,10 +16,13 @@ from typing import Any
 from ._version import __version__
 from .backends.registry import backend_names
 from .errors import (
+    BitfoldWarning,
     DeviceError,
     FoldError,
     FoldTypeError,
     IndexRangeError,
+    SelfTestError,
+    SelfTestWarning,
     ShapeError,
     UnknownOptionError,
     UnknownStrategyError,
@@ -51,12 +54,15 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CANONICAL_NAN_BITS",
+    "BitfoldWarning",
     "DeviceError",
     "ExactAccumulator",
     "Fold",
     "FoldError",
     "FoldTypeError",
     "IndexRangeError",
+    "SelfTestError",
+    "SelfTestWarning",
     "ShapeError",
     "UnknownOptionError",
     "UnknownStrategyError",

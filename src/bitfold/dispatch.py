@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .arrays import family_of
-from .backends import registry
+from .backends import registry, selftest
 from .backends.registry import Backend, check_options
 from .errors import DeviceError, FoldError, FoldTypeError, UnknownOptionError
-from .formats import LimbFormat, resolve_out_dtype
+from .formats import VALUE_DTYPES, LimbFormat, default_out_dtype, dtype_name, resolve_out_dtype
 from .strategies import get_strategy
 from .validate import Values, check_expand_input, check_has_data, check_init, check_values
 
@@ -33,7 +33,14 @@ if TYPE_CHECKING:
     from .plan import Fold
 
 
-def backend_for(values: Any, what: str = "values", backend: str | None = None) -> Backend:
+def backend_for(
+    values: Any,
+    what: str = "values",
+    backend: str | None = None,
+    *,
+    plan: Fold | None = None,
+    out_name: str | None = None,
+) -> Backend:
     """The registered backend that serves ``values``, by their array family and device.
 
     Backends are asked by priority (:mod:`bitfold.backends`): host values take
@@ -43,14 +50,40 @@ def backend_for(values: Any, what: str = "values", backend: str | None = None) -
     either) the portable path. ``backend`` (a name of
     :func:`bitfold.backend_names`) forces one, refused unless it serves them.
     Values on a device without data (torch's ``meta``) are refused by name.
+
+    With ``plan`` (the values are to be folded by it, into ``out_name``; default
+    the values' default output dtype), a GPU kernel family must also pass its
+    known-answer test on the values' device (:mod:`bitfold.backends.selftest`,
+    run once per process, device and dtype pair): one that fails is passed over
+    for the next backend (a :class:`bitfold.errors.SelfTestWarning`, once), or
+    raises :class:`bitfold.errors.SelfTestError` when forced by name or with
+    ``BITFOLD_SELFTEST=strict``.
     """
     check_has_data(values, what)
     family = family_of(values)
-    return registry.backend_for(family.name, family.device(values), what, backend)
+    admits = None
+    if plan is not None:
+        dtype = dtype_name(values)
+        out = out_name or (default_out_dtype(dtype) if dtype in VALUE_DTYPES else dtype)
+        plan_type = type(plan)  # the cases' plans are made by the caller's plan class
+
+        def admits(chosen: Backend, forced: bool) -> bool:
+            return selftest.admits(chosen, values, dtype, out, plan_type, forced)
+
+    return registry.backend_for(family.name, family.device(values), what, backend, admits)
 
 
 def _as_array(values: Any) -> Any:
     return values if hasattr(values, "dtype") else np.asarray(values)
+
+
+def _wanted_out(dtype: str, asked: Any) -> str:
+    """The output dtype a fold of ``dtype`` values asks for (``out_dtype``, or ``init``'s
+    dtype); the default where that is no output dtype (refused later, by name)."""
+    try:
+        return resolve_out_dtype(dtype, None if asked is None else dtype_name(asked))
+    except FoldError:
+        return resolve_out_dtype(dtype)
 
 
 def validate(
@@ -120,7 +153,8 @@ def fold(
     strat = get_strategy(strategy)
     values = _as_array(values)
     spec = validate(plan, values)
-    chosen = backend_for(values, backend=backend)
+    wanted = _wanted_out(spec.dtype, init if out_dtype is None else out_dtype)
+    chosen = backend_for(values, backend=backend, plan=plan, out_name=wanted)
     check_options(chosen, strat.name, options, FOLD_KEYWORDS, "plan(values)")
     if init is not None:
         init = _as_array(init)
@@ -167,7 +201,7 @@ def addition(
         raise FoldTypeError(
             f"this accumulator sums {', '.join(fmt.value_dtypes)} values; got {spec.dtype}"
         )
-    chosen = backend_for(values, backend=backend)
+    chosen = backend_for(values, backend=backend, plan=plan, out_name=fmt.default_out)
     check_accumulator_options(options)
     mine = {k: v for k, v in options.items() if k in chosen.options.get("add_to_state", ())}
     return Addition(values, spec, chosen, mine)
@@ -217,7 +251,7 @@ def route(
     strat = get_strategy(strategy)
     values = _as_array(values)
     spec = validate(plan, values)
-    chosen = backend_for(values, backend=backend)
+    chosen = backend_for(values, backend=backend, plan=plan)
     check_options(chosen, strat.name, options, ROUTE_KEYWORDS, "plan.route(values)")
     if chosen.explain is None or strat.name != "exact":
         return Route(chosen.name, strat.name, f"the {chosen.name} backend's {strat.name} fold")

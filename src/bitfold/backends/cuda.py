@@ -56,7 +56,7 @@ from ..arrays import is_cuda_array, library_of, to_numpy
 from ..errors import DeviceError, FoldError, FoldTypeError, ShapeError
 from ..formats import LimbFormat, dtype_name, limb_format_for
 from ..validate import Values
-from . import host_state
+from . import host_state, selftest
 from .device_plan import index_tensor
 from .registry import Backend, InitRule
 
@@ -884,6 +884,75 @@ def numba_cuda_loads() -> bool:
         return False
 
 
+# -- the known-answer test (bitfold.backends.selftest) -------------------------------------------
+def device_of(values: Any) -> str:
+    """The CUDA device of GPU ``values``, as ``"cuda:<ordinal>"``."""
+    return f"cuda:{_home(values)[1]}"
+
+
+def place(bits: np.ndarray, dtype: str, values: Any) -> Any:
+    """``bits`` (unsigned patterns of ``dtype``) as an array of ``dtype`` on the device of
+    ``values``: a torch tensor beside a torch tensor (bfloat16 too), a CuPy array beside a
+    CuPy array, a numba device array beside anything else."""
+    kind, dev, _ = _home(values)
+    host = np.ascontiguousarray(bits)
+    if kind == "torch":
+        import torch
+
+        signed = host.view(np.dtype(f"int{host.dtype.itemsize * 8}"))
+        return torch.from_numpy(signed).to(values.device).view(getattr(torch, dtype))
+    if kind == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(dev):
+            return cupy.asarray(host).view(np.dtype(dtype))
+    cuda = _cuda()
+    with cuda.gpus[dev]:
+        return cuda.to_device(host.view(np.dtype(dtype)))
+
+
+def about(values: Any) -> dict[str, str]:
+    """The device the kernels run on, its driver and the compiler: for the self-test's verdict."""
+    import importlib.metadata
+
+    compiler = (f"numba-cuda {importlib.metadata.version('numba-cuda')}, "
+                f"numba {importlib.metadata.version('numba')}")  # fmt: skip
+    if _kernels()._SIMULATOR:
+        return {"device": "the numba-cuda simulator (NUMBA_ENABLE_CUDASIM=1)", "driver": "none",
+                "compiler": compiler}  # fmt: skip
+    from numba.cuda.cudadrv.driver import driver
+
+    dev = _home(values)[1]
+    name = _cuda().gpus[dev].name
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    version = ".".join(str(v) for v in driver.get_version())
+    nvidia = selftest.nvidia_driver()
+    return {"device": name, "driver": f"NVIDIA {nvidia or 'unknown'}, CUDA driver API {version}",
+            "compiler": compiler}  # fmt: skip
+
+
+def busy(values: Any) -> bool:
+    """True when the test cannot run now: values being traced, or their stream capturing."""
+    if library_of(values) == "torch":
+        import torch
+
+        if type(values) is not torch.Tensor and not isinstance(values, torch.nn.Parameter):
+            return True  # a fake or functional tensor: torch.compile or make_fx is tracing
+    return capturing(_home(values)[2])
+
+
+#: How the known-answer test runs here: scalars by the shared-memory path and by the buckets
+#: path with the hot bucket cut in segments; rows by the buckets path, the hot bucket cut too.
+KNOWN_ANSWERS = selftest.KnownAnswers(
+    family="numba-cuda",
+    device=device_of,
+    place=place,
+    about=about,
+    busy=busy,
+    options={"scalars": ({}, {"exact_path": "buckets", "segment": 10}), "rows": ({"segment": 6},)},
+)
+
+
 #: The CUDA backend's registry entry (:mod:`bitfold.backends.registry`). An accumulator's
 #: state lives on the GPU beside its values (:func:`new_state`; rows: on the host), so it
 #: shares no states with the host: states of the two merge by an exact copy.
@@ -897,15 +966,20 @@ BACKEND = Backend.from_functions(
     init=InitRule(strategies=("exact",), mixed_dtypes=False),
     explain=explain_route,
     available=lambda: numba_cuda_loads(),
+    known_answers=KNOWN_ANSWERS,
     priority=100,  # below host; a GPU backend preferred to these kernels sits between
 )
 
 __all__ = [
     "BACKEND",
+    "KNOWN_ANSWERS",
     "NAME",
     "DevicePlan",
     "DeviceValues",
+    "about",
     "add_to_state",
+    "busy",
+    "device_of",
     "device_plan",
     "device_values",
     "device_values_of_state",
@@ -916,5 +990,6 @@ __all__ = [
     "fold_ordered",
     "merge_states",
     "new_state",
+    "place",
     "round_state",
 ]
