@@ -265,6 +265,14 @@ MUTATIONS = (
         "a bucket of -0.0 terms would sum to +0.0 on the GPU only",
     ),
     Mutation(
+        "Triton decode: subnormal values read with a hidden bit, as if normal",
+        "kernels/triton.py",
+        "    m = tl.where(e == 0, frac, frac | (1 << FRAC_BITS))\n",
+        "    m = frac | (1 << FRAC_BITS)\n",
+        ("tests/test_selftest.py", "-k", "triton_kernels_pass_their_known_answers"),
+        "the known-answer test must fail a wrong kernel before it folds: subnormal sums",
+    ),
+    Mutation(
         "Triton hot buckets: each chunk's last position left out",
         "backends/triton.py",
         "        end = torch.minimum(start + chunk, pt.offsets[buckets + 1][rank])\n",
