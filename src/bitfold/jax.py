@@ -73,7 +73,7 @@ from .backends import portable
 from .errors import DeviceError, FoldError, FoldTypeError, IndexRangeError, ShapeError
 from .formats import FLOATS, VALUE_DTYPES, dtype_name, resolve_out_dtype
 from .host_plans import HostPlans
-from .jax_psum import psum
+from .jax_psum import psum, psum_scatter
 from .plan import Fold
 from .strategies import get_strategy
 from .validate import (
@@ -89,7 +89,8 @@ from .validate import (
 #: The paths a fold of JAX arrays can take (module docstring).
 PATHS = ("host", "portable")
 
-__all__ = ["MODES", "PATHS", "clear_plan_cache", "expand", "fold", "psum", "segment_sum"]
+__all__ = ["MODES", "PATHS", "clear_plan_cache", "expand", "fold", "psum", "psum_scatter",
+           "segment_sum"]  # fmt: skip
 
 
 def _host_fold(plan: Fold, strategy: str, out_name: str, g: Any) -> np.ndarray:
