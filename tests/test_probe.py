@@ -36,7 +36,9 @@ def test_probe_prints_four_answers_and_writes_json(probe_run, capsys):
         "READOUT",
     ):
         assert heading in text
+    assert " known answers: none to check here (the host's kernels are the reference" in text
     rep = json.loads(probe_run.read_text())
+    assert rep["known_answers"]["backend"] == "host" and rep["known_answers"]["verdicts"] == []
     assert rep["config"]["K"] == 7 and rep["config"]["steps"] == 3
     q1 = rep["q1_nondeterminism"]["np.add.at"]
     assert q1["repeats"] == 2 and q1["differed"] == 0

@@ -258,6 +258,28 @@ def test_a_verdict_reads_as_one_line_and_as_data(planted):
         selftest.check(host.BACKEND, None, [("float32", "float32")], bitfold.Fold)
 
 
+def test_bitfold_probe_reports_the_verdict(planted, monkeypatch):
+    from bitfold.cli.probe_devices import CpuDevice, known_answers
+    from bitfold.cli.probe_report import known_answers_lines
+
+    with pytest.warns(bitfold.SelfTestWarning, match="planted kernels on cpu"):
+        answers = known_answers(np.zeros(1, np.float32))
+    assert answers["mode"] == "on" and answers["backend"] == "right"
+    failed, passed = known_answers_lines(answers)
+    assert failed.startswith("known answers: the planted kernels on cpu (a planted device) FAILED")
+    assert failed.endswith("the right backend folds instead")
+    assert passed.startswith("known answers: the planted kernels on cpu (a planted device) passed "
+                             "(float32 -> float32; ")  # fmt: skip
+    here = CpuDevice(None).known_answers()
+    assert known_answers_lines(here) == [
+        "known answers: none to check here (the host's kernels are the reference that the GPU "
+        "kernels are checked against)"]  # fmt: skip
+    monkeypatch.setenv(selftest.ENV, "off")
+    assert known_answers_lines(known_answers(np.zeros(1, np.float32))) == [
+        "known answers: not checked (BITFOLD_SELFTEST=off)"]  # fmt: skip
+    assert known_answers_lines(None) == []  # a report made before the test existed
+
+
 # -- the Triton kernels, in Triton's interpreter ------------------------------------------------
 def _triton():
     pytest.importorskip("torch")

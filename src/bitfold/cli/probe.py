@@ -425,11 +425,13 @@ class Probe:
         """All four questions and the readout, as one JSON-ready dictionary."""
         if self.dev.torch is not None:
             self.dev.torch.set_grad_enabled(True)
+        answers = self.dev.known_answers()  # before any fold: it may choose the kernels
         report: dict[str, Any] = {
             "tool": "bitfold probe",
             "config": asdict(self.cfg) | {"device": self.dev.name},
             "machine": fingerprint(),
-            "backend": self.dev.describe(),
+            "backend": self.dev.describe(answers["backend"]),
+            "known_answers": answers,
             "skipped_baselines": self.skipped_baselines(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         }

@@ -15,7 +15,20 @@ from typing import Any
 
 import numpy as np
 
+from ..backends import selftest
+from ..plan import Fold
 from .timing import peak_bytes
+
+
+def known_answers(values: Any) -> dict[str, Any]:
+    """The GPU kernels' known-answer test for values like ``values`` (float32), as the probe
+    reports it: ``mode`` (``BITFOLD_SELFTEST``), ``backend`` (the one that folds them, once the
+    test has run: a family that fails it is passed over, with its warning; ``strict`` raises)
+    and ``verdicts`` (every verdict of this process, as data)."""
+    how = selftest.mode()
+    chosen = Fold(np.zeros(1, np.int64), 1).route(values).backend
+    return {"mode": how, "backend": chosen,
+            "verdicts": [v.as_dict() for v in selftest.verdicts()]}  # fmt: skip
 
 
 class CpuDevice:
@@ -36,9 +49,13 @@ class CpuDevice:
         """``a`` as a torch tensor for PyTorch's autograd baseline (needs torch)."""
         return self.torch.from_numpy(a)
 
-    def describe(self) -> str:
+    def describe(self, backend: str | None = None) -> str:
         """One line naming where the folds ran."""
         return "numpy + numba (CPU)" + (" and torch (CPU)" if self.torch is not None else "")
+
+    def known_answers(self) -> dict[str, Any]:
+        """No known-answer test runs here: the host's kernels are the reference."""
+        return {"mode": selftest.mode(), "backend": "host", "verdicts": []}
 
     def baseline_note(self, contender: Any) -> str:
         """Why a baseline is or is not expected to be deterministic here."""
@@ -70,15 +87,23 @@ class CudaDevice:
         """``a`` as a torch tensor on the GPU, for PyTorch's autograd baseline."""
         return self.array(a)
 
-    def describe(self) -> str:
-        """One line naming the GPU and the versions of torch and CUDA."""
+    def describe(self, backend: str | None = None) -> str:
+        """One line naming the GPU, the kernels that fold there (``backend``: the one chosen
+        once the known-answer test ran; else the registry's first) and the versions of torch
+        and CUDA."""
         torch = self.torch
         name = torch.cuda.get_device_name(self.dev)
-        from ..backends.registry import backend_for
+        if backend is None:
+            from ..backends.registry import backend_for
 
-        kernels = {"triton": "Triton", "cuda": "numba-cuda"}.get(
-            backend_for("torch", "cuda").name, "portable")
+            backend = backend_for("torch", "cuda").name
+        kernels = {"triton": "Triton", "cuda": "numba-cuda"}.get(backend, "portable")
         return f"{kernels} on {name} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+
+    def known_answers(self) -> dict[str, Any]:
+        """The known-answer test of the kernels that fold float32 tensors on this GPU, run now
+        (once a process): :func:`known_answers`."""
+        return known_answers(self.array(np.zeros(1, np.float32)))
 
     def baseline_note(self, contender: Any) -> str:
         """Why a baseline is or is not expected to be deterministic on a GPU."""

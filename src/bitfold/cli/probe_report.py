@@ -238,6 +238,28 @@ def _print_question4(rep: dict[str, Any], p: Any) -> None:
         p("  sum, and they are float sums)")
 
 
+def known_answers_lines(answers: dict[str, Any] | None) -> list[str]:
+    """The GPU kernels' known-answer test, as the report's header says it (nothing for a
+    report made before the test existed)."""
+    if not answers:
+        return []
+    if answers["mode"] == "off":
+        return ["known answers: not checked (BITFOLD_SELFTEST=off)"]
+    if not answers["verdicts"]:
+        return ["known answers: none to check here (the host's kernels are the reference "
+                "that the GPU kernels are checked against)"]  # fmt: skip
+    lines = []
+    for v in answers["verdicts"]:
+        where = f"the {v['family']} kernels on {v['device']} ({v['about'].get('device', '?')})"
+        if v["passed"]:
+            lines.append(f"known answers: {where} passed ({', '.join(v['checked'])}; "
+                         f"{v['seconds'] * 1e3:.1f} ms)")  # fmt: skip
+        else:
+            lines.append(f"known answers: {where} FAILED, {v['failure']}; the "
+                         f"{answers['backend']} backend folds instead")  # fmt: skip
+    return lines
+
+
 def print_report(rep: dict[str, Any], out: Any = None) -> None:
     """The human report: four answers, then the readout."""
     out = out or sys.stdout
@@ -256,6 +278,8 @@ def print_report(rep: dict[str, Any], out: Any = None) -> None:
         f"numba threads {mach['numba_threads']}"
         + (f", torch threads {mach['torch_threads']}" if mach["torch_threads"] else "")
     )
+    for line in known_answers_lines(rep.get("known_answers")):
+        p(" " + line)
     p(" " + "  ".join(f"{k}={cfg[k]}" for k in ("D", "hid", "K", "reps", "steps", "batch", "lr")))
     p(bar)
     _print_question1(rep, p)
