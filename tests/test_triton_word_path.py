@@ -112,3 +112,12 @@ def test_random_rows_with_both_paths_in_one_program():
     got = plan(t, backend="triton")
     host = plan(t.numpy())
     assert np.array_equal(got.numpy().view(np.int32), host.view(np.int32))
+
+
+def test_route_says_how_many_lanes_take_each_path():
+    buckets = [_edge_bucket("float32", 5, over) for over in (-1, 0, 1, 2)] + [[1.0, 2.0]]
+    index = np.concatenate([np.full(len(b), k) for k, b in enumerate(buckets)]).astype(np.int64)
+    values = torch.tensor([v for b in buckets for v in b], dtype=torch.float32)
+    route = bitfold.Fold(index, len(buckets)).route(values, backend="triton")
+    assert "of its 5 lanes with terms, 3 sum one int64 word a value" in route.reason
+    assert "and 2 the limbs" in route.reason

@@ -560,13 +560,48 @@ def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tupl
     built = plan.device_tensors  # a plan built on a device: counted there, not copied here
     hot = int(((plan.counts if built is None else built.counts) >= hot_min).sum())
     what = f"{spec.dtype} {'rows' if spec.trailing else 'scalars'} into {plan.K:,} buckets"
+    paths = _lane_paths(plan, values, spec, hot_min, bool(options.get("init") is not None))
     if hot == 0:
         return "lanes", (f"{what}: a lane an output element sums its bucket exactly in "
-                         "registers and rounds it once")  # fmt: skip
+                         f"registers and rounds it once{paths}")  # fmt: skip
     return "lanes+hot", (
         f"{what}: {hot:,} buckets of {hot_min:,} positions or more are cut in chunks summed "
-        "by many programs and merged with integer atomics; a lane each for the others"
+        f"by many programs and merged with integer atomics; a lane each for the others{paths}"
     )
+
+
+def _lane_paths(plan: Fold, values: Any, spec: Values, hot_min: int, has_init: bool) -> str:
+    """``"; of N lanes with terms, W sum one int64 word a value, L the limbs"`` for these values.
+
+    The lanes' own certificate (:func:`bitfold.kernels.triton.lanes_kernel`), evaluated on a
+    host copy of the values' bits (a diagnostic: it reads the values back); an ``init``
+    joins each lane's terms in the kernels and is not read here (its exponent can widen a
+    lane's range: the count is then an upper bound). A plan built on a device copies its
+    index to the host for this (once, as :attr:`bitfold.Fold.index` documents).
+    """
+    from ..formats import FLOATS
+
+    t, _ = _as_torch(values)
+    exp_bits, frac_bits = FLOATS[spec.dtype].exponent_bits, FLOATS[spec.dtype].fraction_bits
+    raw = _bits(t, spec.dtype).detach().cpu().numpy().astype(np.int64) & _MASKS[spec.dtype]
+    raw = raw.reshape(spec.positions, spec.row_size)[plan.order]
+    e = (raw >> frac_bits) & ((1 << exp_bits) - 1)
+    finite = (e != (1 << exp_bits) - 1) & ((raw & ((1 << (exp_bits + frac_bits)) - 1)) != 0)
+    p = np.maximum(e - 1, 0)
+    counts = plan.counts
+    walked = (counts > 0) & (counts < hot_min)
+    if not walked.any():
+        return "; no lane walks its bucket here (every bucket is hot or empty)"
+    starts = plan.offsets[:-1][walked]
+    p_lo = np.minimum.reduceat(np.where(finite, p, 1 << 20), starts, axis=0)
+    p_hi = np.maximum.reduceat(np.where(finite, p, -1), starts, axis=0)
+    terms = counts[walked] + has_init
+    bits_terms = np.floor(np.log2(terms)).astype(np.int64) + 1
+    span = np.where(p_hi >= 0, p_hi - np.minimum(p_lo, p_hi), -1)
+    fits = bits_terms[:, None] + span + frac_bits + 1 <= 62
+    lanes, word = int(fits.size), int(fits.sum())
+    return (f"; of its {lanes:,} lanes with terms, {word:,} sum one int64 word a value (their "
+            f"certificate holds) and {lanes - word:,} the limbs")  # fmt: skip
 
 
 def triton_cdiv(a: int, b: int) -> int:
