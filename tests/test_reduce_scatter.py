@@ -271,3 +271,110 @@ def test_a_span_of_a_dense_sum_has_the_words_of_a_sum_of_its_own():
         assert np.array_equal(whole.negzero(start=start, stop=stop), alone.negzero())
     with pytest.raises(FoldError, match="not within"):
         whole.bounds(start=500, stop=601)
+
+
+# -- FSDP2 with the exact reduce-scatter ----------------------------------------------------------
+
+FSDP_MICRO, FSDP_BATCH = 4, 5  # four micro-batches of five a step, dealt round-robin
+
+
+def _fsdp_data():
+    g = torch.Generator().manual_seed(3)
+    n = FSDP_MICRO * FSDP_BATCH
+    x = torch.randn(n, 5, generator=g) * torch.exp2(torch.randint(-20, 20, (n, 5), generator=g))
+    return x, torch.randn(n, 3, generator=g)
+
+
+def _fsdp_model(mesh=None):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    if mesh is not None:  # 7 rows: FSDP pads them for two ranks
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    return model
+
+
+def _fsdp_loss(model, x, y, j):
+    sl = slice(j * FSDP_BATCH, (j + 1) * FSDP_BATCH)
+    return torch.nn.functional.mse_loss(model(x[sl]), y[sl], reduction="sum")
+
+
+def _fsdp_rank(rank: int, world: int, init: str, out: str) -> None:
+    from contextlib import nullcontext
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from bitfold.dense import DenseSum
+    from bitfold.distributed import exact_fsdp
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    x, y = _fsdp_data()
+    mine = list(range(rank, FSDP_MICRO, world))
+    saved = {}
+    for exact in (True, False):
+        model = _fsdp_model(mesh)
+        handle = exact_fsdp(model, mean_over=FSDP_MICRO * FSDP_BATCH) if exact else None
+        if not exact:  # FSDP's own float sums, without its division: the same scale
+            model.set_force_sum_reduction_for_comms(True)
+            model.set_gradient_divide_factor(1.0)
+        for step in range(2):  # the second step: the held sums were emptied by the first
+            for i, j in enumerate(mine):
+                hold = handle is not None and i < len(mine) - 1
+                with handle.no_reduce() if hold else nullcontext():
+                    _fsdp_loss(model, x, y, j).backward()
+            for name, p in model.named_parameters():
+                saved[f"{'exact' if exact else 'float'}-{step}-{name}"] = (
+                    p.grad.full_tensor().numpy().copy())  # fmt: skip
+            model.zero_grad(set_to_none=True)
+    if world == 1:  # the reference: each micro-batch's gradient of a plain model, summed exactly
+        plain = _fsdp_model()
+        sums = {name: DenseSum(tuple(p.shape)) for name, p in plain.named_parameters()}
+        for j in range(FSDP_MICRO):
+            _fsdp_loss(plain, x, y, j).backward()
+            for name, p in plain.named_parameters():
+                sums[name].add(p.grad)
+            plain.zero_grad(set_to_none=True)
+        for name, s in sums.items():
+            saved[f"reference-{name}"] = s.result(mean_over=FSDP_MICRO * FSDP_BATCH).numpy()
+    if rank == 0:
+        np.savez(out, **saved)
+    dist.destroy_process_group()
+    leave(0)
+
+
+@pytest.mark.slow
+def test_fsdp_with_exact_fsdp_gives_one_process_bits_on_two(tmp_path):
+    from test_distributed import _spawn_ranks
+
+    got = {}
+    for world in (1, 2):
+        out = str(tmp_path / f"fsdp-{world}.npz")
+        (tmp_path / f"w{world}").mkdir()
+        _spawn_ranks(_fsdp_rank, world, tmp_path / f"w{world}", out)
+        got[world] = np.load(out)
+    names = [k.removeprefix("reference-") for k in got[1].files if k.startswith("reference-")]
+    assert names == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    floats_differ = False
+    for world in (1, 2):
+        for step in (0, 1):
+            for name in names:
+                want = got[1][f"reference-{name}"]
+                assert _bits(got[world][f"exact-{step}-{name}"]) == _bits(want), (world, name)
+    for name in names:
+        floats_differ |= _bits(got[1][f"float-0-{name}"]) != _bits(got[2][f"float-0-{name}"])
+    assert floats_differ  # FSDP's float accumulation and reduce-scatter round differently
+
+
+def test_exact_fsdp_refuses_a_module_that_is_not_sharded():
+    from bitfold.distributed import exact_fsdp
+    from bitfold.errors import FoldTypeError
+
+    with pytest.raises(FoldTypeError, match="fully_shard"):
+        exact_fsdp(torch.nn.Linear(2, 2))
+    with pytest.raises(FoldError, match="mean_over"):
+        exact_fsdp(torch.nn.Linear(2, 2), mean_over=0)

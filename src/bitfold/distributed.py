@@ -76,9 +76,11 @@ from .validate import check_has_data, checked_options, positive_int_or_none
 
 __all__ = [
     "WORDS",
+    "ExactFSDP",
     "GradientSum",
     "exact_all_reduce",
     "exact_allreduce_hook",
+    "exact_fsdp",
     "exact_reduce_scatter",
 ]
 
@@ -1015,3 +1017,140 @@ def exact_reduce_scatter(
         result = result.cpu().numpy() if isinstance(result, torch.Tensor) else result
         output[...] = result.reshape(output.shape)
     return output
+
+
+# -- FSDP2: the exact reduce-scatter as the gradients' comm ---------------------------------------
+
+
+class _ExactFSDPComm:
+    """One FSDP module's gradient reduction: its reduce-scatter (``set_custom_reduce_scatter``:
+    ``allocate`` and ``__call__``, called on more than one rank) and its all-reduce hook
+    (``set_all_reduce_hook``: on one rank, where FSDP copies instead of calling the comm)."""
+
+    def __init__(self, owner: ExactFSDP) -> None:
+        self.owner = owner
+        self._sum: DenseSum | None = None  # this module's micro-batches held back, exactly
+        self._called = False  # the comm ran for this reduction: the hook has nothing to do
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """FSDP's buffers for the reduce-scatter, as its default comm makes them."""
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        op: Any = None,
+        async_op: bool = False,
+    ) -> None:
+        """Reduce-scatter ``input_tensor`` exactly into ``output_tensor`` (or hold it back)."""
+        self._called = True
+        self._reduce(output_tensor, input_tensor, group)
+
+    def hook(self, reduce_output: torch.Tensor) -> None:
+        """On one rank (the comm was not called): ``reduce_output`` holds this rank's gradient."""
+        if self._called:
+            self._called = False
+            return
+        self._reduce(reduce_output, reduce_output, None)
+
+    def _reduce(self, output: torch.Tensor, x: torch.Tensor, group: Any) -> None:
+        owner = self.owner
+        flat = x.detach().reshape(-1)
+        held = self._sum is not None and self._sum.adds > 0
+        if owner.holding or held or (group is None and owner.mean_over is not None):
+            family = "float64" if x.dtype == torch.float64 else "float32"
+            if self._sum is None or self._sum.size != flat.numel() or (
+                self._sum.format.value_dtypes[-1] != family
+            ):
+                self._sum = DenseSum((flat.numel(),), family)
+            self._sum.add(flat)
+            if owner.holding:  # -0.0 adds nothing to the gradient FSDP keeps
+                output.fill_(-0.0)
+                return
+        s = self._sum if self._sum is not None and self._sum.adds else None
+        if group is not None:  # several ranks: the exact reduce-scatter
+            exact_reduce_scatter(output, flat if s is None else s, group, timeout=owner.timeout,
+                                 mean_over=owner.mean_over)  # fmt: skip
+        elif s is not None:  # one rank: its sum rounded once (without one, x is exact already)
+            result = s.result(dtype_name(output), mean_over=owner.mean_over or 1)
+            output.copy_(torch.as_tensor(result).reshape(output.shape))
+        if s is not None:
+            s.reset()
+
+
+class ExactFSDP:
+    """The handle :func:`exact_fsdp` returns: ``no_reduce()``, ``mean_over``, ``timeout``.
+
+    ``mean_over`` (None: the sum) divides every reduced gradient, rounded once; it may be
+    changed between steps. Inside ``with handle.no_reduce():`` a backward's gradients are
+    held back in exact sums (no communication; FSDP's gradients stay ``-0.0``); the next
+    backward outside it reduces them with its own, exactly.
+    """
+
+    def __init__(self, mean_over: int | None, timeout: float) -> None:
+        self.mean_over = mean_over
+        self.timeout = timeout
+        self.holding = False
+
+    def no_reduce(self) -> Any:
+        """A context manager: backward passes inside it hold their gradients back, exactly."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def holding() -> Any:
+            before, self.holding = self.holding, True
+            try:
+                yield self
+            finally:
+                self.holding = before
+
+        return holding()
+
+    def __repr__(self) -> str:
+        return f"ExactFSDP(mean_over={self.mean_over}, holding={self.holding})"
+
+
+@checked_options
+def exact_fsdp(model: Any, *, mean_over: int | None = None, timeout: float = 300.0) -> ExactFSDP:
+    """Make FSDP2's gradient reduce-scatter exact: the same gradient bits on any number of ranks.
+
+    ``model``: a module after ``torch.distributed.fsdp.fully_shard`` (1-D
+    FSDP). Every FSDP module in it gets :func:`exact_reduce_scatter` as its
+    reduce-scatter (``set_custom_reduce_scatter``) and, for a world of one
+    rank where FSDP copies instead of calling it, the same arithmetic as its
+    all-reduce hook; FSDP's own division is switched off
+    (``set_force_sum_reduction_for_comms(True)``,
+    ``set_gradient_divide_factor(1.0)``). Each sharded ``.grad`` is then the
+    correctly rounded sum over the ranks of the gradients (divided by
+    ``mean_over`` first, one rounding), the same bits on 1, 2 or 64 ranks.
+
+    World-size invariance needs the same terms on every world size: with a
+    fixed micro-batch size and several micro-batches a rank, run all but a
+    rank's last backward of a step inside ``with handle.no_reduce():`` — those
+    gradients are held back in exact sums (no communication) and reduced with
+    the last one's, so FSDP's float accumulation never adds two gradients.
+    Gradients reach the comm in FSDP's ``reduce_dtype``: for exact results,
+    leave it to the parameters' dtype (a cast after the reduction rounds
+    again). Returns the :class:`ExactFSDP` handle.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    timeout = _check_timeout(timeout)
+    count = positive_int_or_none(mean_over, "mean_over", "the count the sum is divided by")
+    if not isinstance(model, FSDPModule):
+        raise FoldTypeError(
+            f"exact_fsdp takes a module sharded by torch.distributed.fsdp.fully_shard; got a "
+            f"{type(model).__qualname__} (call fully_shard(model, ...) first)"
+        )
+    _check_process_group("exact_fsdp reduces gradients")
+    handle = ExactFSDP(count, timeout)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            comm = _ExactFSDPComm(handle)
+            module.set_custom_reduce_scatter(comm)  # type: ignore[arg-type]
+            module.set_all_reduce_hook(comm.hook)
+            module.set_force_sum_reduction_for_comms(True)
+            module.set_gradient_divide_factor(1.0)
+    return handle
