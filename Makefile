@@ -70,5 +70,13 @@ docs: $(VENV)/.installed-test
 gpu-check:
 	scripts/gpu_check.sh $(ARGS) $(or $(OUT),benchmarks/results/gpu-$(shell date +%Y-%m-%d))
 
+# Without a GPU: every Triton kernel variant built for sm_90 (and gfx942), its registers, spills,
+# shared memory and inner loops' instructions a value read from the machine code, and the GPU
+# check's configurations modelled on an H200 (minutes; README.md and report.json in
+# benchmarks/results/DATE-kernel-report-sm90; ARGS=--no-amd skips gfx942).
+.PHONY: kernel-report
+kernel-report: $(VENV)/.installed-test
+	$(PY) scripts/kernel_report.py $(ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
