@@ -4,9 +4,11 @@
 the FFI host call (:mod:`bitfold.xla_host_call`), never ``jax.pure_callback``:
 ids closed over by ``jit`` get one plan, built when the function is traced;
 ids passed as an argument get a plan kept by content (:mod:`bitfold.host_plans`)
-and reused only after an entry-for-entry check. And a plan a jitted fold
-used is freed once nothing but bitfold's registrations would hold it: a loop
-over 5,000 plans leaves none alive and the registry small.
+and reused only after an entry-for-entry check. Large gathers (``expand``,
+the gradients) are NumPy's ``take`` into XLA's buffer there, with XLA's
+bits. And a plan a jitted fold used is freed once nothing but bitfold's
+registrations would hold it: a loop over 5,000 plans leaves none alive and
+the registry small.
 """
 
 from __future__ import annotations
@@ -170,3 +172,43 @@ def test_a_plan_built_inside_a_jitted_function_lives_with_its_executable():
     jax.clear_caches()
     gc.collect()
     assert made[0]() is None
+
+
+def test_large_gathers_on_the_host_route_are_numpys_take_with_xlas_bits():
+    """expand, and the gradients of fold and segment_sum, gather at least HOST_GATHER_MIN
+    elements with NumPy on the host route, straight into XLA's buffer: XLA's gather's bits."""
+    rng = np.random.default_rng(7)
+    index = rng.integers(0, 300, (200, 200))
+    plan = bitfold.Fold(index, 300)
+    assert plan.size * 2 >= bj.HOST_GATHER_MIN
+    v = rng.standard_normal((300, 2)).astype(np.float32)
+    host = jax.jit(lambda v: bj.expand(v, plan, backend="host"))
+    assert "bitfold_host_call" in str(jax.make_jaxpr(host)(v))
+    assert np.array_equal(bits(host(v)), bits(v[index]))
+    both = jax.vmap(host)(np.stack([v, -v]))
+    assert np.array_equal(bits(both[1]), bits(-v[index]))
+    x = rng.standard_normal((200, 200, 2)).astype(np.float32)
+    w = jnp.asarray(v)
+    grad = jax.jit(jax.grad(lambda x: jnp.sum(bj.fold(x, plan, backend="host") * w)))(x)
+    assert np.array_equal(bits(grad), bits(v[index]))
+    ids = index.reshape(-1).astype(np.int32)
+    flat = x.reshape(-1, 2)
+    seg = jax.jit(jax.grad(lambda d, i: jnp.sum(bj.segment_sum(d, i, 300) * w)))
+    assert "bitfold_host_call" in str(jax.make_jaxpr(seg)(flat, ids))
+    assert np.array_equal(bits(seg(flat, ids)), bits(v[ids]))
+
+
+def test_out_of_range_traced_ids_give_the_gradient_jnp_take_gives():
+    """A NaN sum forward; backward, a negative id counts from the end and a too large one is a
+    NaN row, on both paths, as jnp.take gathers."""
+    rng = np.random.default_rng(8)
+    ids = rng.integers(0, 300, 40_000).astype(np.int32)
+    ids[[3, 5, 7]] = [-1, 300, -301]
+    data = rng.standard_normal((40_000, 2)).astype(np.float32)
+    w = jnp.asarray(rng.standard_normal((300, 2)).astype(np.float32))
+    want = np.asarray(jnp.take(w, jnp.asarray(ids), axis=0))
+    for path in bj.PATHS:
+        seg = jax.jit(
+            jax.grad(lambda d, i, p=path: jnp.sum(bj.segment_sum(d, i, 300, backend=p) * w))
+        )
+        assert np.array_equal(bits(seg(data, ids)), bits(want))

@@ -6,7 +6,8 @@ several times the fold it feeds. This module registers one XLA FFI target,
 ``bitfold_host_call``, whose handler XLA calls with its buffers where they
 lie: the registered Python function reads NumPy views of the inputs and its
 result is written into the output buffer (one copy of the output, none of
-the inputs).
+the inputs), or, registered with ``into=True``, it writes the output buffer
+itself (no copy at all).
 
 The handler is a ``ctypes`` callback (it takes the GIL as any Python
 callback does) reading the FFI's C structures (``xla/ffi/api/c_api.h``: the
@@ -59,17 +60,29 @@ class Call:
     with. Held by the ``bitfold_host_call`` equations that call it and by the executables
     compiled from them; the registry holds it weakly (module docstring)."""
 
-    __slots__ = ("__weakref__", "fn", "identity", "ins", "key", "out")
+    __slots__ = ("__weakref__", "fn", "identity", "ins", "into", "key", "out")
 
     def __init__(self, key: int, fn: Callable[..., Any], identity: tuple[Any, ...],
                  ins: tuple[tuple[tuple[int, ...], np.dtype], ...],
-                 out: tuple[tuple[int, ...], np.dtype]) -> None:  # fmt: skip
+                 out: tuple[tuple[int, ...], np.dtype], into: bool) -> None:  # fmt: skip
         self.key, self.fn, self.identity, self.ins, self.out = key, fn, identity, ins, out
+        self.into = into
 
     def __call__(self, *views: np.ndarray) -> np.ndarray:
         """The function's result for these inputs, as an array of the output's shape and dtype."""
         shape, dtype = self.out
+        if self.into:
+            out = np.empty(shape, dtype)
+            self.fn(*views, out)
+            return out
         return np.asarray(self.fn(*views), dtype).reshape(shape)
+
+    def write(self, views: list[np.ndarray], out: np.ndarray) -> None:
+        """The function's result for these inputs, written into ``out``."""
+        if self.into:
+            self.fn(*views, out)
+        else:
+            out[...] = self(*views)
 
     def __repr__(self) -> str:
         return f"bitfold_host_call(key={self.key}, {self.identity[0]!r})"
@@ -134,8 +147,7 @@ def _handle(frame: int) -> int | None:
             )
         views = [_view(_words(args[i], 4)[3], shape, dtype, False)
                  for i, (shape, dtype) in enumerate(call.ins)]  # fmt: skip
-        result = call(*views)
-        _view(_words(rets[0], 4)[3], *call.out, True)[...] = result
+        call.write(views, _view(_words(rets[0], 4)[3], *call.out, True))
         return None
     except BaseException as exc:  # never a silent, unwritten output: XLA raises it
         return _error(w[2], f"bitfold host call: {type(exc).__name__}: {exc}")
@@ -202,26 +214,30 @@ def _define_primitive() -> Any:
     return prim
 
 
-def host_call(fn: Callable[..., Any], x: Any, out: Any, identity: tuple[Any, ...]) -> Any:
+def host_call(fn: Callable[..., Any], x: Any, out: Any, identity: tuple[Any, ...], *,
+              into: bool = False) -> Any:  # fmt: skip
     """``fn(*x)`` on the host inside a jitted computation: a JAX array like ``out``
     (a ``jax.ShapeDtypeStruct``).
 
     ``x`` is a JAX array or a tuple of them; ``fn`` gets a read-only NumPy view
     of each one's buffer and returns an array of ``out``'s shape (cast to its
-    dtype). ``identity`` names what ``fn`` computes: calls of equal identities
-    and shapes share one registration, which lives while a computation that
-    calls it lives (module docstring); an object in ``identity`` (a plan) is
-    kept with it. Under ``vmap``, one call a batch element.
+    dtype); with ``into=True`` it gets a writable view of the output buffer
+    too, after the inputs, and must write every element of it (its return
+    value is ignored). ``identity`` names what ``fn`` computes: calls of equal
+    identities and shapes share one registration, which lives while a
+    computation that calls it lives (module docstring); an object in
+    ``identity`` (a plan) is kept with it. Under ``vmap``, one call a batch
+    element.
     """
     prim = _primitive()
     xs = tuple(x) if isinstance(x, tuple | list) else (x,)
     ins = tuple((tuple(a.shape), np.dtype(a.dtype)) for a in xs)
     spec = (tuple(out.shape), np.dtype(out.dtype))
-    name = (*identity, tuple((s, d.str) for s, d in ins), spec[0], spec[1].str)
+    name = (*identity, tuple((s, d.str) for s, d in ins), spec[0], spec[1].str, into)
     with _LOCK:
         call = _NAMES.get(name)
         if call is None:
-            call = Call(next(_NEXT), fn, tuple(identity), ins, spec)
+            call = Call(next(_NEXT), fn, tuple(identity), ins, spec, into)
             _NAMES[name] = _CALLS[call.key] = call
     return prim.bind(*xs, call=call)
 
