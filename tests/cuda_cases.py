@@ -651,11 +651,10 @@ def test_the_known_answers_of_torch_tensors_on_the_gpu_pass_bfloat16_too():
     import torch
 
     from bitfold.backends import selftest
+    from bitfold.backends.registry import get_backend
 
     like = torch.zeros(1, device="cuda")
     pairs = [("bfloat16", "bfloat16"), ("bfloat16", "float32")]
-    from bitfold.backends.registry import get_backend
-
     for backend in (gpu.BACKEND, get_backend("triton")):
         verdict = selftest.check(backend, like, pairs, bitfold.Fold)
         assert verdict.passed, verdict.failure

@@ -39,6 +39,7 @@ def backend_for(
     backend: str | None = None,
     *,
     plan: Fold | None = None,
+    dtype: str | None = None,
     out_name: str | None = None,
 ) -> Backend:
     """The registered backend that serves ``values``, by their array family and device.
@@ -51,8 +52,9 @@ def backend_for(
     :func:`bitfold.backend_names`) forces one, refused unless it serves them.
     Values on a device without data (torch's ``meta``) are refused by name.
 
-    With ``plan`` (the values are to be folded by it, into ``out_name``; default
-    the values' default output dtype), a GPU kernel family must also pass its
+    With ``plan`` (the values, of ``dtype``, are to be folded by it into ``out_name``;
+    defaults: the values' dtype and its default output dtype), a GPU kernel family must
+    also pass its
     known-answer test on the values' device (:mod:`bitfold.backends.selftest`,
     run once per process, device and dtype pair): one that fails is passed over
     for the next backend (a :class:`bitfold.errors.SelfTestWarning`, once), or
@@ -63,12 +65,12 @@ def backend_for(
     family = family_of(values)
     admits = None
     if plan is not None:
-        dtype = dtype_name(values)
-        out = out_name or (default_out_dtype(dtype) if dtype in VALUE_DTYPES else dtype)
+        name = dtype or dtype_name(values)
+        out = out_name or (default_out_dtype(name) if name in VALUE_DTYPES else name)
         plan_type = type(plan)  # the cases' plans are made by the caller's plan class
 
         def admits(chosen: Backend, forced: bool) -> bool:
-            return selftest.admits(chosen, values, dtype, out, plan_type, forced)
+            return selftest.admits(chosen, values, name, out, plan_type, forced)
 
     return registry.backend_for(family.name, family.device(values), what, backend, admits)
 
@@ -154,7 +156,7 @@ def fold(
     values = _as_array(values)
     spec = validate(plan, values)
     wanted = _wanted_out(spec.dtype, init if out_dtype is None else out_dtype)
-    chosen = backend_for(values, backend=backend, plan=plan, out_name=wanted)
+    chosen = backend_for(values, backend=backend, plan=plan, dtype=spec.dtype, out_name=wanted)
     check_options(chosen, strat.name, options, FOLD_KEYWORDS, "plan(values)")
     if init is not None:
         init = _as_array(init)
@@ -201,7 +203,8 @@ def addition(
         raise FoldTypeError(
             f"this accumulator sums {', '.join(fmt.value_dtypes)} values; got {spec.dtype}"
         )
-    chosen = backend_for(values, backend=backend, plan=plan, out_name=fmt.default_out)
+    chosen = backend_for(values, backend=backend, plan=plan, dtype=spec.dtype,
+                         out_name=fmt.default_out)
     check_accumulator_options(options)
     mine = {k: v for k, v in options.items() if k in chosen.options.get("add_to_state", ())}
     return Addition(values, spec, chosen, mine)
@@ -251,7 +254,7 @@ def route(
     strat = get_strategy(strategy)
     values = _as_array(values)
     spec = validate(plan, values)
-    chosen = backend_for(values, backend=backend, plan=plan)
+    chosen = backend_for(values, backend=backend, plan=plan, dtype=spec.dtype)
     check_options(chosen, strat.name, options, ROUTE_KEYWORDS, "plan.route(values)")
     if chosen.explain is None or strat.name != "exact":
         return Route(chosen.name, strat.name, f"the {chosen.name} backend's {strat.name} fold")

@@ -611,12 +611,24 @@ def triton_cdiv(a: int, b: int) -> int:
 
 # -- the known-answer test (bitfold.backends.selftest) -------------------------------------------
 def device_of(values: Any) -> str:
-    """The device of values this backend folds, as torch names it (``"cuda:0"``, ``"cpu"``)."""
+    """The device of values this backend folds, as torch names it (``"cuda:0"``, ``"cpu"``).
+
+    Asked at every fold (:func:`bitfold.backends.selftest.admits`): the name of each
+    device object met is kept, so a warm fold only looks it up."""
+    device = values.device
+    try:
+        return _DEVICE_NAMES[device]
+    except (KeyError, TypeError):  # a device not met yet (or one that cannot be a key)
+        pass
     t, _ = _as_torch(values)
-    device = t.device
-    if device.type != "cpu" and device.index is None:
-        return f"{device.type}:0"
-    return str(device)
+    kind, index = t.device.type, t.device.index
+    name = kind if kind == "cpu" else f"{kind}:{index or 0}"
+    with contextlib.suppress(TypeError):
+        _DEVICE_NAMES[device] = name
+    return name
+
+
+_DEVICE_NAMES: dict[Any, str] = {}
 
 
 def place(bits: np.ndarray, dtype: str, values: Any) -> Any:
