@@ -62,6 +62,8 @@ def test_every_module_and_subpackage_is_in_the_wheel(names):
     assert {"bitfold/kernels/__init__.py", "bitfold/cli/bench/__init__.py",
             "bitfold/torch/__init__.py", "bitfold/repro/__init__.py"} <= in_wheel  # fmt: skip
     assert "bitfold/py.typed" in names
+    # data files the package reads: the GPU kernels' known answers (bitfold.backends.selftest)
+    assert "bitfold/backends/selftest_cases.json" in names
 
 
 def test_nothing_but_the_package_and_its_metadata(names):
