@@ -245,6 +245,14 @@ def test_each_device_and_pair_runs_once(planted, monkeypatch):
     assert {x.device for x in selftest.verdicts()} == {"cpu", "elsewhere:1"}
 
 
+def test_a_missing_data_file_is_an_error_not_a_failed_family(planted, monkeypatch):
+    monkeypatch.setattr(selftest, "_CACHE", None)
+    monkeypatch.setattr(selftest, "DATA", "no_such_cases.json")
+    with pytest.raises(FileNotFoundError, match="no_such_cases.json"):
+        bitfold.Fold(np.array([0, 1]), 2)(np.ones(2, np.float32))
+    assert all(v.passed for v in selftest.verdicts())
+
+
 def test_a_verdict_reads_as_one_line_and_as_data(planted):
     wrong, right = planted
     verdict = selftest.check(right, None, [("float32", "float32")], bitfold.Fold)
@@ -336,7 +344,8 @@ def test_a_raising_triton_kernel_warns_and_the_fold_moves_on(triton_raising):
     (w,) = caught
     text = str(w.message)
     for words in ("the Triton kernels on cpu", "interpreter", "driver none", "compiler Triton ",
-                  "float32 values -> float32", "raised RuntimeError: a planted kernel error"):
+                  "case 'scalars' (float32 values -> float32, hot_min=8, chunk=10): raised "
+                  "RuntimeError: a planted kernel error"):  # fmt: skip
         assert words in text, text
     assert got.tolist() == [1.0, 1.0 + 2.0**-23, 3.0]
     assert plan.route(v).backend == "host"  # the next backend that passes (no test: a reference)

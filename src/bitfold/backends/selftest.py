@@ -289,10 +289,7 @@ def _check(
 ) -> None:  # fmt: skip
     """Run one pair's folds; record it in ``found`` as checked, or its failure."""
     start = time.perf_counter()
-    try:
-        failure = _first_failure(backend, hooks, values, dtype, out_name, plan_type)
-    except Exception as err:  # a kernel that raises fails its test: the error is the case
-        failure = f"{dtype} values -> {out_name}: the kernels raised {type(err).__name__}: {err}"
+    failure = _first_failure(backend, hooks, values, dtype, out_name, plan_type)
     found.seconds += time.perf_counter() - start
     if failure is None:
         found.checked.append(f"{dtype} -> {out_name}")
@@ -305,21 +302,32 @@ def _first_failure(
     backend: Backend, hooks: KnownAnswers, values: Any, dtype: str, out_name: str,
     plan_type: PlanType,
 ) -> str | None:  # fmt: skip
-    """The first case whose bits differ from the stored ones, described; None when all match."""
+    """The first case whose bits differ from the stored ones, or whose fold raised, described;
+    None when all match. (A missing or unreadable data file raises: the installation is
+    broken, not the kernels.)"""
     fold = backend.fold("exact")
     unsigned = FLOATS[dtype].bits_dtype
     for case in cases(dtype, out_name):
         shape = tuple(case["shape"])
         plan = _plan(plan_type, dtype, out_name, case)
         bits = np.asarray(case["bits"], dtype=np.uint64).astype(unsigned).reshape(shape)
-        placed = hooks.place(bits, dtype, values)
         spec = check_values(plan.shape, shape, dtype)
         want = np.asarray(case["expected"], dtype=np.uint64)
         for options in hooks.options.get(case["name"], ({},)):
-            got = _result_bits(fold(plan, placed, spec, out_name, **options), out_name)
+            try:  # a kernel that raises (or values the device will not take) fails the case
+                placed = hooks.place(bits, dtype, values)
+                got = _result_bits(fold(plan, placed, spec, out_name, **options), out_name)
+            except Exception as err:
+                what = _case(case, dtype, out_name, options)
+                return f"{what}: raised {type(err).__name__}: {err}"
             if got.shape != want.shape or not np.array_equal(got, want):
                 return _mismatch(case, dtype, out_name, options, got, want)
     return None
+
+
+def _case(case: dict[str, Any], dtype: str, out_name: str, options: Mapping[str, Any]) -> str:
+    tuned = "".join(f", {k}={v!r}" for k, v in options.items())
+    return f"case {case['name']!r} ({dtype} values -> {out_name}{tuned})"
 
 
 def _plan(plan_type: PlanType, dtype: str, out_name: str, case: dict[str, Any]) -> Any:
@@ -343,8 +351,7 @@ def _mismatch(
     case: dict[str, Any], dtype: str, out_name: str, options: Mapping[str, Any],
     got: np.ndarray, want: np.ndarray,
 ) -> str:  # fmt: skip
-    tuned = ", ".join(f"{k}={v!r}" for k, v in options.items())
-    what = f"case {case['name']!r} ({dtype} values -> {out_name}{', ' + tuned if tuned else ''})"
+    what = _case(case, dtype, out_name, options)
     if got.shape != want.shape:
         return f"{what}: {got.size} results where {want.size} were expected"
     bad = np.flatnonzero(got != want)
