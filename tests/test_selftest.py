@@ -248,7 +248,7 @@ def test_each_device_and_pair_runs_once(planted, monkeypatch):
 def test_a_missing_data_file_is_an_error_not_a_failed_family(planted, monkeypatch):
     monkeypatch.setattr(selftest, "_CACHE", None)
     monkeypatch.setattr(selftest, "DATA", "no_such_cases.json")
-    with pytest.raises(FileNotFoundError, match="no_such_cases.json"):
+    with pytest.raises(FileNotFoundError, match=r"no_such_cases\.json"):
         bitfold.Fold(np.array([0, 1]), 2)(np.ones(2, np.float32))
     assert all(v.passed for v in selftest.verdicts())
 
