@@ -38,7 +38,7 @@ lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 
 # The test extras install these; the suite fails (not skips) if one cannot load.
-REQUIRED_BACKENDS := torch,triton,jax,sklearn,safetensors,numba_cuda,torch_geometric,grimp,importlinter,hypothesis,matplotlib,numpy_groupies,tqdm,ml_dtypes,mkdocs,mkdocstrings,material
+REQUIRED_BACKENDS := torch,triton,jax,sklearn,safetensors,numba_cuda,torch_geometric,grimp,importlinter,hypothesis,matplotlib,numpy_groupies,tqdm,ml_dtypes,mkdocs,mkdocstrings,material,transformers
 
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .

@@ -257,11 +257,11 @@ MUTATIONS = (
         "the Triton kernels' own rounding: only boundary cases have ties",
     ),
     Mutation(
-        "Triton: a -0.0 term counted as a non-negative zero",
+        "Triton: a -0.0 term counted as a non-negative zero (the one-word lanes)",
         "kernels/triton.py",
         "        n_negzero + negzero.to(tl.int64),\n",
         "        n_negzero,\n",
-        ("tests/test_triton_backend.py", "-k", "special"),
+        ("tests/test_triton_word_path.py", "-k", "specials"),
         "a bucket of -0.0 terms would sum to +0.0 on the GPU only",
     ),
     Mutation(

@@ -576,9 +576,11 @@ def _lane_paths(plan: Fold, values: Any, spec: Values, hot_min: int, has_init: b
     The lanes' own certificate (:func:`bitfold.kernels.triton.lanes_kernel`), evaluated on a
     host copy of the values' bits (a diagnostic: it reads the values back); an ``init``
     joins each lane's terms in the kernels and is not read here (its exponent can widen a
-    lane's range: the count is then an upper bound). A plan built on a device copies its
-    index to the host for this (once, as :attr:`bitfold.Fold.index` documents).
+    lane's range: the count is then an upper bound). A plan built on a device is not
+    copied to the host for this: its lanes are not counted.
     """
+    if plan.device_tensors is not None and getattr(plan, "_order", None) is None:
+        return "; its lanes' paths are counted for plans with a host copy (this one has none)"
     from ..formats import FLOATS
 
     t, _ = _as_torch(values)

@@ -201,7 +201,7 @@ def _take(acc, n_negzero, n_nan, n_pinf, n_ninf, limb, raw, EXP_BITS: tl.constex
     j, a0, a1, a2 = _pieces(m, p, negative, WIDE)
     return (
         _add_pieces(acc, limb, j, a0, a1, a2),
-        n_negzero + negzero.to(tl.int64),
+        negzero.to(tl.int64) + n_negzero,
         n_nan + nan.to(tl.int64),
         n_pinf + pinf.to(tl.int64),
         n_ninf + ninf.to(tl.int64),
