@@ -595,3 +595,16 @@ def test_ids_of_a_dtype_torch_refuses_are_refused_by_name(dtype):
         with pytest.raises(bitfold.FoldTypeError, match=f"{what} must hold integers of dtype int32 "
                            f"or int64, as torch takes them; got {name}"):  # fmt: skip
             call()
+
+
+def test_a_bfloat16_nan_result_is_the_canonical_pattern():
+    """Host folds of torch bfloat16 give bfloat16 NaN as 0x7FC0 (torch's own float32 to
+    bfloat16 conversion would give 0xFFFF), in a plan's fold and under exact_mode()."""
+    plan = bitfold.Fold(np.array([0, 0, 1]), 2)
+    v = torch.tensor([float("nan"), 1.0, 2.0], dtype=torch.bfloat16)
+    got = plan(v, out_dtype="bfloat16")
+    assert got.dtype == torch.bfloat16
+    assert got.view(torch.int16).tolist() == [0x7FC0, 0x4000]  # NaN, 2.0
+    with bt.exact_mode():
+        mode = torch.zeros(2, dtype=torch.bfloat16).index_add(0, torch.tensor([0, 0, 1]), v)
+    assert mode.view(torch.int16).tolist() == [0x7FC0, 0x4000]

@@ -274,9 +274,16 @@ class _Torch(ArrayFamily):
     def from_numpy(self, result: np.ndarray, like: Any, out_dtype: str | None = None) -> Any:
         import torch
 
-        t = torch.from_numpy(np.ascontiguousarray(result))
-        if out_dtype == "bfloat16":  # float32 holding bfloat16 values: the conversion is exact
-            t = t.to(torch.bfloat16)
+        result = np.ascontiguousarray(result)
+        if out_dtype == "bfloat16" and result.dtype == np.float32:
+            # float32 holding bfloat16 values: their patterns are the high halves, moved as bits
+            # (torch's own conversion turns the canonical NaN 0x7FC00000 into 0xFFFF)
+            high = (result.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+            t = torch.from_numpy(high.view(np.int16)).view(torch.bfloat16)
+        else:
+            t = torch.from_numpy(result)
+            if out_dtype == "bfloat16":
+                t = t.to(torch.bfloat16)
         if like.device.type != "cpu":
             t = t.to(like.device)
         return t
