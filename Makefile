@@ -40,9 +40,17 @@ lint: $(VENV)/.installed-test
 # The test extras install these; the suite fails (not skips) if one cannot load.
 REQUIRED_BACKENDS := torch,triton,jax,sklearn,safetensors,numba_cuda,torch_geometric,grimp,importlinter,hypothesis,matplotlib,numpy_groupies,tqdm,ml_dtypes,mkdocs,mkdocstrings,material,transformers
 
+# On every core (pytest-xdist), each test file in one worker in its order: a module's fixtures
+# are built once, and a test that reads what an earlier one of its file wrote finds it (xdist's
+# loadgroup cannot group under pytest 9: it renames the tests' ids, which pytest 9 ignores).
+# Compiled kernels are cached in the checkout, shared by the workers (.cache/ and
+# src/bitfold/**/__pycache__), so that a second run is warm.
+XDIST ?= -n auto --dist loadfile
+
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
-	BITFOLD_REQUIRE_BACKENDS=$(REQUIRED_BACKENDS) BITFOLD_REQUIRE_CUDA=1 $(PY) -m pytest $(ARGS)
+	BITFOLD_REQUIRE_BACKENDS=$(REQUIRED_BACKENDS) BITFOLD_REQUIRE_CUDA=1 \
+		$(PY) -m pytest $(XDIST) $(ARGS)
 
 # Plant known bugs one at a time, each in a copy of the source, and check that the tests meant
 # to catch each fail (minutes; `make test` checks that every one still applies and runs two).
@@ -79,4 +87,4 @@ kernel-report: $(VENV)/.installed-test
 	$(PY) scripts/kernel_report.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .cache

@@ -1,11 +1,14 @@
 """Shared test set-up: Triton's interpreter without a GPU, the oracle on the path, hypothesis
-profiles."""
+profiles, compiler caches in the checkout, and the grouping of tests for pytest-xdist."""
 
 from __future__ import annotations
 
 import glob
 import os
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _gpu_visible() -> bool:
@@ -23,6 +26,15 @@ def _gpu_visible() -> bool:
 # triton backend's table (tests/test_backend_table.py) folds CPU tensors with the same kernels.
 if not _gpu_visible():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Compiled kernels are cached in the checkout (.cache/, git-ignored), one directory that every
+# xdist worker and every subprocess of a test shares, so that a kernel is compiled once and a
+# second run finds it: Triton's builds (tests/test_triton_compile.py) and inductor's
+# (torch.compile). Numba's kernels already are: `cache=True` keeps them next to the sources
+# (src/bitfold/**/__pycache__); NUMBA_CACHE_DIR stays unset, as scripts/mutants.py copies those
+# caches with the sources (tests/test_mutants.py) and tests that want a cold cache set their own.
+os.environ.setdefault("TRITON_CACHE_DIR", str(ROOT / ".cache" / "triton"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".cache" / "inductor"))
 
 import pytest  # noqa: E402  (after the environment Triton reads when imported)
 from hypothesis import HealthCheck, settings  # noqa: E402
@@ -50,3 +62,4 @@ def _jax_in_its_default_mode():
     jax = sys.modules.get("jax")
     if jax is not None:
         jax.config.update("jax_enable_x64", False)
+
