@@ -12,7 +12,7 @@ tests):
   with new values;
 * on ``cuda:1`` while ``cuda:0`` is current, where there are two devices;
 * the share of buckets whose certificate lets the lanes sum one word a value (counted on the
-  host from the plan's buckets: the lanes' own rule).
+  host from the plan's buckets: the lanes' own rule), and the known-answer test's verdicts.
 
     python scripts/gpu_bits.py OUT.json [--smoke]
 
@@ -192,14 +192,11 @@ def main(argv: list[str] | None = None) -> int:
                 return got.device.index == 1 and same(got, want32)
 
             cases.run("cuda:1", second_device)
-    selftest: Any = "not built"
+    # the known-answer test's verdicts (it ran before the first fold of each dtype pair)
     try:
-        from bitfold.backends import selftest as st  # the known-answer self-test, where built
+        from bitfold.backends import selftest as st
 
-        verdict = getattr(st, "verdict", None)
-        selftest = verdict(device) if callable(verdict) else "no verdict function"
-    except ImportError:
-        pass
+        selftest: Any = [v.as_dict() for v in st.verdicts()] or "did not run"
     except Exception as exc:
         selftest = f"{type(exc).__name__}: {exc}"
     ran = [r for r in cases.results.values() if "ok" in r]
@@ -210,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "buckets": k,
         "cases": cases.results,
         "one_word_share": shares,
-        "selftest": selftest if isinstance(selftest, str | dict | bool) else repr(selftest),
+        "selftest": selftest,
         "all_bits_equal": bool(ran) and all(r["ok"] for r in ran),
     }
     with open(args.out, "w", encoding="utf-8") as fh:
