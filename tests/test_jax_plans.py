@@ -212,3 +212,14 @@ def test_out_of_range_traced_ids_give_the_gradient_jnp_take_gives():
             jax.grad(lambda d, i, p=path: jnp.sum(bj.segment_sum(d, i, 300, backend=p) * w))
         )
         assert np.array_equal(bits(seg(data, ids)), bits(want))
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 8])
+def test_large_host_gathers_are_cut_into_slices_with_the_same_result(monkeypatch, cores):
+    monkeypatch.setattr(bj.os, "cpu_count", lambda: cores)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1000, 3)).astype(np.float32)
+    index = rng.integers(0, 1000, bj.TAKE_PARALLEL_MIN // 3 + 5).astype(np.uint16)
+    out = np.full((index.size, 3), np.nan, np.float32)
+    bj._take_into(index, x, out)
+    assert np.array_equal(bits(out), bits(x[index]))

