@@ -483,6 +483,14 @@ VALUE_LOOPS: dict[tuple[str, int], tuple[str, Any]] = {
     ("ordered_kernel", 0): ("run", lambda c: c["BLOCK_K"] * c["BLOCK_D"]),
     ("_carry", 0): ("carry", None),
 }
+#: Kernels without a value loop: the values (round_rows: rows) a program handles once each.
+STRAIGHT_VALUES: dict[str, Any] = {
+    "scatter": lambda c: c["BLOCK_N"] * c["BLOCK_D"],
+    "round_rows": lambda c: c["BLOCK"],
+    "bounds": lambda c: c["BLOCK"] * c["BLOCKS"],
+    "words": lambda c: c["BLOCK"] * c["BLOCKS"],
+    "decode": lambda c: c["BLOCK"] * c["BLOCKS"],
+}
 _GLOBAL_LOAD = re.compile(r"^(LDG|global_load|buffer_load|flat_load)")
 _BARRIER = re.compile(r"^(BAR\.|s_barrier)")
 _REG = re.compile(r"\bR(\d+)(\.64)?\b")
@@ -548,17 +556,22 @@ def loops_of(code: Code, consts: dict[str, Any], threads: int,
         lp["atomics"] = sum(1 for x in body if x.op.startswith(("RED", "ATOM", "global_atomic")))
         lp["by_function"] = by_function(body, functions)
         lines = Counter(x.src for x in body if x.src)
-        best: tuple[int, int, SourceLoop] | None = None
-        for sl in known:
-            n = sum(c for (f, ln), c in lines.items() if f == sl.file and sl.line <= ln <= sl.end)
-            if n and (best is None or (n, -(sl.end - sl.line)) > best[:2]):
-                best = (n, -(sl.end - sl.line), sl)
-        sl = best[2] if best else None
+        # a loop inside another maps to a source loop inside the outer one's, where its lines
+        # allow (ptxas may move or rematerialise outer code into an inner loop)
+        outer = [o for o in loops if o is not lp and o["start"] <= lp["start"]
+                 and lp["end"] <= o["end"] and o.get("_sl")]  # fmt: skip
+        parent = min(outer, key=lambda o: o["end"] - o["start"])["_sl"] if outer else None
+        inside = [sl for sl in known if parent and sl.file == parent.file
+                  and parent.line < sl.line and sl.end <= parent.end]  # fmt: skip
+        sl = _best_source(lines, inside) or _best_source(lines, known)
+        lp["_sl"] = sl
         lp["source"] = f"{sl.function}:{sl.line}" if sl else None
         label, per = VALUE_LOOPS.get((sl.function, sl.ordinal), (None, None)) if sl else (None,
                                                                                           None)
         lp["label"] = label or (f"{sl.function}#{sl.ordinal}" if sl else "unmapped")
         lp["values_per_iteration"] = per(consts) if per else None
+    for lp in loops:
+        del lp["_sl"]
     # one source loop, several machine loops: an unrolled body and its one-iteration remainder
     groups: dict[str, list[dict[str, Any]]] = {}
     for lp in loops:
@@ -577,6 +590,16 @@ def loops_of(code: Code, consts: dict[str, Any], threads: int,
             v = lp["values_per_iteration"]
             lp["per_value"] = lp["per_iteration"] * threads / v if v else None
     return [lp for lp in loops if lp["end"] - lp["start"] >= 1 and "unroll" in lp]
+
+
+def _best_source(lines: Counter, candidates: list[SourceLoop]) -> SourceLoop | None:
+    """The source loop holding most of ``lines`` (instructions by line); ties: the innermost."""
+    best: tuple[int, int, SourceLoop] | None = None
+    for sl in candidates:
+        n = sum(c for (f, ln), c in lines.items() if f == sl.file and sl.line <= ln <= sl.end)
+        if n and (best is None or (n, -(sl.end - sl.line)) > best[:2]):
+            best = (n, -(sl.end - sl.line), sl)
+    return best[2] if best else None
 
 
 def straight_line(code: Code, loops: list[dict[str, Any]]) -> list[Inst]:
@@ -741,6 +764,9 @@ def analyse_cuda(v: Variant, built: dict[str, Any], tools: dict[str, str | None]
     rec["straight"] = {"instructions": len(flat), "load_depth": load_depth(flat),
                        "barriers": sum(1 for x in flat if _BARRIER.match(x.op)),
                        "loads": sum(1 for x in flat if _GLOBAL_LOAD.match(x.op))}  # fmt: skip
+    per_program = STRAIGHT_VALUES.get(v.kernel)
+    if per_program:  # kernels without a value loop: each program's values once
+        rec["straight"]["per_value"] = round(len(flat) * threads / per_program(v.const), 2)
     regs = rec["ptxas"].get("registers") or 0
     rec["occupancy"] = occupancy(regs, built["shared"], built["num_warps"])
     return rec
@@ -766,8 +792,7 @@ def analyse_amd(v: Variant, built: dict[str, Any], known: list[SourceLoop]) -> d
         rec[key] = int(found.group(1)) if found else None
     code = read_amdgcn(text)
     rec["instructions"] = len(code.insts)
-    rec["scratch_instructions"] = sum(1 for x in code.insts if x.op.startswith("scratch_")
-                                      or (x.op.startswith("buffer_store") and "off" in x.text))
+    rec["scratch_instructions"] = sum(1 for x in code.insts if x.op.startswith("scratch_"))
     loops = loops_of(code, v.const, 64 * built["num_warps"], known)
     rec["loops"] = summarize_loops(loops)
     return rec
@@ -827,12 +852,6 @@ def word_paths(variants: dict[str, Variant], cuda: dict[str, Any]) -> dict[str, 
             "met": bool(ratios) and max(ratios) <= WORD_LIMIT,
             "worst": max(ratios) if ratios else None, "best": min(ratios) if ratios else None,
             "variants": rows}  # fmt: skip
-
-
-def _base(name: str) -> str:
-    kernel, values, out, init, _ = parse(name)
-    inside = values + (f"->{out}" if out else "") + ("" if init is None else f", init={init}")
-    return f"{kernel}[{inside}]"
 
 
 # -- the model ----------------------------------------------------------------------------------
@@ -1240,8 +1259,10 @@ def _fmt(x: Any, digits: int = 1) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
-def _loops_cell(loops: dict[str, Any]) -> str:
+def _loops_cell(loops: dict[str, Any], straight: dict[str, Any]) -> str:
     parts = []
+    if straight.get("per_value") is not None:
+        parts.append(f"straight-line {straight['per_value']:.1f}")
     for label, lp in loops.items():
         if lp.get("per_value") is not None:
             unroll = f" (x{lp['unroll']})" if lp["unroll"] > 1 else ""
@@ -1298,7 +1319,8 @@ def markdown(rep: dict[str, Any]) -> str:
                 f"({_fmt(base.get('min'))}-{_fmt(base.get('max'))}, {base.get('n')} runs) | "
                 f"{_fmt(c['ratio'], 2)}x |")  # fmt: skip
         lines += ["", "Launch by launch (roofs in us; instructions a value are thread "
-                  "instructions over the values the launch sums):", "",
+                  "instructions over the values the launch sums, for `round_rows` over the rows "
+                  "it rounds):", "",
                   "| configuration | launch | programs | blocks/SM | waves | instr/value | "
                   "DRAM | L2 | issue | latency | atomics | estimate |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
@@ -1325,13 +1347,29 @@ def markdown(rep: dict[str, Any]) -> str:
             continue
         lines.append(f"| `{n}` | {r['bounds']:.1f} | {r['word']:.1f} | {r['word_path']:.1f} | "
                      f"{r['limbs']:.1f} | {r['ratio']:.2f} | {r['word_loop_ratio']:.2f} |")
+    shown = "lanes[float32->float32, init=False]"
+    if shown in rep["variants"] and "error" not in rep["variants"][shown]["sm90"]:
+        loops = dict(rep["variants"][shown]["sm90"]["loops"])
+        limbs = rep["variants"].get(_named(shown, {"WORD": False}), {}).get("sm90", {})
+        if "loops" in limbs and "limbs" in limbs["loops"]:
+            loops["limbs (WORD=False)"] = limbs["loops"]["limbs"]
+        lines += ["", f"Where an iteration's instructions go in `{shown}` (SASS instructions "
+                  "by the source function their line is in; `lanes_kernel`: the loop's own "
+                  "lines, loads and addresses):", "",
+                  "| loop | instructions an iteration | by function |", "|---|---:|---|"]
+        for label in ("bounds", "word", "limbs (WORD=False)"):
+            if label in loops:
+                lp = loops[label]
+                parts = ", ".join(f"{k} {n:g}" for k, n in lp["by_function"].items())
+                lines.append(f"| {label} | {lp['per_iteration']:g} | {parts} |")
     lines += ["", "## Every variant", "",
               "Registers and spills from `ptxas -arch=sm_90a -v` (Triton's ptxas and flags; in "
               "brackets the PATH ptxas's registers where they differ), STL/LDL counted in the "
               "SASS, shared memory Triton's dynamic bytes, occupancy on an H200 (blocks and "
               "warps an SM, and the limit). Loops: instructions a value in the steady state "
               "(thread instructions: an iteration's body times the program's threads over the "
-              "values it handles; x4: ptxas unrolled 4 iterations). gfx942: VGPRs/SGPRs, "
+              "values it handles; x4: ptxas unrolled 4 iterations); kernels without a value "
+              "loop: their straight-line code a value (`round_rows`: a row). gfx942: VGPRs/SGPRs, "
               "spills (VGPR+SGPR), LDS bytes.", "",
               "| variant | regs | spill st/ld (B) | STL/LDL | smem (B) | blocks (warps)/SM | "
               "SASS instr | loops: instr/value | gfx942 VGPR/SGPR | gfx942 spills | "
@@ -1354,7 +1392,7 @@ def markdown(rep: dict[str, Any]) -> str:
             f"| {name} | {regs} | {p.get('spill_store_bytes')}/{p.get('spill_load_bytes')} | "
             f"{s['stl']}/{s['ldl']} | {s['shared_dynamic']} | {o['blocks_per_sm']} "
             f"({o['warps_per_sm']}, {o['limited_by']}) | {s['sass_instructions']:,} | "
-            f"{_loops_cell(s['loops'])} | "
+            f"{_loops_cell(s['loops'], s['straight'])} | "
             + (f"{a['vgprs']}/{a['sgprs']} | {(a['vgpr_spills'] or 0) + (a['sgpr_spills'] or 0)} "
                f"| {a['lds_bytes']} |" if amd_ok else "– | – | – |"))  # fmt: skip
     if rep.get("gfx942_unavailable"):
