@@ -357,7 +357,10 @@ def _add_word(word, n_negzero, n_nan, n_pinf, n_ninf, p_lo, raw, EXP_BITS: tl.co
               FRAC_BITS: tl.constexpr, SHIFT: tl.constexpr):  # fmt: skip
     """One value a lane added to its word at the unit ``2^(p_lo + UNIT)``, or counted."""
     _finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS, SHIFT)
-    term = _shl(m, tl.maximum(p - p_lo, 0))  # m is 0 where the value is not finite
+    # m is 0 where the value is not finite; the shift is at most p_hi - p_lo, below 62 by the
+    # certificate of every lane that adds (others add nothing: a masked load reads 0), so no
+    # guard against a shift by 64 or more is needed
+    term = m << tl.maximum(p - p_lo, 0)
     return (
         word + tl.where(negative, -term, term),
         n_negzero + negzero.to(tl.int64),
@@ -457,20 +460,26 @@ def lanes_kernel(
     else:
         fits = zeros != 0
         walk_limbs = walk
-    acc = tl.zeros((L_PAD, BLOCK_K * BLOCK_D), tl.int64)
-    for t in range(0, tl.max(run, axis=0)):
-        here = walk & (t < run)
-        row = tl.load(order_ptr + tl.where(here, lo + t, 0), mask=here, other=0).to(tl.int64)
-        raw = tl.load(bits_ptr + row * D + d, mask=here, other=0).to(tl.int64) & BITS_MASK
-        acc, n_negzero, n_nan, n_pinf, n_ninf = _take(
-            acc, n_negzero, n_nan, n_pinf, n_ninf, limb, raw, EXP_BITS, FRAC_BITS, SHIFT, WIDE)
-    if HAS_INIT:
-        raw = tl.load(init_ptr + kc * D + d, mask=walk_limbs, other=0).to(tl.int64) & BITS_MASK
-        acc, n_negzero, n_nan, n_pinf, n_ninf = _take(
-            acc, n_negzero, n_nan, n_pinf, n_ninf, limb, raw, EXP_BITS, FRAC_BITS, SHIFT, WIDE)
-    bits = _round_tile(acc, limb, terms, terms - n_negzero, n_nan, n_pinf, n_ninf,
-                       L, UNIT, PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
-    bits = tl.where(fits, word_bits, bits)
+    bits = word_bits
+    # the limbs, their carries and their rounding only in a program with a lane that needs them
+    if tl.max(walk_limbs.to(tl.int32), axis=0) > 0:
+        acc = tl.zeros((L_PAD, BLOCK_K * BLOCK_D), tl.int64)
+        for t in range(0, tl.max(run, axis=0)):
+            here = walk & (t < run)
+            row = tl.load(order_ptr + tl.where(here, lo + t, 0), mask=here,
+                          other=0).to(tl.int64)  # fmt: skip
+            raw = tl.load(bits_ptr + row * D + d, mask=here, other=0).to(tl.int64) & BITS_MASK
+            acc, n_negzero, n_nan, n_pinf, n_ninf = _take(
+                acc, n_negzero, n_nan, n_pinf, n_ninf, limb, raw, EXP_BITS, FRAC_BITS, SHIFT,
+                WIDE)
+        if HAS_INIT:
+            raw = tl.load(init_ptr + kc * D + d, mask=walk_limbs, other=0).to(tl.int64)
+            acc, n_negzero, n_nan, n_pinf, n_ninf = _take(
+                acc, n_negzero, n_nan, n_pinf, n_ninf, limb, raw & BITS_MASK, EXP_BITS,
+                FRAC_BITS, SHIFT, WIDE)
+        tile_bits = _round_tile(acc, limb, terms, terms - n_negzero, n_nan, n_pinf, n_ninf,
+                                L, UNIT, PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
+        bits = tl.where(fits, word_bits, tile_bits)
     tl.store(out_ptr + kc * D + d, bits.to(out_ptr.dtype.element_ty), mask=walk)
 
 
