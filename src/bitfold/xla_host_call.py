@@ -19,13 +19,16 @@ jitted call raises instead of returning an unwritten buffer.
 Lifetimes: a call is registered under a key (an int32 constant in the
 computation) by a primitive of this module, ``bitfold_host_call``, which
 holds the registration (the function and what it closes over: a plan) in
-its parameters. Lowering it hands the registration to the compiled
-executable (JAX's keep-alive list, as its own callbacks do), and the
+its parameters. Lowering it hands the registration to the runtime
+executable as a host callback, which XLA keeps while the executable lives
+and while any run of it is in flight (JAX's Python keep-alive list would
+not: a jitted function dropped right after its call would lose it). The
 registry holds it only weakly: it lives while a traced computation or a
-compiled executable that calls it lives, and is freed with the last of them
-(a jitted function deleted, ``jax.clear_caches()``). Outside ``jit`` the
-primitive calls the function directly, with no compilation and nothing
-registered for longer than the call.
+compiled executable that calls it lives, and is freed with the last of
+them (a jitted function deleted, ``jax.clear_caches()``). Outside ``jit``
+the primitive calls the function directly, with no compilation and nothing
+registered for longer than the call. (JAX writes no executable with host
+callbacks to its persistent compilation cache.)
 
 Numeric contract: the output is the function's result, bit for bit.
 """
