@@ -15,12 +15,18 @@ timed as ``jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))`` in five variants:
   content, checked against them on every call);
 * ``expand_fold``: ``bitfold.jax.expand(h @ w, Fold(src))`` and ``fold(m, Fold(dst))``.
 
-The variants take turns for ``--rounds`` rounds (each warmed up twice first: compilation and
-plans are not timed); medians of the rounds, ratios of medians of this one process. Every
-bitfold variant's loss is the exact sum's, so the four give the same loss bits, and so do they
-with the edges permuted (asked of each, and recorded).
+Each variant is warmed up twice (compilation and plans are not timed); then, for ``--rounds``
+rounds, each variant in turn runs a block of ``--block`` consecutive steps, as a training loop
+calls its step, every step timed: the turns spread the machine's drift over all of them, the
+blocks keep each step's memory as its own loop would find it (a step run right after another
+one finds XLA's and the plans' buffers freed or held by that other). ``ms``: the median of
+every timed step of a variant (``ms_first_in_block``: of the first of each block, the step
+right after another variant's); ratios of medians of this one process. Every bitfold
+variant's loss is the exact sum's, so the four give the same loss bits, and so do they with
+the edges permuted (asked of each, and recorded).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/jax_step.py [--rounds 15] [--small] [--out DIR]
+    PYTHONPATH=src .venv/bin/python benchmarks/jax_step.py [--rounds 7] [--block 5] [--small]
+        [--out DIR]
 
 Writes ``results.json`` (default ``benchmarks/results/<date>-jax-step-cpu-<cores>core/``).
 """
@@ -96,8 +102,9 @@ def steps(nodes: int, src: np.ndarray, dst: np.ndarray) -> dict[str, Callable[..
     }
 
 
-def timed(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Milliseconds of each of ``fns`` in every round, taking turns (each warmed up twice)."""
+def timed(fns: dict[str, Callable[[], Any]], rounds: int, block: int) -> dict[str, list[float]]:
+    """Milliseconds of every call of each of ``fns`` (each warmed up twice): ``rounds`` turns,
+    ``block`` consecutive calls of one at each turn."""
     import jax
 
     for fn in fns.values():
@@ -106,9 +113,10 @@ def timed(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[floa
     samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            samples[name].append(1e3 * (time.perf_counter() - t0))
+            for _ in range(block):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn())
+                samples[name].append(1e3 * (time.perf_counter() - t0))
     return samples
 
 
@@ -117,7 +125,7 @@ def loss_bits(out: Any) -> str:
     return f"{int(np.asarray(out[0], np.float32).view(np.uint32)):08x}"
 
 
-def run(nodes: int, edges: int, d: int, rounds: int) -> dict[str, Any]:
+def run(nodes: int, edges: int, d: int, rounds: int, block: int) -> dict[str, Any]:
     """Time the variants on one graph; the loss bits of each, then with the edges permuted."""
     import jax
     import jax.numpy as jnp
@@ -127,8 +135,9 @@ def run(nodes: int, edges: int, d: int, rounds: int) -> dict[str, Any]:
     h = jnp.asarray(rng.normal(size=(nodes, d)).astype(np.float32))
     w = jnp.asarray((rng.normal(size=(d, d)) / np.sqrt(d)).astype(np.float32))
     fns = steps(nodes, src, dst)
-    samples = timed({k: (lambda f=f: f(w, h)) for k, f in fns.items()}, rounds)
+    samples = timed({k: (lambda f=f: f(w, h)) for k, f in fns.items()}, rounds, block)
     ms = {k: round(statistics.median(v), 3) for k, v in samples.items()}
+    first = {k: round(statistics.median(v[::block]), 3) for k, v in samples.items()}
     bits = {k: loss_bits(f(w, h)) for k, f in fns.items()}
     perm = rng.permutation(edges)
     permuted = steps(nodes, src[perm], dst[perm])
@@ -138,9 +147,10 @@ def run(nodes: int, edges: int, d: int, rounds: int) -> dict[str, Any]:
     drop_ins = ("segment_sum_captured", "segment_sum_args")
     same = len({bits[k] for k in BITFOLD} | set(bits_permuted.values())) == 1
     return {
-        "nodes": nodes, "edges": edges, "d": d, "rounds": rounds,
+        "nodes": nodes, "edges": edges, "d": d, "rounds": rounds, "block": block,
         "x64": bool(jax.config.jax_enable_x64), "baseline": BASELINE,
-        "ms": ms, "ms_samples": {k: [round(x, 3) for x in v] for k, v in samples.items()},
+        "ms": ms, "ms_first_in_block": first,
+        "ms_samples": {k: [round(x, 3) for x in v] for k, v in samples.items()},
         "ratios": ratios, "ratios_to_jax_ops_args": ratios_to_args,
         "loss_bits": bits, "loss_bits_edges_permuted": bits_permuted,
         "same_loss_bits": same,
@@ -151,7 +161,8 @@ def run(nodes: int, edges: int, d: int, rounds: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--block", type=int, default=5, help="consecutive steps a turn")
     ap.add_argument("--small", action="store_true", help="a small graph: a smoke test")
     ap.add_argument("--out", type=Path, default=None, help="default: " + str(default_out()))
     args = ap.parse_args(argv)
@@ -159,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     nodes, edges, d = SMALL if args.small else FULL
     load_before = os.getloadavg()
-    result = run(nodes, edges, d, args.rounds)
+    result = run(nodes, edges, d, args.rounds, args.block)
     report = {
         "command": " ".join(["python", "benchmarks/jax_step.py", *(argv or sys.argv[1:])]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",

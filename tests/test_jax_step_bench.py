@@ -24,15 +24,16 @@ def _load():
 def test_the_step_benchmark_runs_small_and_writes_its_json(tmp_path):
     bench = _load()
     assert bench.default_out().name.endswith("-jax-step-cpu-" + str(bench.os.cpu_count()) + "core")
-    bench.main(["--small", "--rounds", "2", "--out", str(tmp_path)])
+    bench.main(["--small", "--rounds", "2", "--block", "2", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "results.json").read_text())
     fields = {"command", "machine", "jax", "load_before", "load_after", "nodes", "edges", "d",
-              "rounds", "x64", "baseline", "ms", "ms_samples", "ratios", "ratios_to_jax_ops_args",
-              "loss_bits", "loss_bits_edges_permuted", "same_loss_bits", "goal"}  # fmt: skip
+              "rounds", "block", "x64", "baseline", "ms", "ms_first_in_block", "ms_samples",
+              "ratios", "ratios_to_jax_ops_args", "loss_bits", "loss_bits_edges_permuted",
+              "same_loss_bits", "goal"}  # fmt: skip
     assert fields <= set(report)
     assert (report["nodes"], report["edges"], report["d"]) == bench.SMALL
     assert report["baseline"] == "jax_ops" and set(report["ms"]) == set(bench.VARIANTS)
-    assert all(len(report["ms_samples"][k]) == 2 and report["ms"][k] > 0 for k in bench.VARIANTS)
+    assert all(len(report["ms_samples"][k]) == 4 and report["ms"][k] > 0 for k in bench.VARIANTS)
     assert set(report["ratios"]) == set(bench.VARIANTS) - {"jax_ops"}
     for k, ratio in report["ratios"].items():
         assert ratio == round(report["ms"][k] / report["ms"]["jax_ops"], 3)
