@@ -1,7 +1,9 @@
-"""The test oracle: exact rational sums (``fractions.Fraction``) rounded directly to the target.
+"""The test oracle: exact rational sums rounded directly to the target.
 
 Independent of bitfold's kernels by construction: it shares no code with
-them. Rounding goes straight from the exact rational to the target format
+them. A bucket's floats are summed exactly as integers over 2**1074 (every float
+is an integer times a power of two no smaller than that), and rounding goes
+straight from the exact rational to the target format with integer arithmetic
 (never through a float64 sum and a second rounding).
 """
 
@@ -29,44 +31,50 @@ def round_fraction(x: Fraction, out: str = "float32") -> float:
     Returns a Python float holding the rounded value exactly; a zero result
     carries the sign of ``x``.
     """
+    return _round_ratio(x.numerator, x.denominator, out)
+
+
+def _round_ratio(p: int, q: int, out: str) -> float:
+    """``p / q`` (``q > 0``, not necessarily in lowest terms) rounded as :func:`round_fraction`
+    rounds: integer arithmetic throughout, no float touches the value before the result."""
     precision, sub_exp, emax = FORMATS[out]
-    if x == 0:
+    if p == 0:
         return 0.0
-    sign = -1.0 if x < 0 else 1.0
-    a = abs(x)
-    e = a.numerator.bit_length() - a.denominator.bit_length()
-    if a < Fraction(2) ** e:
+    sign = -1.0 if p < 0 else 1.0
+    p = abs(p)
+    e = p.bit_length() - q.bit_length()  # 2**(e-1) <= p/q < 2**(e+1)
+    if (p << max(-e, 0)) < (q << max(e, 0)):  # p/q < 2**e
         e -= 1
-    if a >= Fraction(2) ** (e + 1):
-        e += 1
-    q = max(e - precision + 1, sub_exp)
-    m = a / Fraction(2) ** q
-    n = m.numerator // m.denominator
-    rest = m - n
-    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and n % 2 == 1):
+    s = max(e - precision + 1, sub_exp)  # the exponent of the last bit kept
+    num, den = p << max(-s, 0), q << max(s, 0)  # p/q / 2**s = num/den
+    n, r = divmod(num, den)
+    if 2 * r > den or (2 * r == den and n % 2 == 1):
         n += 1
-    if n * Fraction(2) ** q >= Fraction(2) ** (emax + 1):
+    if emax + 1 - s < 0 or n >= 1 << (emax + 1 - s):  # n * 2**s >= 2**(emax+1)
         return sign * math.inf
-    return sign * math.ldexp(float(n), q) if n else math.copysign(0.0, sign)
+    return sign * math.ldexp(float(n), s) if n else math.copysign(0.0, sign)
 
 
 def bucket_oracle(terms: list[float], out: str = "float32") -> float:
     """The contract's result for one bucket whose terms are ``terms`` (Python floats)."""
-    if any(math.isnan(t) for t in terms):
-        return math.nan
-    pos = any(t == math.inf for t in terms)
-    neg = any(t == -math.inf for t in terms)
-    if pos and neg:
-        return math.nan
-    if pos:
-        return math.inf
-    if neg:
-        return -math.inf
-    total = sum((Fraction(t) for t in terms), Fraction(0))
-    if total == 0:
+    if not all(map(math.isfinite, terms)):
+        if any(math.isnan(t) for t in terms):
+            return math.nan
+        pos = any(t == math.inf for t in terms)
+        neg = any(t == -math.inf for t in terms)
+        if pos and neg:
+            return math.nan
+        return math.inf if pos else -math.inf
+    # the exact sum: each float is n / 2**k (k <= 1074), so the sum is that of the integers
+    # n * 2**(1074 - k), over 2**1074 (the Fraction sum, without a gcd for every term)
+    scaled = 0
+    for t in terms:
+        n, d = float(t).as_integer_ratio()  # d = 2**k
+        scaled += n << (1075 - d.bit_length())
+    if scaled == 0:
         all_negzero = bool(terms) and all(t == 0 and math.copysign(1, t) < 0 for t in terms)
         return -0.0 if all_negzero else 0.0
-    return round_fraction(total, out)
+    return _round_ratio(scaled, 1 << 1074, out)
 
 
 def exact_fold_oracle(index, values, K: int, out: str = "float32") -> np.ndarray:
