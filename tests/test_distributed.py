@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 
@@ -81,10 +82,8 @@ def _batches(dtype):
     return X.to(dtype), torch.randint(0, 3, (MICRO * N_MICRO,), generator=g)
 
 
-def _train_rank(rank, world, init, out, dtype_name, exact, n_micro=N_MICRO, words=None):
-    """Three SGD steps of ``n_micro`` micro-batches dealt round-robin; rank 0 writes the
-    digest."""
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+def _train(rank, world, dtype_name, exact, n_micro, words):
+    """Three SGD steps of ``n_micro`` micro-batches dealt round-robin; the model's digest."""
     dtype = getattr(torch, dtype_name)
     model, (X, y) = _model(dtype), _batches(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -109,42 +108,66 @@ def _train_rank(rank, world, init, out, dtype_name, exact, n_micro=N_MICRO, word
                 p.grad = acc / (MICRO * N_MICRO)
         opt.step()
         opt.zero_grad(set_to_none=True)
+    return bitfold.digest({k: v.float() for k, v in model.state_dict().items()})
+
+
+#: (world size, dtype, exact, micro-batches a step, words): the trainings the tests below
+#: compare, each world size's in one launch of its ranks (a fresh model and GradientSum each)
+TRAININGS = [
+    *[(w, "float32", True, N_MICRO, None) for w in (1, 2, 3, 4)],
+    *[(w, "bfloat16", True, N_MICRO, None) for w in (1, 3)],
+    *[(w, "float32", False, N_MICRO, None) for w in (1, 2, 4)],
+    *[(w, "float32", True, 4, words)
+      for w, words in ((1, "host"), (2, "device"), (4, "device"), (4, "host"))],
+]  # fmt: skip
+
+
+def _train_rank(rank, world, init, out, trainings):
+    """One rank of every training of ``trainings`` in turn; rank 0 writes their digests."""
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    digests = [_train(rank, world, *t) for t in trainings]
     if rank == 0:
         with open(out, "w") as f:
-            f.write(bitfold.digest({k: v.float() for k, v in model.state_dict().items()}))
+            json.dump(digests, f)
     dist.destroy_process_group()
     leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
 
 
-def _digest_for(tmp_path, world, dtype_name="float32", exact=True, n_micro=N_MICRO, words=None):
-    out = tmp_path / f"digest-{world}-{dtype_name}-{exact}-{words}"
-    init = f"file://{tmp_path / f'rdv-{world}-{dtype_name}-{exact}-{words}'}"
-    torch.multiprocessing.spawn(_train_rank, nprocs=world, join=True,
-                                args=(world, init, str(out), dtype_name, exact, n_micro, words))
-    return out.read_text()
+@pytest.fixture(scope="module")
+def digests(tmp_path_factory):
+    """Every training of TRAININGS: ``(world, dtype, exact, n_micro, words)`` -> digest."""
+    got = {}
+    for world in sorted({t[0] for t in TRAININGS}):
+        trainings = [t[1:] for t in TRAININGS if t[0] == world]
+        tmp = tmp_path_factory.mktemp(f"world{world}")
+        out, init = tmp / "digests.json", f"file://{tmp / 'rendezvous'}"
+        torch.multiprocessing.spawn(_train_rank, nprocs=world, join=True,
+                                    args=(world, init, str(out), trainings))  # fmt: skip
+        got.update(zip([(world, *t) for t in trainings], json.loads(out.read_text()), strict=True))
+    return got
 
 
 @pytest.mark.slow
-def test_device_words_train_the_host_words_bits(tmp_path):
+def test_device_words_train_the_host_words_bits(digests):
     """Four micro-batches a step: one a rank on 4 ranks (kept on the device, its words made
     there), two or four a rank on 2 or 1 (summed on the host first): one digest."""
-    digests = {(w, words): _digest_for(tmp_path, w, n_micro=4, words=words)
-               for w, words in ((1, "host"), (2, "device"), (4, "device"), (4, "host"))}
-    assert len(set(digests.values())) == 1, digests
+    got = {(w, words): digests[w, "float32", True, 4, words]
+           for w, words in ((1, "host"), (2, "device"), (4, "device"), (4, "host"))}  # fmt: skip
+    assert len(set(got.values())) == 1, got
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("dtype_name", "worlds"), [("float32", (1, 2, 3, 4)),
                                                     ("bfloat16", (1, 3))])
-def test_every_world_size_trains_the_same_bits(tmp_path, dtype_name, worlds):
-    digests = {w: _digest_for(tmp_path, w, dtype_name) for w in worlds}
-    assert len(set(digests.values())) == 1, digests
+def test_every_world_size_trains_the_same_bits(digests, dtype_name, worlds):
+    got = {w: digests[w, dtype_name, True, N_MICRO, None] for w in worlds}
+    assert len(set(got.values())) == 1, got
 
 
 @pytest.mark.slow
-def test_a_float_all_reduce_does_not(tmp_path):
-    digests = {w: _digest_for(tmp_path, w, exact=False) for w in (1, 2, 4)}
-    assert len(set(digests.values())) > 1, digests
+def test_a_float_all_reduce_does_not(digests):
+    got = {w: digests[w, "float32", False, N_MICRO, None] for w in (1, 2, 4)}
+    assert len(set(got.values())) > 1, got
 
 
 def _mismatch_rank(rank, world, init, out):
