@@ -9,29 +9,22 @@ either side), ties, subnormal sums, -0.0, specials, an init and every output dty
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed")
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("triton is not installed (make test installs it)", allow_module_level=True)
+# the Triton interpreter's skips and the bits helper, as the backend's own tests have them
+test_triton_backend = pytest.importorskip("test_triton_backend")
+torch = test_triton_backend.torch
+pytestmark = test_triton_backend.pytestmark
 
 from oracle import bucket_oracle  # noqa: E402
 
 import bitfold  # noqa: E402
-from bitfold.backends import triton as triton_backend  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not triton_backend.interpreting(), reason="TRITON_INTERPRET=1 is not set (conftest sets it)"
-)
-INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 SIGNIFICAND = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 
 
-def _bits(t):
-    return t.contiguous().view(INT[t.element_size()])
+_bits = test_triton_backend.bits
 
 
 def _edge_bucket(dtype: str, terms: int, over: int) -> list[float]:
