@@ -29,12 +29,17 @@ if not _gpu_visible():
 
 # Compiled kernels are cached in the checkout (.cache/, git-ignored), one directory that every
 # xdist worker and every subprocess of a test shares, so that a kernel is compiled once and a
-# second run finds it: Triton's builds (tests/test_triton_compile.py) and inductor's
-# (torch.compile). Numba's kernels already are: `cache=True` keeps them next to the sources
+# second run finds it: Triton's builds (tests/test_triton_compile.py), inductor's
+# (torch.compile) and XLA's (every jitted JAX program, however short its compilation).
+# Numba's kernels already are: `cache=True` keeps them next to the sources
 # (src/bitfold/**/__pycache__); NUMBA_CACHE_DIR stays unset, as scripts/mutants.py copies those
 # caches with the sources (tests/test_mutants.py) and tests that want a cold cache set their own.
-os.environ.setdefault("TRITON_CACHE_DIR", str(ROOT / ".cache" / "triton"))
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(ROOT / ".cache" / "inductor"))
+CACHE = ROOT / ".cache"
+os.environ.setdefault("TRITON_CACHE_DIR", str(CACHE / "triton"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(CACHE / "inductor"))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(CACHE / "jax"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402  (after the environment Triton reads when imported)
 from hypothesis import HealthCheck, settings  # noqa: E402
