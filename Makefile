@@ -50,7 +50,7 @@ XDIST ?= -n auto --dist loadfile
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 	BITFOLD_REQUIRE_BACKENDS=$(REQUIRED_BACKENDS) BITFOLD_REQUIRE_CUDA=1 \
-		$(PY) -m pytest $(XDIST) $(ARGS)
+		$(PY) -m pytest $(XDIST) --durations=10 $(ARGS)
 
 # Plant known bugs one at a time, each in a copy of the source, and check that the tests meant
 # to catch each fail (minutes; `make test` checks that every one still applies and runs two).
