@@ -11,7 +11,7 @@ needs the real one in the main test process.
   blocks, so the per-block merge and the grid-stride loops run).
 * ``BITFOLD_CUDA_DEVICE=1`` (``scripts/gpu_check.sh``): every case runs on the
   real GPU, plus the cases that need one (torch and CuPy arrays, streams,
-  CUDA graphs, the seed's size).
+  CUDA graphs, the hashed layer's size).
 
 ``exact`` is compared bitwise with the CPU ``exact`` result and with the
 Fraction oracle; ``ordered`` bitwise with the CPU ``ordered`` strategy and
@@ -924,7 +924,7 @@ def test_a_state_or_cached_plan_on_another_device_is_refused(monkeypatch):
         cuda_fold(plan, vals)
 
 
-# -- a real GPU only: foreign arrays, streams, graphs, the seed's size ---------------------------
+# -- a real GPU only: foreign arrays, streams, graphs, the hashed layer's size ---------------------
 @device_only
 def test_seed_configuration_exact_equals_cpu():
     rng = np.random.default_rng(0)

@@ -63,7 +63,7 @@ def test_probe_prints_four_answers_and_writes_json(probe_run, capsys):
     assert diffs["bitfold atomic"] == q2["exact"]["max_difference_from_atomic"]
 
 
-def test_probe_training_reproduces_the_seed_model_with_exact_digests(probe_run):
+def test_probe_training_reproduces_the_hashed_layer_model_with_exact_digests(probe_run):
     rep = json.loads(probe_run.read_text())
     # atomic (np.add.at) is sequential on the CPU: it equals ordered bit for bit
     assert rep["q4_training"]["atomic"]["digests"] == rep["q4_training"]["ordered"]["digests"]

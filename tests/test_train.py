@@ -111,7 +111,7 @@ def test_record_writes_one_manifest_per_run(tmp_path):
     assert [s["tensors"] for s in steps[0]] == [s["tensors"] for s in steps[1]]
 
 
-def test_seed_model_two_steps(tmp_path):
+def test_hashed_layer_model_two_steps(tmp_path):
     out = tmp_path / "seed.json"
     args = ["train", "--model", "seed", "--steps", "2", "--strategies", "exact",
             "--json", str(out)]

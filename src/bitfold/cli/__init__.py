@@ -3,7 +3,7 @@
 Each subcommand lives in its own module (:data:`COMMANDS`), which exposes
 ``HELP`` (one line), ``configure(parser)`` and ``main(args) -> int``.
 Modules are imported here only to build the parser; they import frameworks
-only when they run. Beside the commands: ``seed_model`` (the seed's model and
+only when they run. Beside the commands: ``hashed_layer_model`` (the hashed layer's model and
 its one training loop, for probe and train), ``probe_devices`` and
 ``probe_report`` (the probe's CPU/CUDA backends and its printed report),
 ``train_models`` (the digits data and models of ``train``), the data-parallel

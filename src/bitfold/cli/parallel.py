@@ -1,7 +1,7 @@
 """``bitfold train --world-size W``: data-parallel training whose bits do not depend on W.
 
 The model (digits or ``--model seed``) trains for ``--steps`` optimiser
-steps; each step's global batch (``--batch``; the seed model's fixed 128
+steps; each step's global batch (``--batch``; the hashed layer model's fixed 128
 rows) is cut into micro-batches of ``--micro-batch`` examples, dealt
 round-robin to the W processes (:mod:`bitfold.cli.parallel_rank`), and
 their gradients are summed exactly over every process
@@ -31,10 +31,10 @@ from typing import Any
 from ..errors import FoldError
 from .checkpoints import resume_state
 from .data_order import micro_batch_shares
+from .hashed_layer_model import HashedLayerModel
 from .json_report import report
 from .launch import leave, run_local, torchrun_rank
 from .parallel_rank import RankJob, run_rank
-from .seed_model import SeedModel
 
 #: ``--steps`` when it is not given, for either model.
 DEFAULT_STEPS = 100
@@ -77,10 +77,10 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     if args.model == "digits":
         cfg.update(hidden=args.hidden, buckets=args.buckets, batch=args.batch)
     else:
-        s = SeedModel()
+        s = HashedLayerModel()
         cfg.update(D=s.D, hid=s.hid, K=s.K, batch=s.batch)
     if cfg["batch"] % args.micro_batch:
-        which = "--batch" if args.model == "digits" else "the seed model's batch"
+        which = "--batch" if args.model == "digits" else "the hashed layer model's batch"
         raise FoldError(
             f"the global batch ({which}, {cfg['batch']}) must be a multiple of --micro-batch "
             f"{args.micro_batch}"
@@ -113,7 +113,7 @@ def _description(cfg: dict[str, Any]) -> str:
     if cfg["model"] == "digits":
         return (f"scikit-learn digits (1437 train / 360 test), MLP 64-{cfg['hidden']}-10 of "
                 f"FoldedLinear layers with {cfg['buckets']} buckets each")  # fmt: skip
-    return (f"seed synthetic model (D={cfg['D']}, hid={cfg['hid']}, K={cfg['K']}, batch "
+    return (f"hashed layer model (D={cfg['D']}, hid={cfg['hid']}, K={cfg['K']}, batch "
             f"{cfg['batch']})")  # fmt: skip
 
 
@@ -199,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
     worlds = _world_sizes(args.world_size, launched)
     _check(args, worlds)
     if args.lr is None:
-        args.lr = 1e-2 if args.model == "digits" else SeedModel().lr
+        args.lr = 1e-2 if args.model == "digits" else HashedLayerModel().lr
     cfg = _config(args)
     steps = args.steps or DEFAULT_STEPS
     job = RankJob(config=cfg, steps=steps, timeout=float(args.timeout), save=args.save,

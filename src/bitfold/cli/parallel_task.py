@@ -9,9 +9,9 @@ depend on how the micro-batches are spread over processes.
   (``FoldedLinear`` layers, exact folds), cross-entropy, a new shuffle of
   the 1,437 training images every epoch; readout: mean training loss and
   test accuracy of the final model.
-* ``seed``: the seed's one ``FoldedLinear`` (:func:`bitfold.cli.train_models.seed_layer`)
+* ``seed``: the hashed layer's one ``FoldedLinear`` (:func:`bitfold.cli.train_models.hashed_layer`)
   on its fixed batch of 128 rows, in order; loss ``sum((relu(XW) - 1)^2) / 2``
-  a micro-batch (the seed's loss times the batch); readout: the seed's loss.
+  a micro-batch (the hashed layer's loss times the batch); readout: the hashed layer's loss.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from .data_order import DataOrder
-from .seed_model import SeedModel
-from .train_models import digits_data, digits_mlp, seed_layer
+from .hashed_layer_model import HashedLayerModel
+from .train_models import digits_data, digits_mlp, hashed_layer
 
 
 @dataclass
@@ -60,8 +60,8 @@ def build(torch: Any, config: dict[str, Any]) -> Task:
         order = DataOrder(len(y), config["batch"], seed + 1, shuffle=True)
         return Task(model, order, loss, readout)
 
-    spec = SeedModel(lr=config["lr"], seed=seed)
-    model, Xs = seed_layer(torch, FoldedLinear, spec)
+    spec = HashedLayerModel(lr=config["lr"], seed=seed)
+    model, Xs = hashed_layer(torch, FoldedLinear, spec)
 
     def seed_loss(ex: Any) -> Any:
         return ((torch.relu(model(Xs[ex])) - 1.0) ** 2).sum() / 2

@@ -1,11 +1,11 @@
-"""``bitfold probe``: the seed experiment's four questions, answered on this machine.
+"""``bitfold probe``: the hashed layer experiment's four questions, answered on this machine.
 
 1. Is the usual scatter (the fold everyone uses) non-deterministic here?
 2. Are bitfold's ``ordered`` and ``exact`` folds bit-identical across repeats?
 3. What does each fold cost per call?
-4. Does a training run of the seed's folded model become reproducible?
+4. Does a training run of the hashed layer's folded model become reproducible?
 
-Defaults are the seed's (D=768, hid=4096, K=433, reps=5, steps=200,
+Defaults are the hashed layer's (D=768, hid=4096, K=433, reps=5, steps=200,
 batch=128, lr=1e-3). The human report goes to stdout, progress to stderr,
 and ``--json PATH`` writes every number.
 """
@@ -30,10 +30,17 @@ from ..plan import Fold
 from ..repro.digest import bits_equal, digest
 from ..repro.fingerprint import fingerprint
 from .bench.contenders import CONTENDERS, Contender, Inputs, baseline_for, resolve
+from .hashed_layer_model import (
+    HASHED_LAYER_STEPS,
+    HashedLayerAdam,
+    HashedLayerModel,
+    autograd_gradient,
+    folded_gradient,
+    train,
+)
 from .probe_devices import CpuDevice, CudaDevice
 from .probe_report import BIT_STRATEGIES, print_report, readout
 from .progress import progress_bar
-from .seed_model import SEED_STEPS, SeedAdam, SeedModel, autograd_gradient, folded_gradient, train
 from .timing import machine_load, peak_bytes, time_call
 from .torch_env import passive_openmp_before_torch
 
@@ -66,22 +73,22 @@ BASELINES = {
 
 @dataclass
 class ProbeConfig:
-    """The seed's configuration; every field is a command-line flag."""
+    """The hashed layer's configuration; every field is a command-line flag."""
 
-    D: int = SeedModel.D
-    hid: int = SeedModel.hid
-    K: int = SeedModel.K
+    D: int = HashedLayerModel.D
+    hid: int = HashedLayerModel.hid
+    K: int = HashedLayerModel.K
     reps: int = 5
-    steps: int = SEED_STEPS
-    batch: int = SeedModel.batch
-    lr: float = SeedModel.lr
-    seed: int = SeedModel.seed
+    steps: int = HASHED_LAYER_STEPS
+    batch: int = HashedLayerModel.batch
+    lr: float = HashedLayerModel.lr
+    seed: int = HashedLayerModel.seed
     device: str = "auto"
     torch: bool = True
 
-    def model(self) -> SeedModel:
-        """The seed model these settings describe."""
-        return SeedModel(self.D, self.hid, self.K, self.batch, self.lr, self.seed)
+    def model(self) -> HashedLayerModel:
+        """The hashed layer model these settings describe."""
+        return HashedLayerModel(self.D, self.hid, self.K, self.batch, self.lr, self.seed)
 
     def check(self) -> None:
         """Refuse sizes that make no sense before any work starts."""
@@ -217,7 +224,7 @@ class Probe:
         self.show_progress = show_progress
         self.model = cfg.model()
         rng = np.random.default_rng(cfg.seed)
-        self.idx = self.model.index(rng)  # the seed's map; the test gradient is drawn next
+        self.idx = self.model.index(rng)  # the hashed layer's map; the test gradient is drawn next
         self.g = rng.normal(size=self.idx.size).astype(np.float32)
         self.matmul_x = rng.normal(size=(cfg.batch, cfg.D)).astype(np.float32)
         self.matmul_w = rng.normal(size=(cfg.D, cfg.hid)).astype(np.float32)
@@ -380,7 +387,7 @@ class Probe:
     def training_runs(self) -> list[tuple[str, Callable[[Callable[[], None]], Any]]]:
         """(name, train(tick) -> final v) for every fold the training question compares.
 
-        All of them are :func:`bitfold.cli.seed_model.train` of the seed model:
+        All of them are :func:`bitfold.cli.hashed_layer_model.train` of the hashed layer model:
         with each bitfold strategy folding the gradient, and with PyTorch's
         autograd of ``v[idx]``.
         """
@@ -390,11 +397,12 @@ class Probe:
         def bitfold_run(strategy: str, tick: Callable[[], None]) -> Any:
             assert self.plan is not None
             grad = folded_gradient(model, self.plan, strategy, dev.array(self.idx))
-            return train(dev.array(v0), dev.array(X), steps, grad, SeedAdam(model.lr), tick)
+            return train(dev.array(v0), dev.array(X), steps, grad, HashedLayerAdam(model.lr), tick)
 
         def autograd_run(tick: Callable[[], None]) -> Any:
             grad = autograd_gradient(model, dev.tensor(self.idx))
-            return train(dev.tensor(v0), dev.tensor(X), steps, grad, SeedAdam(model.lr), tick)
+            adam = HashedLayerAdam(model.lr)
+            return train(dev.tensor(v0), dev.tensor(X), steps, grad, adam, tick)
 
         runs: list[tuple[str, Callable[[Callable[[], None]], Any]]] = [
             (s, lambda tick, s=s: bitfold_run(s, tick)) for s in TRAIN_STRATEGIES
@@ -404,7 +412,7 @@ class Probe:
         return runs
 
     def question4(self) -> dict[str, Any]:
-        """The seed's folded model trained twice per fold: identical or not, and digests."""
+        """The hashed layer's folded model trained twice per fold: identical or not, and digests."""
         runs = self.training_runs()
         total = 2 * len(runs) * self.cfg.steps
         out: dict[str, Any] = {}
@@ -452,7 +460,7 @@ class _Encoder(json.JSONEncoder):
 
 # --------------------------------------------------------------------------- CLI
 def configure(parser: argparse.ArgumentParser) -> None:
-    """Flags: the seed's configuration, --json, --device."""
+    """Flags: the hashed layer's configuration, --json, --device."""
     d = ProbeConfig()
     for name, meaning in FLAG_MEANINGS.items():
         parser.add_argument(

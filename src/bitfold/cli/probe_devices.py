@@ -42,7 +42,7 @@ class CpuDevice:
         self.torch = torch
 
     def array(self, a: np.ndarray) -> Any:
-        """``a`` as bitfold's folds and the seed model's bitfold training take it here."""
+        """``a`` as bitfold's folds and the hashed layer model's bitfold training take it here."""
         return a
 
     def tensor(self, a: np.ndarray) -> Any:

@@ -1,6 +1,6 @@
 """``bitfold train``: train a folded MLP twice per strategy and compare the two runs bit for bit.
 
-The experiment behind the seed's question "does training become
+The experiment behind the hashed layer's question "does training become
 reproducible?", on a real dataset available offline: scikit-learn's bundled
 digits (1,797 8x8 images, 10 classes; the ``train`` extra installs
 scikit-learn). The model is ``FoldedLinear(64, hidden) -> ReLU ->
@@ -15,11 +15,11 @@ trained ``--repeats`` times (default twice) from the same seed:
   least 32,768 positions in a map it adds with atomics in the order the
   threads finish.
 
-``--model seed`` trains the seed's synthetic model instead
-(:mod:`bitfold.cli.seed_model`: D=768, hid=4096, K=433, a fixed random batch
+``--model seed`` trains the hashed layer's synthetic model instead
+(:mod:`bitfold.cli.hashed_layer_model`: D=768, hid=4096, K=433, a fixed random batch
 of 128, loss ``sum((relu(XW)-1)^2) / (2 batch)``, Adam lr 1e-3; one "epoch"
 is one step, ``--steps`` of them), as one ``FoldedLinear`` trained with
-``torch.optim.Adam`` through the seed model's training loop.
+``torch.optim.Adam`` through the hashed layer model's training loop.
 
 Reported per run: final loss (mean training loss of the last epoch), test
 accuracy, seconds per epoch, and the digest of the final state dict
@@ -58,11 +58,11 @@ import numpy as np
 
 from ..errors import DeviceError, FoldError
 from . import parallel
+from .hashed_layer_model import HASHED_LAYER_STEPS, HashedLayerModel, train
 from .json_report import report
 from .progress import progress_bar
-from .seed_model import SEED_STEPS, SeedModel, train
 from .torch_env import passive_openmp_before_torch
-from .train_models import digits_data, digits_mlp, seed_layer
+from .train_models import digits_data, digits_mlp, hashed_layer
 
 HELP = ("train a folded MLP twice per strategy and check that the runs are bit-identical; "
         "--world-size W: data-parallel, the same bits for every W")
@@ -72,9 +72,9 @@ BASELINE = "autograd"
 DEFAULT_STRATEGIES = ("exact", "ordered", "atomic", BASELINE)
 
 DIGITS_DEFAULTS = {"epochs": 40, "hidden": 512, "buckets": 1024, "batch": 32, "lr": 1e-2}
-_SEED = SeedModel()
+_SEED = HashedLayerModel()
 SEED_DEFAULTS = {"D": _SEED.D, "hid": _SEED.hid, "K": _SEED.K, "batch": _SEED.batch,
-                 "lr": _SEED.lr, "steps": SEED_STEPS}
+                 "lr": _SEED.lr, "steps": HASHED_LAYER_STEPS}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +82,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     d = DIGITS_DEFAULTS
     parser.add_argument(
         "--model", choices=("digits", "seed"), default="digits",
-        help="digits: folded MLP on scikit-learn's digits (default); seed: the seed's "
+        help="digits: folded MLP on scikit-learn's digits (default); seed: the hashed layer's "
         "synthetic model",
     )
     parser.add_argument("--epochs", type=int, default=d["epochs"],
@@ -284,12 +284,12 @@ def _run_digits(torch: Any, args: argparse.Namespace, data: dict[str, np.ndarray
 
 def _run_seed(torch: Any, args: argparse.Namespace, strategy: str, device: Any, rec: Any,
               bar: Any) -> dict[str, Any]:
-    """The seed model (:mod:`bitfold.cli.seed_model`) as one ``FoldedLinear`` (or its autograd
-    twin) trained with ``torch.optim.Adam``, through the seed model's one training loop."""
-    spec = SeedModel(lr=args.lr, seed=args.seed)
+    """The hashed layer model (:mod:`.hashed_layer_model`) as one ``FoldedLinear`` (or its autograd
+    twin) trained with ``torch.optim.Adam``, through the hashed layer model's one training loop."""
+    spec = HashedLayerModel(lr=args.lr, seed=args.seed)
     FoldedLinear, Baseline = _layers(torch)
     cls = Baseline if strategy == BASELINE else FoldedLinear
-    layer, X0 = seed_layer(torch, cls, spec, **_layer_kwargs(strategy))
+    layer, X0 = hashed_layer(torch, cls, spec, **_layer_kwargs(strategy))
     model = layer.to(device)
     X = X0.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, eps=1e-8)
@@ -444,7 +444,7 @@ def _main(torch: Any, args: argparse.Namespace, strategies: list[str]) -> int:
     else:
         c = SEED_DEFAULTS
         description = (
-            f"seed synthetic model (D={c['D']}, hid={c['hid']}, K={c['K']}, batch "
+            f"hashed layer model (D={c['D']}, hid={c['hid']}, K={c['K']}, batch "
             f"{c['batch']}), {args.steps} steps (one step per 'epoch'), Adam lr {args.lr}"
         )
         length = args.steps

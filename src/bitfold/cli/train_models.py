@@ -5,8 +5,8 @@
 * :func:`digits_mlp`: ``layer(64, hidden) -> ReLU -> layer(hidden, 10)``,
   initialised from ``torch.manual_seed(seed)`` (``layer`` is
   :class:`bitfold.torch.FoldedLinear` or a twin of it);
-* :func:`seed_layer`: the seed's model (:mod:`bitfold.cli.seed_model`) as one
-  ``FoldedLinear`` over the seed's own map, with the seed's initial weights.
+* :func:`hashed_layer`: the hashed layer's model (:mod:`bitfold.cli.hashed_layer_model`) as one
+  ``FoldedLinear`` over the hashed layer's own map, with the hashed layer's initial weights.
 
 Both paths build the same model from the same arguments, so a run's
 starting point does not depend on how it is trained.
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FoldError
-from .seed_model import SeedModel
+from .hashed_layer_model import HashedLayerModel
 
 
 def digits_data(seed: int) -> dict[str, np.ndarray]:
@@ -51,11 +51,11 @@ def digits_mlp(torch: Any, layer: Any, hidden: int, buckets: int, seed: int,
     )
 
 
-def seed_layer(torch: Any, layer: Any, spec: SeedModel, **kwargs: Any) -> tuple[Any, Any]:
-    """The seed model as one ``layer`` over the seed's map, with ``v0``; and its batch ``X``."""
+def hashed_layer(torch: Any, layer: Any, spec: HashedLayerModel, **kwargs: Any) -> tuple[Any, Any]:
+    """The hashed layer model as one ``layer`` over its map, with ``v0``; and its batch ``X``."""
     from ..plan import Fold
 
-    idx = spec.index().reshape(spec.D, spec.hid)  # the seed's map, W = v[idx] (D x hid)
+    idx = spec.index().reshape(spec.D, spec.hid)  # the hashed layer's map, W = v[idx] (D x hid)
     plan = Fold(np.ascontiguousarray(idx.T), spec.K)  # FoldedLinear holds W.T: (hid, D)
     model = layer(spec.D, spec.hid, spec.K, bias=False, plan=plan, **kwargs)
     v0, X0 = spec.start()

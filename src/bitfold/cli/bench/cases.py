@@ -33,7 +33,7 @@ import numpy as np
 
 from ...errors import FoldError
 
-#: The seed experiment's configuration: a 768 x 4096 weight folded into 433 parameters.
+#: The hashed layer experiment's configuration: a 768 x 4096 weight folded into 433 parameters.
 SEED_N = 768 * 4096
 SEED_K = 433
 
@@ -56,7 +56,7 @@ MEMORY_SKEWS = ("uniform", "zipf1.3", "hot")
 _Point = tuple[int, int, str, str] | tuple[int, int, str, str, int]
 SWEEPS: dict[str, tuple[str, list[_Point], list[_Point]]] = {
     "seed": (
-        "the seed experiment: 3,145,728 float32 values into 433 buckets, uniform",
+        "the hashed layer experiment: 3,145,728 float32 values into 433 buckets, uniform",
         [(SEED_N, SEED_K, "uniform", "float32")],
         [(SEED_N, SEED_K, "uniform", "float32")],
     ),

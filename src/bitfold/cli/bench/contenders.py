@@ -225,9 +225,9 @@ def _bitfold_new_plan(inp: Inputs) -> Runner:
     return Runner(lambda: segment_sum(values, inp.idx, inp.k))
 
 
-# -- the seed's padded layout ----------------------------------------------------------------
+# -- the original script's padded layout -----------------------------------------------------------
 class PaddedScatter:
-    """The seed experiment's ``FixedScatter``, rewritten: a fixed order, no races.
+    """The hashed layer experiment's ``FixedScatter``, rewritten: a fixed order, no races.
 
     Built once: a stable sort of the index and a ``K x (largest bucket)``
     buffer. Each call assigns every value to its own slot (bucket row, rank
@@ -423,9 +423,9 @@ CONTENDERS: dict[str, Contender] = {
                   "bitfold.Fold(idx, K)(values, 'atomic')", _bitfold("atomic"),
                   cuda_library="torch", label="bitfold atomic", kinds=_ALL, dtypes=DTYPES),
         Contender("fixed-scatter", "numpy", _BOTH, "fixed order",
-                  "the seed's FixedScatter: K x largest-bucket padded buffer", _padded,
+                  "the original script's FixedScatter: K x largest-bucket padded buffer", _padded,
                   cuda_library="cupy", label="seed FixedScatter",
-                  not_served=(("rows", "the seed's padded layout is for scalars"), _NO_BF16)),
+                  not_served=(("rows", "the padded layout is for scalars"), _NO_BF16)),
         Contender("numpy-add-at", "numpy", ("cpu",), "none",
                   "np.add.at(zeros((K,) + trailing), idx, values)", _add_at, label="np.add.at",
                   kinds=_ALL, not_served=(_NO_BF16,)),

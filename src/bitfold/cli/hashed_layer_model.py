@@ -1,15 +1,15 @@
 """The hashed layer experiment's model and its one training loop (``bitfold probe``, ``train``).
 
 The model of the hashed layer experiment that bitfold grew from (described on the
-documentation's Concepts page, "The seed experiment"; the user's script is not part of
+documentation's Concepts page, "The hashed layer experiment"; the user's script is not part of
 the repository):
 K shared parameters ``v``, a static map ``idx`` (D x hid, uniform in
 [0, K)), the weight ``W = v[idx]``, one fixed random batch ``X`` (batch x D),
 ``h = relu(X @ W)`` and the loss ``sum((h - 1)^2) / (2 batch)``, trained
 with Adam. Every input comes from ``numpy.random.default_rng(seed)``: the map
-is the first draw of one generator (:meth:`SeedModel.index`; for seed 0 the
-seed script's own draw), ``v`` and ``X`` the first draws of a second one
-(:meth:`SeedModel.start`).
+is the first draw of one generator (:meth:`HashedLayerModel.index`; for seed 0 the
+original script's own draw), ``v`` and ``X`` the first draws of a second one
+(:meth:`HashedLayerModel.start`).
 
 :func:`train` is the one loop: each step asks a *gradient* function for the
 gradient of the loss with respect to ``v`` and an *update* for the new ``v``.
@@ -18,7 +18,7 @@ gradient of the loss with respect to ``v`` and an *update* for the new ``v``.
   into ``v`` by a bitfold strategy (NumPy arrays, or torch tensors on a GPU);
 * :func:`autograd_gradient`: PyTorch's autograd of ``v[idx]``, whose backward
   is PyTorch's own fold (``index_put_`` with ``accumulate=True``);
-* :class:`SeedAdam`: the seed's Adam formula, the same for NumPy and torch;
+* :class:`HashedLayerAdam`: the hashed layer's Adam formula, the same for NumPy and torch;
   ``bitfold train --model seed`` passes ``torch.optim.Adam``'s step instead,
   with the gradient of a :class:`bitfold.torch.FoldedLinear`.
 
@@ -38,13 +38,13 @@ import numpy as np
 Gradient = Callable[[Any, Any], Any]
 Update = Callable[[Any, Any, int], Any]
 
-#: The seed script's number of optimiser steps.
-SEED_STEPS = 200
+#: The original script's number of optimiser steps.
+HASHED_LAYER_STEPS = 200
 
 
 @dataclass(frozen=True)
-class SeedModel:
-    """The seed model's sizes, learning rate and seed (the seed script's defaults)."""
+class HashedLayerModel:
+    """The hashed layer model's sizes, learning rate and seed (the original script's defaults)."""
 
     D: int = 768
     hid: int = 4096
@@ -90,8 +90,8 @@ def _zeros_like(x: Any) -> Any:
     return np.zeros_like(x) if _is_numpy(x) else x.new_zeros(x.shape)
 
 
-def folded_gradient(model: SeedModel, plan: Any, strategy: str, idx: Any) -> Gradient:
-    """The seed's backward written out; ``W``'s gradient is folded by ``plan(gW, strategy)``.
+def folded_gradient(model: HashedLayerModel, plan: Any, strategy: str, idx: Any) -> Gradient:
+    """The backward written out; ``W``'s gradient is folded by ``plan(gW, strategy)``.
 
     ``plan`` is a :class:`bitfold.plan.Fold` of the flat map and ``idx`` that
     map as an array of the same library and device as ``v`` (a NumPy array,
@@ -109,7 +109,7 @@ def folded_gradient(model: SeedModel, plan: Any, strategy: str, idx: Any) -> Gra
     return gradient
 
 
-def autograd_gradient(model: SeedModel, idx: Any) -> Gradient:
+def autograd_gradient(model: HashedLayerModel, idx: Any) -> Gradient:
     """PyTorch's gradient of the loss through ``v[idx]`` (``idx`` a tensor on ``v``'s device)."""
     D, hid = model.D, model.hid
 
@@ -124,8 +124,8 @@ def autograd_gradient(model: SeedModel, idx: Any) -> Gradient:
     return gradient
 
 
-class SeedAdam:
-    """The seed's Adam step (beta1 0.9, beta2 0.999, eps 1e-8), one formula for NumPy and torch."""
+class HashedLayerAdam:
+    """The Adam step (beta1 0.9, beta2 0.999, eps 1e-8), one formula for NumPy and torch."""
 
     def __init__(self, lr: float) -> None:
         self.lr = lr
