@@ -33,6 +33,22 @@ def test_the_prediction_is_the_ring_model_of_the_measured_inputs(tmp_path):
     assert "met" not in result["clusters"][1]  # the goal is judged on 8 GPUs only
 
 
+def test_the_sharded_step_is_the_ring_model_of_gather_and_reduce_scatter(tmp_path):
+    src, out = tmp_path / "allreduce.json", tmp_path / "model.json"
+    src.write_text(json.dumps(report()))
+    dp_model.main([str(src), "--params", "1e9", "--json", str(out)])
+    result = json.loads(out.read_text())
+    eight = result["sharded"][0]
+    work = 50_000.0 * 1e-6 / 10**8
+    gather = 7 / 8 * 4e9 / 400e9
+    fsdp = gather + 7 / 8 * 4e9 / 400e9
+    exact = gather + work * 1e9 + 7 / 8 * 5.5e9 / 400e9
+    assert eight["fsdp_ms"] == fsdp * 1e3 and eight["exact_ms"] == exact * 1e3
+    # the gather costs both the same: the sharded ratio is DDP's diluted
+    assert 1 < eight["ratio"] < result["clusters"][0]["ratio"]
+    assert result["sharded"][1]["wire_bytes_per_element"] == 8.0
+
+
 def test_compute_time_lowers_the_ratio():
     measured = dp_model.inputs(report())
     idle = dp_model.predict(measured, 1e9, 0.0)[0]["ratio"]
