@@ -19,7 +19,7 @@ from oracle import exact_fold_oracle, ordered_fold_reference
 
 import bitfold
 from bitfold import arrays, dispatch
-from bitfold.backends import cuda, host, portable, triton
+from bitfold.backends import cuda, host, portable, portable_torch, triton
 from bitfold.formats import FLOATS, limb_format_for
 from bitfold.validate import check_values
 
@@ -154,38 +154,49 @@ def test_the_narrow_path_against_the_oracle(case):
     start = np.linspace(-3, 3, K * D).reshape((K, *t.shape[1:]))
     start.reshape(-1)[:1] = -0.0
     init, init_held = _as(start, dtype) if with_init else (None, None)
-    real = portable._scales_exactly
-    try:
-        portable._scales_exactly = lambda ops, like: scaled and real(ops, like)
-        groups = [(torch.from_numpy(index), t, dtype)]
-        counts = torch.from_numpy(np.bincount(index, minlength=K).astype(np.int64) + with_init)
-        shape = (K,) if D == 1 and t.ndim == 1 else (K, D)
-        if init is not None:
-            groups.append((torch.arange(K), init.reshape(shape), dtype))
-        out_name = bitfold.formats.resolve_out_dtype(dtype, out)
-        fmt = limb_format_for(dtype)
-        counts = counts.reshape(-1, *([1] * (len(shape) - 1))).expand(shape).contiguous()
-        groups = [(i, v.reshape((-1, *shape[1:])), d) for i, v, d in groups]
-        terms = portable.Terms(arrays.family_of(t), t, fmt, shape, groups)
-        got, bad = portable.narrow_fold(terms, counts, out_name)
-        assert not bool(bad)
-        rows = held.reshape(len(index), D)
-        want = _oracle(index, rows, K, out_name, None if init is None else init_held.reshape(K, D))
-        assert np.array_equal(_bits(got, out_name).reshape(K, -1), want)
-        # the fold itself takes the same path: same bits
+    groups = [(torch.from_numpy(index), t, dtype)]
+    counts = torch.from_numpy(np.bincount(index, minlength=K).astype(np.int64) + with_init)
+    shape = (K,) if D == 1 and t.ndim == 1 else (K, D)
+    if init is not None:
+        groups.append((torch.arange(K), init.reshape(shape), dtype))
+    out_name = bitfold.formats.resolve_out_dtype(dtype, out)
+    fmt = limb_format_for(dtype)
+    flat_counts = counts.repeat_interleave(D)
+    counts = counts.reshape(-1, *([1] * (len(shape) - 1))).expand(shape).contiguous()
+    groups = [(i, v.reshape((-1, *shape[1:])), d) for i, v, d in groups]
+    terms = portable.Terms(arrays.family_of(t), t, fmt, shape, groups)
+    got, bad = portable.narrow_fold(terms, counts, out_name, scaled=scaled)
+    assert not bool(bad)
+    rows = held.reshape(len(index), D)
+    want = _oracle(index, rows, K, out_name, None if init is None else init_held.reshape(K, D))
+    assert np.array_equal(_bits(got, out_name).reshape(K, -1), want)
+    # the fold itself takes the same path: same bits
+    via = _exact_sums(t, index, K, out_name, init=init, scaled=scaled, counts=flat_counts)
+    assert np.array_equal(_bits(via, out_name).reshape(K, -1), want)
+    if scaled:  # the default where the library scales exactly (float64 on the CPU)
         kw = {} if init is None else {"init": init}
         via = dispatch.fold(plan, t, out_dtype=out_name, backend="portable", **kw)
         assert np.array_equal(_bits(via, out_name).reshape(K, -1), want)
-    finally:
-        portable._scales_exactly = real
+
+
+def _exact_sums(t, index, K, out_name, *, init=None, counts=None, **kw):
+    """:func:`portable.exact_sums` of torch values ``t`` by the host ``index`` ((K·D,) flat),
+    ``kw`` its keywords (``words``, ``scaled``); ``counts``, the flat counts, from ``index``."""
+    D = int(np.prod(t.shape[1:], dtype=np.int64))
+    word = kw["words"].word if "words" in kw else "int64"
+    if counts is None:
+        counts = torch.from_numpy(np.repeat(np.bincount(index, minlength=K), D))
+    bound = max(int(counts.max()) if counts.numel() else 0, 1)
+    ops = arrays.family_of(t)
+    index_t = torch.from_numpy(np.asarray(index).astype(word))
+    counts = counts.to(getattr(torch, word))
+    return portable.exact_sums(ops, t, index_t, counts, init, K, D, bound, out_name, **kw)
 
 
 @pytest.mark.parametrize("scaled", [True, False])
-def test_the_narrow_path_flags_what_it_cannot_hold(scaled, monkeypatch):
+def test_the_narrow_path_flags_what_it_cannot_hold(scaled):
     """A bucket spanning more than a word, a NaN, an infinity (and, scaled, a subnormal) set the
     flag; the fold then takes the digit path and gives the oracle's bits."""
-    real = portable._scales_exactly
-    monkeypatch.setattr(portable, "_scales_exactly", lambda ops, like: scaled and real(ops, like))
     index = np.array([0, 0, 1, 1, 2])
     for odd in [2.0**-70, np.nan, np.inf, 1e-40]:
         values = np.array([1.0 if odd != 1e-40 else 3e-40, odd, 3.0, 1.5, -2.0], np.float32)
@@ -193,10 +204,12 @@ def test_the_narrow_path_flags_what_it_cannot_hold(scaled, monkeypatch):
         counts = torch.from_numpy(np.bincount(index, minlength=3).astype(np.int64))
         terms = portable.Terms(arrays.family_of(t), t, limb_format_for("float32"), (3,),
                                [(torch.from_numpy(index), t, "float32")])  # fmt: skip
-        _, bad = portable.narrow_fold(terms, counts, "float32")
+        _, bad = portable.narrow_fold(terms, counts, "float32", scaled=scaled)
         assert bool(bad) == (scaled or odd != 1e-40)
-        got = bitfold.Fold(index, 3)(t, backend="portable")
         want = exact_fold_oracle(index, values.astype(np.float64), 3)
+        got = _exact_sums(t, index, 3, "float32", scaled=scaled)
+        assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
+        got = bitfold.Fold(index, 3)(t, backend="portable")
         assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
 
 
@@ -364,27 +377,22 @@ def test_expand_and_refusals():
         plan(torch.ones(2, 2), backend="tpu")
 
 
-def test_chunked_carries_give_the_same_bits(monkeypatch):
+def test_chunked_carries_give_the_same_bits():
     """More additions than a word absorbs are taken in chunks with a carry between them; where
     no word can get that many (3 terms a bucket here), many more positions than that go in one
     pass."""
     rng = np.random.default_rng(8)
     values = (rng.standard_normal(3000) * 2.0 ** rng.integers(-100, 100, 3000)).astype(np.float32)
-    real = portable.words_for
+    fmt = limb_format_for("float32")
     few, many = rng.integers(0, 3, 3000), np.arange(3000) % 1000
     for int64, index in [(True, few), (False, few), (True, many), (False, many)]:
-        plan = bitfold.Fold(index, int(index.max()) + 1)
-        want = plan(values)
-
-        def tiny(fmt, _int64, bound, int64=int64):
-            w = real(fmt, int64, bound)
-            return portable.Words(w.word, w.word_bits, 8 if not int64 else 32,
-                                  fmt.limbs * 32 // (8 if not int64 else 32), 7)  # fmt: skip
-
-        monkeypatch.setattr(portable, "words_for", tiny)
-        got = plan(torch.from_numpy(values), backend="portable")
+        K = int(index.max()) + 1
+        want = bitfold.Fold(index, K)(values)
+        w = portable.words_for(fmt, int64, 1)
+        tiny = portable.Words(w.word, w.word_bits, 8 if not int64 else 32,
+                              fmt.limbs * 32 // (8 if not int64 else 32), 7)  # fmt: skip
+        got = _exact_sums(torch.from_numpy(values), index, K, "float32", words=tiny)
         assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
-        monkeypatch.setattr(portable, "words_for", real)
 
 
 # -- no host synchronisation: fake tensors, torch.compile ---------------------------------------
@@ -437,16 +445,15 @@ def test_a_compiled_cpu_fold_takes_the_shared_unit_in_the_graph_and_the_eager_fo
     base = rng.standard_normal((64, 2)).astype(np.float32)
     base[:2] = 1.0
     eager_folds = []
-    real = portable.exact_sums
-
-    def counted(ops, values, *args):
-        if not portable._torch_compiling():
-            eager_folds.append(1)
-        return real(ops, values, *args)
-
-    monkeypatch.setattr(portable, "exact_sums", counted)
     fold = _fold_fn(plan)
     fold(torch.from_numpy(base))  # the plan meets the device once, eagerly
+    real = portable_torch._EAGER_FOLD[0]  # the fold the operator makes where the graph's fails
+
+    def counted(*args):
+        eager_folds.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(portable_torch, "_EAGER_FOLD", [counted])
     compiled = torch.compile(fold, fullgraph=True)
     cases = {"normal": (None, False), "wide": (2.0**-90, True), "nan": (np.nan, True),
              "subnormal": (1e-41, True), "cancel": (-1.0, True),

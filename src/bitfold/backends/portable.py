@@ -445,7 +445,9 @@ def _chunks(ops: ArrayFamily, like: Any, n: int, row: int, R: int) -> list[tuple
     return [(lo, min(n, lo + step)) for lo in range(0, n, step)] or [(0, 0)]
 
 
-def narrow_fold(terms: Terms, counts: Any, out_name: str) -> tuple[Any, Any]:
+def narrow_fold(
+    terms: Terms, counts: Any, out_name: str, *, scaled: bool | None = None
+) -> tuple[Any, Any]:
     """(rounded sums of shape ``terms.shape``, a scalar flag set where they may be wrong).
 
     ``counts`` (``shape``, int64) are the terms of every output element. Two
@@ -465,7 +467,9 @@ def narrow_fold(terms: Terms, counts: Any, out_name: str) -> tuple[Any, Any]:
     The flag is set when a term had bits below its element's unit (its
     element spans more than a word holds), an element met NaN or infinity,
     or (float64 scaling) a term is subnormal; the caller then takes the digit
-    path. Eager CPU folds take the values in chunks (:func:`_chunks`).
+    path. Eager CPU folds take the values in chunks (:func:`_chunks`). ``scaled`` says how
+    words are made: by the float64 scaling (True) or integer shifts (False); None, the
+    scaling where :func:`_scales_exactly` says it is exact.
     """
     ops, like, fmt, shape, groups = terms.ops, terms.like, terms.fmt, terms.shape, terms.groups
     word = NARROW.word
@@ -489,7 +493,8 @@ def narrow_fold(terms: Terms, counts: Any, out_name: str) -> tuple[Any, Any]:
         top_exp = _larger(ops, top_exp, ops.where(big < 0, -1, e + f.precision))
     headroom = _bit_length(ops, ops.clip(counts, 0, (1 << 31) - 1), 32)
     unit = ops.clip(top_exp + headroom - NARROW_BITS, 0, 1 << 20)
-    scaled = _scales_exactly(ops, like)
+    if scaled is None:
+        scaled = _scales_exactly(ops, like)
     flags = [ops.amax(special.reshape(-1), 0)]
     sums = ops.zeros(like, shape, word)
     for index, values, dtype in groups:
@@ -952,6 +957,9 @@ def exact_sums(
     D: int,
     bound: int,
     out_name: str,
+    *,
+    words: Words | None = None,
+    scaled: bool | None = None,
 ) -> Any:
     """The exact fold of ``values`` ((n,) or (n, ...) with ``D`` elements a row) by ``index``
     ((n,), the plan's words) into ``K`` buckets, rounded once: a flat ``(K·D,)`` array.
@@ -964,11 +972,16 @@ def exact_sums(
     ``torch.compile``, torch CPU tensors fold by the shared unit in the graph,
     and an operator (:mod:`bitfold.backends.portable_torch`) folds eagerly
     where it did not serve.
+
+    ``words`` (default :func:`words_for` the values' library and ``bound``) hold
+    the digit path's sums; ``scaled`` is :func:`narrow_fold`'s. ``index`` and
+    ``counts`` are integers of ``words.word``.
     """
     dtype = _float_name(values)
     init_dtype = None if init is None else _float_name(init)
     fmt = _values_format(dtype, init_dtype)
-    words = words_for(fmt, ops.has_int64(values), bound)
+    if words is None:
+        words = words_for(fmt, ops.has_int64(values), bound)
 
     def digits() -> Any:
         table = table_of(ops, values, fmt, words, K * D, groups(), counts, bound)
@@ -995,7 +1008,7 @@ def exact_sums(
     def per_element() -> Any:
         if not narrow:
             return digits()
-        out, bad = narrow_fold(terms, element_counts, out_name)
+        out, bad = narrow_fold(terms, element_counts, out_name, scaled=scaled)
         return _choose(ops, values, bad, digits, lambda: out.reshape(-1))
 
     compiled_cpu = ops.name == "torch" and _torch_compiling() and ops.device(values) == "cpu"
