@@ -12,10 +12,14 @@ Steps, each recorded in ``steps`` as ``ok``, ``failed`` (with the error) or
   be the input's bits. The device words alone (bounds, layout, words, decode:
   :mod:`bitfold.dense_device`) are timed against one read and one write of
   the tensor (a copy), with the goal of at most 2x.
+  The exact reduce-scatter (:func:`bitfold.distributed.exact_reduce_scatter`)
+  of the same tensor, against ``dist.reduce_scatter_tensor``: its one shard is
+  the whole input, whose bits it must return.
 * ``two_processes``: two processes on the one GPU, a gloo group with CUDA
   tensors: each rank's exact all-reduce must equal the exact sum of both
   ranks' tensors computed in this process on the CPU
-  (:class:`bitfold.dense.DenseSum`), bit for bit; rank 0 makes its words on
+  (:class:`bitfold.dense.DenseSum`), bit for bit, and each rank's exact
+  reduce-scatter that sum's half of its rank; rank 0 makes its words on
   the device, rank 1 once on the device and once on the host.
 * ``gradient_sum_step``: a small MLP's training step on one device with
   :class:`bitfold.GradientSum` (add, then the exact reduce) against the same
@@ -122,13 +126,14 @@ def _one_rank_group(smoke: bool) -> Iterator[tuple[Any, str, Callable[[], None]]
 def one_process(smoke: bool) -> dict[str, Any]:
     import torch
 
-    from bitfold.distributed import exact_all_reduce
+    from bitfold.distributed import exact_all_reduce, exact_reduce_scatter
 
     with _one_rank_group(smoke) as (dist, device, sync):
         n = 10**5 if smoke else 10**8
         x = torch.from_numpy(_values(n, 1)).to(device)
         exact = exact_all_reduce(x, words="device")
         host = exact_all_reduce(x, words="host")
+        shard = exact_reduce_scatter(torch.empty_like(x), x, words="device")
         plain = x.clone()
         coding, copy = _device_coding_us(x, sync), _median_us(lambda: plain.copy_(x), sync)
         return {
@@ -139,6 +144,10 @@ def one_process(smoke: bool) -> dict[str, Any]:
             "exact_host_words_us": _median_us(lambda: exact_all_reduce(x, words="host"),
                                               sync, 3),
             "float32_all_reduce_us": _median_us(lambda: dist.all_reduce(plain), sync),
+            "exact_reduce_scatter_us": _median_us(
+                lambda: exact_reduce_scatter(shard, x, words="device"), sync, 3),
+            "float32_reduce_scatter_us": _median_us(
+                lambda: dist.reduce_scatter_tensor(plain, x), sync),
             "device_encode_decode_us": coding,
             "read_write_us": copy,
             "encode_decode_over_read_write": coding / copy,
@@ -146,6 +155,8 @@ def one_process(smoke: bool) -> dict[str, Any]:
             "met_encode_decode": coding / copy <= 2.0,
             "equals_input": bool(np.array_equal(_bits(exact.cpu()), _bits(x.cpu()))),
             "host_words_equal_input": bool(np.array_equal(_bits(host.cpu()), _bits(x.cpu()))),
+            "reduce_scatter_equals_input": bool(np.array_equal(_bits(shard.cpu()),
+                                                               _bits(x.cpu()))),
         }
 
 
@@ -193,7 +204,7 @@ def _rank_main(rank: int, port: int, n: int, device: str, queue: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    from bitfold.distributed import exact_all_reduce
+    from bitfold.distributed import exact_all_reduce, exact_reduce_scatter
 
     dist.init_process_group("gloo", init_method=f"tcp://localhost:{port}", rank=rank,
                             world_size=2)  # fmt: skip
@@ -201,7 +212,11 @@ def _rank_main(rank: int, port: int, n: int, device: str, queue: Any) -> None:
         x = torch.from_numpy(_values(n, 10 + rank)).to(device)
         device_words = _bits(exact_all_reduce(x, words="device").cpu()).tolist()
         mixed = _bits(exact_all_reduce(x, words="host" if rank else "device").cpu()).tolist()
-        queue.put((rank, (device_words, mixed)))
+        half = torch.empty(n // 2, dtype=x.dtype, device=device)
+        shard = _bits(exact_reduce_scatter(half, x, words="device").cpu()).tolist()
+        mixed_shard = _bits(exact_reduce_scatter(half, x, words="host" if rank else "device")
+                            .cpu()).tolist()  # fmt: skip
+        queue.put((rank, (device_words, mixed, shard, mixed_shard)))
     finally:
         dist.destroy_process_group()
 
@@ -227,9 +242,12 @@ def two_processes(smoke: bool) -> dict[str, Any]:
         p.join(timeout=60)
     want = DenseSum((n,), "float32").add(_values(n, 10)).add(_values(n, 11)).result("float32")
     want_bits = _bits(want).tolist()
+    halves = [want_bits[: n // 2], want_bits[n // 2:]]
     return {"device": device, "elements": n,
             "each_rank_equals_cpu": [got[r][0] == want_bits for r in (0, 1)],
-            "mixed_host_and_device_words_equal_cpu": [got[r][1] == want_bits for r in (0, 1)]}
+            "mixed_host_and_device_words_equal_cpu": [got[r][1] == want_bits for r in (0, 1)],
+            "reduce_scatter_shard_equals_cpu": [got[r][2] == halves[r] for r in (0, 1)],
+            "reduce_scatter_mixed_words_equal_cpu": [got[r][3] == halves[r] for r in (0, 1)]}
 
 
 def gradient_sum_step(smoke: bool) -> dict[str, Any]:
@@ -277,8 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     steps = run.report["steps"]
     one, two = steps.get("one_process", {}), steps.get("two_processes", {})
     bits_ok = [b for b in (one.get("equals_input"), one.get("host_words_equal_input"),
+                           one.get("reduce_scatter_equals_input"),
                            *two.get("each_rank_equals_cpu", []),
-                           *two.get("mixed_host_and_device_words_equal_cpu", []))
+                           *two.get("mixed_host_and_device_words_equal_cpu", []),
+                           *two.get("reduce_scatter_shard_equals_cpu", []),
+                           *two.get("reduce_scatter_mixed_words_equal_cpu", []))
                if b is not None]  # fmt: skip
     failed = [name for name, s in steps.items() if s["status"] == "failed"]
     run.report["bits_equal_cpu"] = all(bits_ok) if bits_ok else None  # None: nothing compared

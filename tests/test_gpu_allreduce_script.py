@@ -27,6 +27,10 @@ def test_smoke_run_gives_the_cpus_bits_and_every_figure(tmp_path):
     assert steps["one_process"]["device_encode_decode_us"] > 0
     assert steps["two_processes"]["each_rank_equals_cpu"] == [True, True]
     assert steps["two_processes"]["mixed_host_and_device_words_equal_cpu"] == [True, True]
+    assert steps["one_process"]["reduce_scatter_equals_input"] is True
+    assert steps["one_process"]["exact_reduce_scatter_us"] > 0
+    assert steps["two_processes"]["reduce_scatter_shard_equals_cpu"] == [True, True]
+    assert steps["two_processes"]["reduce_scatter_mixed_words_equal_cpu"] == [True, True]
     step = steps["gradient_sum_step"]
     assert step["ratio"] == step["gradient_sum_step_us"] / step["ddp_step_us"]
     assert report["bits_equal_cpu"] is True
