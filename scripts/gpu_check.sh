@@ -26,8 +26,8 @@
 #    -> OUT/gpu_bench.json;
 # 4. bitfold probe with its defaults on the GPU and on the CPU: the GPU's exact and ordered folds
 #    bit-identical run to run, the exact digest the CPU's (scripts/gpu_probe.py) -> OUT/probe_*;
-# 5. the exact all-reduce: one-process NCCL group, two processes on the GPU over gloo, the
-#    GradientSum step against DDP's (scripts/gpu_allreduce.py) -> OUT/allreduce.json, and the
+# 5. the exact all-reduce and reduce-scatter: one-process NCCL group, two processes on the
+#    GPU over gloo, the GradientSum step against DDP's (scripts/gpu_allreduce.py) -> OUT/allreduce.json, and the
 #    data-parallel model on paper -> OUT/dp_model.json
 #
 # Each step has a time budget and its output in OUT/<step>.log; OUT/summary.json (written on any
@@ -219,7 +219,7 @@ step gpu_bench $((BENCH_BUDGET + 25)) "$PY" scripts/gpu_check.py --budget "$BENC
     --out "$OUT/gpu_bench.json"
 # bitfold probe with its defaults (on the GPU) against the same probe on the CPU: same exact digest
 step probe 60 "$PY" scripts/gpu_probe.py --gpu-timeout 40 --cpu-timeout 15 "$OUT"
-# the exact all-reduce: a one-process NCCL group, two processes on the GPU over gloo (the CPU's
+# the exact all-reduce and reduce-scatter: a one-process NCCL group, two processes on the GPU over gloo (the CPU's
 # bits), the GradientSum step against DDP's
 step allreduce 50 "$PY" scripts/gpu_allreduce.py "$OUT/allreduce.json" --budget 40
 # the step on 8 and 64 GPUs predicted from those figures (on paper; judged, not a failure)
