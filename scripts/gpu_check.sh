@@ -27,8 +27,8 @@
 # 4. bitfold probe with its defaults on the GPU and on the CPU: the GPU's exact and ordered folds
 #    bit-identical run to run, the exact digest the CPU's (scripts/gpu_probe.py) -> OUT/probe_*;
 # 5. the exact all-reduce and reduce-scatter: one-process NCCL group, two processes on the
-#    GPU over gloo, the GradientSum step against DDP's (scripts/gpu_allreduce.py) -> OUT/allreduce.json, and the
-#    data-parallel model on paper -> OUT/dp_model.json
+#    GPU over gloo, the GradientSum step against DDP's (scripts/gpu_allreduce.py)
+#    -> OUT/allreduce.json, and the data-parallel model on paper -> OUT/dp_model.json
 #
 # Each step has a time budget and its output in OUT/<step>.log; OUT/summary.json (written on any
 # exit) records each step's exit status and seconds. Exit status: 0 when the benchmark's bit checks,
