@@ -17,6 +17,7 @@ A plot whose sweep was not run is not written.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from .report import cases_of, contenders_in, output_bytes, row, seed_case
@@ -64,6 +65,24 @@ def _bar_style(name: str) -> dict[str, Any]:
             "edgecolor": "white" if det else colour}  # fmt: skip
 
 
+def _save(fig: Any, path: str) -> bool:
+    """Lay ``fig`` out, write it to ``path`` and close it; True (a plot was written)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+    return True
+
+
+def _bar_slots(res: dict[str, Any], names: list[str], cases: list[dict[str, Any]],
+               width: float) -> Iterator[tuple[float, str, dict[str, Any], Any]]:
+    """Grouped bars: ``(x, contender, case, its row)`` for each contender in each case's group."""
+    for j, name in enumerate(names):
+        for i, c in enumerate(cases):
+            yield i - 0.4 + (j + 0.5) * width, name, c, row(res, c["id"], name)
+
+
 def _ok(r: dict[str, Any] | None, field: str) -> float | None:
     if r is None or r["status"] != "ok":
         return None
@@ -95,10 +114,7 @@ def _lines(
     ax.set_title(labels["title"], fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def _memory_bars(res: dict[str, Any], path: str) -> bool:
@@ -116,25 +132,22 @@ def _memory_bars(res: dict[str, Any], path: str) -> bool:
     ax.set_yscale("log")
     width = 0.8 / max(1, len(names))
     top = 0.0
-    for j, name in enumerate(names):
-        for i, c in enumerate(cases):
-            r = row(res, c["id"], name)
-            x = i - 0.4 + (j + 0.5) * width
-            y = _ok(r, "bytes_per_element")
-            if y is not None:
-                ax.bar(x, max(y, 0.01), width, **_bar_style(name))
-            elif r is not None and r.get("oom_needed_bytes"):  # what it would have needed
-                need = r["oom_needed_bytes"] / c["n"]
-                ax.bar(x, need, width, facecolor="none", edgecolor=_style(name)["color"],
-                       linestyle="--")  # fmt: skip
-                ax.text(x, need * 1.15, f"OOM\nneeds {r['oom_needed_bytes'] / 2**30:,.0f} GiB",
-                        fontsize=7, ha="center", va="bottom", color=_style(name)["color"],
-                        fontweight="bold")  # fmt: skip
-                top = max(top, need)
-            elif r is not None and r["status"] in ("oom", "failed"):
-                ax.text(x, 0.02, r["status"].upper(), rotation=90, fontsize=7, ha="center",
-                        va="bottom", color=_style(name)["color"], fontweight="bold",
-                        transform=ax.get_xaxis_transform())  # fmt: skip
+    for x, name, c, r in _bar_slots(res, names, cases, width):
+        y = _ok(r, "bytes_per_element")
+        if y is not None:
+            ax.bar(x, max(y, 0.01), width, **_bar_style(name))
+        elif r is not None and r.get("oom_needed_bytes"):  # what it would have needed
+            need = r["oom_needed_bytes"] / c["n"]
+            ax.bar(x, need, width, facecolor="none", edgecolor=_style(name)["color"],
+                   linestyle="--")  # fmt: skip
+            ax.text(x, need * 1.15, f"OOM\nneeds {r['oom_needed_bytes'] / 2**30:,.0f} GiB",
+                    fontsize=7, ha="center", va="bottom", color=_style(name)["color"],
+                    fontweight="bold")  # fmt: skip
+            top = max(top, need)
+        elif r is not None and r["status"] in ("oom", "failed"):
+            ax.text(x, 0.02, r["status"].upper(), rotation=90, fontsize=7, ha="center",
+                    va="bottom", color=_style(name)["color"], fontweight="bold",
+                    transform=ax.get_xaxis_transform())  # fmt: skip
     if top:
         ax.set_ylim(top=top * 8)  # room for the OOM labels
     handles = [plt.Rectangle((0, 0), 1, 1, **_bar_style(n)) for n in names]
@@ -149,10 +162,7 @@ def _memory_bars(res: dict[str, Any], path: str) -> bool:
         fontsize=10,
     )
     ax.grid(True, axis="y", which="both", alpha=0.25)
-    fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def _seed_bars(res: dict[str, Any], path: str) -> bool:
@@ -188,10 +198,7 @@ def _seed_bars(res: dict[str, Any], path: str) -> bool:
     )
     ax.tick_params(axis="y", labelsize=8)
     ax.grid(True, axis="x", alpha=0.25)
-    fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def _group_bars(
@@ -210,17 +217,14 @@ def _group_bars(
     fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(cases) + 3), 5.2))
     ax.set_yscale("log")
     width = 0.8 / len(names)
-    for j, name in enumerate(names):
-        for i, c in enumerate(cases):
-            r = row(res, c["id"], name)
-            x = i - 0.4 + (j + 0.5) * width
-            y = _ok(r, "median_s")
-            if y is not None:
-                ax.bar(x, y * 1e3, width, **_bar_style(name))
-            elif r is not None and r["status"] != "skipped":
-                ax.text(x, 0.02, r["status"].upper(), rotation=90, fontsize=6, ha="center",
-                        va="bottom", color=_style(name)["color"],
-                        transform=ax.get_xaxis_transform())  # fmt: skip
+    for x, name, _c, r in _bar_slots(res, names, cases, width):
+        y = _ok(r, "median_s")
+        if y is not None:
+            ax.bar(x, y * 1e3, width, **_bar_style(name))
+        elif r is not None and r["status"] != "skipped":
+            ax.text(x, 0.02, r["status"].upper(), rotation=90, fontsize=6, ha="center",
+                    va="bottom", color=_style(name)["color"],
+                    transform=ax.get_xaxis_transform())  # fmt: skip
     handles = [plt.Rectangle((0, 0), 1, 1, **_bar_style(n)) for n in names]
     ax.legend(handles, names, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_xticks(range(len(cases)), [label(c) for c in cases], fontsize=8)
@@ -228,10 +232,7 @@ def _group_bars(
     ax.set_ylabel("median time per fold (ms, log)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="y", which="both", alpha=0.25)
-    fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def _memory_vs_k(res: dict[str, Any], path: str) -> bool:
@@ -258,10 +259,7 @@ def _memory_vs_k(res: dict[str, Any], path: str) -> bool:
                  fontsize=10)  # fmt: skip
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def write_plots(res: dict[str, Any], out_dir: str) -> list[str]:
