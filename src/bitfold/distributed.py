@@ -709,10 +709,11 @@ def _shape_label(row: np.ndarray) -> str:
     return f"{_dtype_label(int(row[0]))} {tuple(int(n) for n in row[3 : 3 + ndim])}"
 
 
-def _meta_problems(table: np.ndarray) -> list[str]:
+def _meta_problems(table: np.ndarray, shards: int | None = None) -> list[str]:
     """What the ranks' metadata rows (``table``, one a rank) refuse, the same on every rank:
-    each problem names the ranks with it; empty when the reduce-scatter can go ahead."""
-    ranks = table.shape[0]
+    each problem names the ranks with it; empty when the reduce-scatter can go ahead.
+    ``shards``: how many shards the input is cut into (None: one a rank of ``table``)."""
+    ranks = table.shape[0] if shards is None else shards
     floats = len(VALUE_DTYPES)
     problems = []
     for r, row in enumerate(table.tolist()):
@@ -821,20 +822,45 @@ class _SumShare:
         return self.s.negzero(start=self.start, stop=self.stop)
 
 
-def _shard_layouts(bounds: np.ndarray, size: int, ranks: int, limbs: int) -> list[WireLayout]:
-    """Each shard's layout (``size`` elements each) from the reduced bounds of every shard."""
+def _shard_layouts(
+    bounds: np.ndarray, size: int, shards: int, ranks: int, limbs: int
+) -> list[WireLayout]:
+    """Each of ``shards`` shards' layout (``size`` elements each, summed over ``ranks`` ranks)
+    from the reduced bounds of every shard."""
     nb = -(-size // BLOCK)
-    return [wire_layout(bounds[r * nb : (r + 1) * nb], size, ranks, limbs) for r in range(ranks)]
+    return [wire_layout(bounds[r * nb : (r + 1) * nb], size, ranks, limbs)
+            for r in range(shards)]  # fmt: skip
 
 
-def _scatter(words: torch.Tensor, group: Any, timeout: float) -> torch.Tensor:
-    """``reduce_scatter_tensor`` (SUM) of ``words`` (``(ranks, L)`` int64): this rank's
-    ``(L,)`` row of the sums, where ``words`` lies."""
+def _size(group: Any) -> int:
+    """The number of ranks of ``group`` (None here: no group, one rank)."""
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def _scatter(words: torch.Tensor, group: Any, timeout: float, replicate: Any = None
+             ) -> torch.Tensor:  # fmt: skip
+    """``reduce_scatter_tensor`` (SUM) of ``words`` (``(shards, L)`` int64): this rank's
+    ``(L,)`` row of the sums, where ``words`` lies; then, with a ``replicate`` group, that row
+    all-reduced (SUM) over it — integers: exact in any order."""
     got = torch.empty(words.shape[1], dtype=torch.int64, device=words.device)
     _waited(lambda: dist.reduce_scatter_tensor(got, words.reshape(-1), op=dist.ReduceOp.SUM,
                                                group=group, async_op=True),
             group, timeout, "the exact reduce-scatter")  # fmt: skip
+    if replicate is not None and dist.get_world_size(replicate) > 1:
+        _collective(got, dist.ReduceOp.SUM, replicate, timeout, "the replicas' all-reduce")
     return got
+
+
+def _max_bounds(bounds: Any, group: Any, replicate: Any, timeout: float) -> Any:
+    """Block bounds (a NumPy array, or a tensor reduced in place) reduced (MAX) over ``group``
+    and, where there is one of more than one rank, over ``replicate``."""
+    groups = [group] + ([replicate] if _size(replicate) > 1 else [])
+    for g in groups:
+        if isinstance(bounds, torch.Tensor):
+            _collective(bounds, dist.ReduceOp.MAX, g, timeout, "the bounds all-reduce")
+        else:
+            bounds = _reduce(bounds, dist.ReduceOp.MAX, g, timeout, "the bounds all-reduce")
+    return bounds
 
 
 def _scatter_words(
@@ -846,28 +872,32 @@ def _scatter_words(
     timeout: float,
     out_name: str,
     mean_over: int,
+    replicate: Any = None,
 ) -> np.ndarray:
     """The words of every shard (reduced ``bounds`` known) reduce-scattered, and this rank's
     shard rounded once: a flat NumPy array of ``out_name`` (bfloat16 held in float32).
+    ``replicate`` (a group, or None): the shard's words are also summed over its ranks.
 
     Shard ``r``'s words, then one int64 flag an element whose zero sign travels (1: all its
     terms were ``-0.0``; summed, the world size means every rank's were), padded with zeros
     to the longest shard's, make row ``r`` of the reduce-scatter's input: one collective.
     """
-    ranks, me = dist.get_world_size(group), dist.get_rank(group)
+    shards, me = dist.get_world_size(group), dist.get_rank(group)
+    ranks = shards * _size(replicate)  # every rank whose terms meet in a sum
     s = DenseSum((size,), family)  # the decoder of this rank's shard
-    layouts = _shard_layouts(bounds, size, ranks, s.format.limbs)
+    layouts = _shard_layouts(bounds, size, shards, ranks, s.format.limbs)
     signs = [layout.sign_elements() for layout in layouts]
     width = max(layout.words + at.size for layout, at in zip(layouts, signs, strict=True))
     spare = getattr(_SPARE, "scatter", None)
-    if spare is None or spare.size < ranks * width:
-        spare = _SPARE.scatter = np.empty(ranks * width, np.int64)  # this thread's, kept
-    rows = spare[: ranks * width].reshape(ranks, width)
+    if spare is None or spare.size < shards * width:
+        spare = _SPARE.scatter = np.empty(shards * width, np.int64)  # this thread's, kept
+    rows = spare[: shards * width].reshape(shards, width)
     for r, (share, layout, at) in enumerate(zip(shares, layouts, signs, strict=True)):
         share.encode(layout, rows[r])
         rows[r, layout.words : layout.words + at.size] = share.negzero()[at] if at.size else 0
         rows[r, layout.words + at.size :] = 0
-    got = _scatter(_on_group_device(torch.from_numpy(rows), group), group, timeout).cpu().numpy()
+    got = _scatter(_on_group_device(torch.from_numpy(rows), group), group, timeout, replicate)
+    got = got.cpu().numpy()
     layout, at = layouts[me], signs[me]
     negzero = np.zeros(0, np.int32)  # every zero sum +0.0, but where the signs travel
     if at.size:
@@ -877,11 +907,11 @@ def _scatter_words(
 
 
 def _reduce_scatter_host(
-    x: Any, group: Any, timeout: float, out_name: str, mean_over: int
+    x: Any, group: Any, timeout: float, out_name: str, mean_over: int, replicate: Any = None
 ) -> np.ndarray:
     """:func:`exact_reduce_scatter` of ``x`` (an array or a :class:`DenseSum`) with its words
     made and read on the host."""
-    ranks = dist.get_world_size(group)
+    ranks = dist.get_world_size(group)  # the shards
     shares: list[Any]
     if isinstance(x, DenseSum):
         family, size = x.format.value_dtypes[-1], x.size // ranks
@@ -890,30 +920,36 @@ def _reduce_scatter_host(
         flat = _host_flat(x)
         family, size = ("float64" if flat.dtype == np.float64 else "float32"), flat.size // ranks
         shares = [_ArrayShare(flat[r * size : (r + 1) * size], family) for r in range(ranks)]
-    bounds = np.concatenate([share.bounds() for share in shares])
-    bounds = _reduce(bounds, dist.ReduceOp.MAX, group, timeout, "the bounds all-reduce")
-    return _scatter_words(shares, bounds, size, family, group, timeout, out_name, mean_over)
+    bounds = _max_bounds(np.concatenate([share.bounds() for share in shares]), group,
+                         replicate, timeout)  # fmt: skip
+    return _scatter_words(shares, bounds, size, family, group, timeout, out_name, mean_over,
+                          replicate)  # fmt: skip
 
 
 def _reduce_scatter_on_device(
-    flat: torch.Tensor, group: Any, timeout: float, out_name: str, mean_over: int
+    flat: torch.Tensor,
+    group: Any,
+    timeout: float,
+    out_name: str,
+    mean_over: int,
+    replicate: Any = None,
 ) -> torch.Tensor:
     """:func:`exact_reduce_scatter` of ``flat`` (float32 or float64) with its words made and
     read on its device (:mod:`bitfold.dense_device`; one host read of every shard's layout
     totals); a layout with a wide, wider or full block goes to the host, as the all-reduce's."""
-    ranks, me = dist.get_world_size(group), dist.get_rank(group)
-    size = flat.numel() // ranks
+    shards, me = dist.get_world_size(group), dist.get_rank(group)
+    ranks = shards * _size(replicate)  # every rank whose terms meet in a sum
+    size = flat.numel() // shards
     family = "float64" if flat.dtype == torch.float64 else "float32"
     limbs = DenseSum((1,), family).format.limbs
-    pieces = flat.view(ranks, size)
+    pieces = flat.view(shards, size)
     bounds = _on_group_device(torch.cat([dense_device.array_bounds(pieces[r], BLOCK)
-                                         for r in range(ranks)]), group)  # fmt: skip
-    _collective(bounds, dist.ReduceOp.MAX, group, timeout, "the bounds all-reduce")
-    bounds = bounds.to(flat.device)
+                                         for r in range(shards)]), group)  # fmt: skip
+    bounds = _max_bounds(bounds, group, replicate, timeout).to(flat.device)
     nb = -(-size // BLOCK)
     layouts = [dense_device.device_layout(bounds[r * nb : (r + 1) * nb], size, ranks, BLOCK,
                                           ranks <= WIDE_MAX_RANKS, limbs)
-               for r in range(ranks)]  # fmt: skip
+               for r in range(shards)]  # fmt: skip
     counts = torch.clamp(size - torch.arange(nb, device=flat.device) * BLOCK, max=BLOCK)
     fast = torch.tensor([HALF, THIRDS, NARROW], dtype=torch.int64, device=flat.device)
     facts = torch.stack([torch.stack([layout.offsets[-1],
@@ -921,17 +957,17 @@ def _reduce_scatter_on_device(
                                       (layout.signs.to(torch.int64) * counts).sum()])
                          for layout in layouts]).tolist()  # one read  # fmt: skip
     if not all(f[1] for f in facts):  # a wide, wider or full block: the host's words
-        shares = [_ArrayShare(pieces[r].cpu().numpy(), family) for r in range(ranks)]
+        shares = [_ArrayShare(pieces[r].cpu().numpy(), family) for r in range(shards)]
         got = _scatter_words(shares, bounds.cpu().numpy(), size, family, group, timeout,
-                             out_name, mean_over)  # fmt: skip
+                             out_name, mean_over, replicate)  # fmt: skip
         return _host_tensor(got, out_name).to(flat.device)
     width = max(f[0] + f[2] for f in facts)
-    rows = torch.zeros((ranks, width), dtype=torch.int64, device=flat.device)
+    rows = torch.zeros((shards, width), dtype=torch.int64, device=flat.device)
     for r, (layout, (words, _, signs)) in enumerate(zip(layouts, facts, strict=True)):
         rows[r, :words] = dense_device.array_words(pieces[r], layout, words)
         if signs:
             rows[r, words : words + signs] = _negative_zeros(pieces[r])[layout.sign_elements()]
-    got = _scatter(_on_group_device(rows, group), group, timeout).to(flat.device)
+    got = _scatter(_on_group_device(rows, group), group, timeout, replicate).to(flat.device)
     words, _, signs = facts[me]
     flags = None
     if signs:
@@ -950,6 +986,7 @@ def exact_reduce_scatter(
     timeout: float = 300.0,
     mean_over: int | None = None,
     words: str | None = None,
+    replicate_group: Any = None,
 ) -> Any:
     """Reduce-scatter ``input`` over ``group`` exactly: each rank's shard rounded once.
 
@@ -988,28 +1025,45 @@ def exact_reduce_scatter(
     before any collective. Every collective waits at most ``timeout``
     seconds. ``words`` (``"host"`` or ``"device"``) says where the words are
     made and read, as for :func:`exact_all_reduce`.
+
+    ``replicate_group`` (HSDP: the ranks that hold the same shard as this one,
+    one in each copy of ``group``): the sum runs over the ranks of ``group``
+    and of every replica of it — the shard's words are all-reduced (SUM) over
+    ``replicate_group`` before the one rounding, and ``ReduceOp.AVG`` divides
+    by both sizes. The same bits as :func:`exact_all_reduce` over all of them.
     """
     timeout = _check_timeout(timeout)
     _check_process_group("exact_reduce_scatter sums arrays")
     ranks = dist.get_world_size(group)
+    copies = _size(replicate_group)
+    row = _meta_row(output, input, op, mean_over, words)
     table = np.zeros((ranks, _META), np.int64)
-    table[dist.get_rank(group)] = _meta_row(output, input, op, mean_over, words)
+    table[dist.get_rank(group)] = row
     table = _reduce(table, dist.ReduceOp.SUM, group, timeout, "the reduce-scatter's check")
     problems = _meta_problems(table)
+    if copies > 1:  # the replicas pass the same: checked on every rank before any raises
+        replicas = np.zeros((copies, _META), np.int64)
+        replicas[dist.get_rank(replicate_group)] = row
+        replicas = _reduce(replicas, dist.ReduceOp.SUM, replicate_group, timeout,
+                           "the reduce-scatter's check")  # fmt: skip
+        problems += [f"among the replicas (replicate_group), {p}"
+                     for p in _meta_problems(replicas, ranks)]  # fmt: skip
     if problems:
+        also = f", {copies} replicas" if copies > 1 else ""
         raise DistributedError(
-            f"exact_reduce_scatter refused on every rank of the group ({ranks} ranks): "
+            f"exact_reduce_scatter refused on every rank of the group ({ranks} ranks{also}): "
             + "; ".join(problems)
         )
     if int(table[0, 1]) == 0:
         return output  # every rank knows: nothing to sum
-    mean = ranks if _op_code(op) == _AVG else _check_mean_over(mean_over)
+    mean = ranks * copies if _op_code(op) == _AVG else _check_mean_over(mean_over)
     out_name = dtype_name(output)
+    replicate = replicate_group if copies > 1 else None
     if _check_words(words, [input]) == "device":
         result = _reduce_scatter_on_device(dense_device.widened(input), group, timeout,
-                                           out_name, mean)  # fmt: skip
+                                           out_name, mean, replicate)  # fmt: skip
     else:
-        got = _reduce_scatter_host(input, group, timeout, out_name, mean)
+        got = _reduce_scatter_host(input, group, timeout, out_name, mean, replicate)
         result = _host_tensor(got, out_name) if isinstance(output, torch.Tensor) else got
     if isinstance(output, torch.Tensor):
         output.copy_(result.reshape(output.shape))
@@ -1024,17 +1078,42 @@ def exact_reduce_scatter(
 
 class _ExactFSDPComm:
     """One FSDP module's gradient reduction: its reduce-scatter (``set_custom_reduce_scatter``:
-    ``allocate`` and ``__call__``, called on more than one rank) and its all-reduce hook
-    (``set_all_reduce_hook``: on one rank, where FSDP copies instead of calling the comm)."""
+    ``allocate`` and ``__call__``) and its all-reduce hook (``set_all_reduce_hook``), which FSDP
+    runs after every reduction — after the reduce-scatter, and after HSDP's float all-reduce.
 
-    def __init__(self, owner: ExactFSDP) -> None:
+    FSDP2 (torch 2.13) has no custom all-reduce for HSDP's replicate dimension: there, the
+    comm sums over the shard and the replicate groups at once (:func:`exact_reduce_scatter`
+    with ``replicate_group``), keeps the result and hands FSDP ``-0.0``, which its float
+    all-reduce sums to ``-0.0`` exactly; the hook then writes the result. Where the shard
+    group has one rank, FSDP copies the gradient instead of calling the comm: the hook sums the
+    buffer FSDP allocated through ``allocate`` (this rank's gradient, untouched) over the
+    replicas, exactly, and overwrites what the float all-reduce made.
+    """
+
+    def __init__(self, owner: ExactFSDP, replicate: Any) -> None:
         self.owner = owner
+        self.replicate = replicate  # HSDP's replicate group (more than one rank), or None
         self._sum: DenseSum | None = None  # this module's micro-batches held back, exactly
-        self._called = False  # the comm ran for this reduction: the hook has nothing to do
+        self._input: torch.Tensor | None = None  # the reduction's input buffer (allocate)
+        self._allocated = 0  # buffers allocated for the reduction under way: input, output
+        self._called = False  # the comm ran for this reduction
+        self._result: torch.Tensor | None = None  # HSDP: the exact result the hook writes
 
     def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """FSDP's buffers for the reduce-scatter, as its default comm makes them."""
-        return torch.empty(*size, dtype=dtype, device=device)
+        """FSDP's buffers for the reduction, as its default comm makes them: the input, then
+        the output (the input is kept until the hook)."""
+        if self._allocated >= 2:
+            raise FoldError(
+                "exact_fsdp: an FSDP module's previous gradient reduction ended without its "
+                "all-reduce hook (set_requires_all_reduce(False) skips it and sums partial "
+                "gradients in floats); to accumulate micro-batches, run their backward inside "
+                "`with handle.no_reduce():` instead"
+            )
+        t = torch.empty(*size, dtype=dtype, device=device)
+        if self._allocated == 0:
+            self._input = t
+        self._allocated += 1
+        return t
 
     def __call__(
         self,
@@ -1047,19 +1126,31 @@ class _ExactFSDPComm:
         """Reduce-scatter ``input_tensor`` exactly into ``output_tensor`` (or hold it back)."""
         self._called = True
         self._reduce(output_tensor, input_tensor, group)
+        if self.replicate is not None:  # HSDP: FSDP's float all-reduce sums -0.0s, exactly
+            self._result = output_tensor.clone()
+            output_tensor.fill_(-0.0)
 
     def hook(self, reduce_output: torch.Tensor) -> None:
-        """On one rank (the comm was not called): ``reduce_output`` holds this rank's gradient."""
-        if self._called:
-            self._called = False
-            return
-        self._reduce(reduce_output, reduce_output, None)
+        """After the reduction: ``reduce_output`` gets the exact result, where the comm did not
+        write it already."""
+        try:
+            if self._result is not None:  # HSDP: the comm's result, kept past the all-reduce
+                reduce_output.copy_(self._result)
+            elif not self._called:  # one rank a shard group: FSDP copied, and did not call
+                x = reduce_output if self.replicate is None else self._input
+                if x is None:
+                    raise FoldError("exact_fsdp: FSDP reduced a gradient that it did not "
+                                    "allocate through bitfold's comm")  # fmt: skip
+                self._reduce(reduce_output, x, None)
+        finally:
+            self._result, self._input, self._allocated, self._called = None, None, 0, False
 
     def _reduce(self, output: torch.Tensor, x: torch.Tensor, group: Any) -> None:
-        owner = self.owner
+        owner, replicate = self.owner, self.replicate
         flat = x.detach().reshape(-1)
         held = self._sum is not None and self._sum.adds > 0
-        if owner.holding or held or (group is None and owner.mean_over is not None):
+        alone = group is None and replicate is None  # one rank in all
+        if owner.holding or held or (alone and owner.mean_over is not None):
             family = "float64" if x.dtype == torch.float64 else "float32"
             if self._sum is None or self._sum.size != flat.numel() or (
                 self._sum.format.value_dtypes[-1] != family
@@ -1070,11 +1161,23 @@ class _ExactFSDPComm:
                 output.fill_(-0.0)
                 return
         s = self._sum if self._sum is not None and self._sum.adds else None
-        if group is not None:  # several ranks: the exact reduce-scatter
+        out_name = dtype_name(output)
+        if group is not None:  # the exact reduce-scatter (over the replicas too, for HSDP)
             exact_reduce_scatter(output, flat if s is None else s, group, timeout=owner.timeout,
-                                 mean_over=owner.mean_over)  # fmt: skip
+                                 mean_over=owner.mean_over, replicate_group=replicate)  # fmt: skip
+        elif replicate is not None:  # one rank a shard: the exact all-reduce over the replicas
+            mean = owner.mean_over or 1
+            if s is None:
+                result = exact_all_reduce(flat, group=replicate, timeout=owner.timeout,
+                                          mean_over=mean)  # fmt: skip
+            else:
+                ranges = [(0, s.size, out_name)]
+                (got,) = exact_all_reduce(s, group=replicate, timeout=owner.timeout,
+                                          mean_over=mean, ranges=ranges)  # fmt: skip
+                result = _host_tensor(got, out_name)
+            output.copy_(result.reshape(output.shape))
         elif s is not None:  # one rank: its sum rounded once (without one, x is exact already)
-            result = s.result(dtype_name(output), mean_over=owner.mean_over or 1)
+            result = s.result(out_name, mean_over=owner.mean_over or 1)
             output.copy_(torch.as_tensor(result).reshape(output.shape))
         if s is not None:
             s.reset()
@@ -1086,12 +1189,14 @@ class ExactFSDP:
     ``mean_over`` (None: the sum) divides every reduced gradient, rounded once; it may be
     changed between steps. Inside ``with handle.no_reduce():`` a backward's gradients are
     held back in exact sums (no communication; FSDP's gradients stay ``-0.0``); the next
-    backward outside it reduces them with its own, exactly.
+    backward outside it reduces them with its own, exactly. ``mesh`` names the data-parallel
+    shape: ``(shards,)`` for FSDP, ``(replicas, shards)`` for HSDP.
     """
 
-    def __init__(self, mean_over: int | None, timeout: float) -> None:
+    def __init__(self, mean_over: int | None, timeout: float, mesh: tuple[int, ...]) -> None:
         self.mean_over = mean_over
         self.timeout = timeout
+        self.mesh = mesh
         self.holding = False
 
     def no_reduce(self) -> Any:
@@ -1109,31 +1214,71 @@ class ExactFSDP:
         return holding()
 
     def __repr__(self) -> str:
-        return f"ExactFSDP(mean_over={self.mean_over}, holding={self.holding})"
+        return f"ExactFSDP(mesh={self.mesh}, mean_over={self.mean_over}, holding={self.holding})"
+
+
+def _fsdp_mesh(module: Any) -> tuple[Any, tuple[int, ...]] | None:
+    """An FSDP module's replicate group (None for 1-D FSDP) and data-parallel mesh shape, read
+    from its parameters' DTensor placements; None for a module without parameters. A mesh that
+    is neither ``(Shard,)`` nor ``(Replicate, Shard)`` is refused by name."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    for p in module.parameters():
+        if not isinstance(p, DTensor):
+            continue
+        mesh, placements = p.device_mesh, tuple(p.placements)
+        kinds = tuple(type(q) for q in placements)
+        if kinds == (Shard,):
+            return None, (mesh.size(0),)
+        if kinds == (Replicate, Shard):
+            return mesh.get_group(0), (mesh.size(0), mesh.size(1))
+        raise FoldError(
+            f"exact_fsdp reduces FSDP (a 1-D mesh, placements (Shard(0),)) and HSDP (a 2-D "
+            f"mesh (replicate, shard), placements (Replicate(), Shard(0))) gradients; "
+            f"{type(module).__qualname__}'s parameters have placements {placements} on a "
+            f"mesh of shape {tuple(mesh.shape)}"
+        )
+    return None
 
 
 @checked_options
 def exact_fsdp(model: Any, *, mean_over: int | None = None, timeout: float = 300.0) -> ExactFSDP:
-    """Make FSDP2's gradient reduce-scatter exact: the same gradient bits on any number of ranks.
+    """Make FSDP2's gradient reduction exact: the same gradient bits on any number of ranks.
 
-    ``model``: a module after ``torch.distributed.fsdp.fully_shard`` (1-D
-    FSDP). Every FSDP module in it gets :func:`exact_reduce_scatter` as its
-    reduce-scatter (``set_custom_reduce_scatter``) and, for a world of one
-    rank where FSDP copies instead of calling it, the same arithmetic as its
-    all-reduce hook; FSDP's own division is switched off
+    ``model``: a module after ``torch.distributed.fsdp.fully_shard``, on a
+    1-D mesh (FSDP) or a 2-D ``(replicate, shard)`` mesh (HSDP). Every FSDP
+    module in it gets :func:`exact_reduce_scatter` as its reduce-scatter
+    (``set_custom_reduce_scatter``) and an all-reduce hook
+    (``set_all_reduce_hook``); FSDP's own division is switched off
     (``set_force_sum_reduction_for_comms(True)``,
     ``set_gradient_divide_factor(1.0)``). Each sharded ``.grad`` is then the
-    correctly rounded sum over the ranks of the gradients (divided by
-    ``mean_over`` first, one rounding), the same bits on 1, 2 or 64 ranks.
+    correctly rounded sum over every rank of the gradients (divided by
+    ``mean_over`` first, one rounding): the same bits on 1, 2 or 64 ranks and
+    for every mesh shape (1x4, 2x2, 4x1 ...). HSDP: FSDP2 offers no custom
+    all-reduce for the replicate dimension, so the comm sums the integer words
+    over the shard group and the replicate group and rounds once, and the
+    hook writes that result over what FSDP's float all-reduce made (it moves
+    ``-0.0``, or, with one rank a shard, the gradient: a wasted collective,
+    never a change to the bits).
 
     World-size invariance needs the same terms on every world size: with a
     fixed micro-batch size and several micro-batches a rank, run all but a
     rank's last backward of a step inside ``with handle.no_reduce():`` — those
     gradients are held back in exact sums (no communication) and reduced with
     the last one's, so FSDP's float accumulation never adds two gradients.
-    Gradients reach the comm in FSDP's ``reduce_dtype``: for exact results,
-    leave it to the parameters' dtype (a cast after the reduction rounds
-    again). Returns the :class:`ExactFSDP` handle.
+    FSDP's own ways to skip a reduction (``set_requires_gradient_sync(False)``,
+    ``set_requires_all_reduce(False)``) accumulate in floats: the second is
+    refused at the next reduction, the first cannot be seen — use
+    ``no_reduce()``. Clear the gradients between steps (``zero_grad``).
+
+    Mixed precision (``MixedPrecisionPolicy``): gradients reach the comm in
+    FSDP's ``reduce_dtype``, widened exactly or rounded once from the compute
+    dtype by FSDP itself (per micro-batch, so the same on any world size); the
+    exact sum is rounded once to ``reduce_dtype``, and FSDP's cast to the
+    parameters' dtype after it is exact when that is at least as wide (bf16
+    parameters reduced in float32: one rounding; float32 parameters reduced in
+    bf16: each micro-batch's gradient rounded to bf16, then the sum once).
+    Returns the :class:`ExactFSDP` handle.
     """
     from torch.distributed.fsdp import FSDPModule
 
@@ -1145,12 +1290,18 @@ def exact_fsdp(model: Any, *, mean_over: int | None = None, timeout: float = 300
             f"{type(model).__qualname__} (call fully_shard(model, ...) first)"
         )
     _check_process_group("exact_fsdp reduces gradients")
-    handle = ExactFSDP(count, timeout)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            comm = _ExactFSDPComm(handle)
-            module.set_custom_reduce_scatter(comm)  # type: ignore[arg-type]
-            module.set_all_reduce_hook(comm.hook)
-            module.set_force_sum_reduction_for_comms(True)
-            module.set_gradient_divide_factor(1.0)
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    meshes = [_fsdp_mesh(m) for m in modules]  # every module checked before any is changed
+    shapes = {found[1] for found in meshes if found is not None}
+    if len(shapes) > 1:
+        raise FoldError(f"exact_fsdp needs one data-parallel mesh for the whole model; its "
+                        f"FSDP modules use meshes of shapes {sorted(shapes)}")  # fmt: skip
+    handle = ExactFSDP(count, timeout, shapes.pop() if shapes else (1,))
+    for module, found in zip(modules, meshes, strict=True):
+        replicate = found[0] if found is not None else None
+        comm = _ExactFSDPComm(handle, replicate if _size(replicate) > 1 else None)
+        module.set_custom_reduce_scatter(comm)  # type: ignore[arg-type]
+        module.set_all_reduce_hook(comm.hook)
+        module.set_force_sum_reduction_for_comms(True)
+        module.set_gradient_divide_factor(1.0)
     return handle

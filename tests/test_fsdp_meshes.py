@@ -1,0 +1,209 @@
+"""``exact_fsdp`` on every mesh shape: FSDP and HSDP give one process's gradient bits.
+
+One spawn of local gloo processes a world size (1, 2 and 4) runs every data-parallel
+mesh of that size — ``(W,)`` FSDP and ``(R, S)`` HSDP with ``R * S = W`` — under
+several settings (``reshard_after_forward`` both ways, mixed precision with a float32
+or a bfloat16 reduction, a parameter of 7 rows that no world size here divides), and
+saves each run's full gradients. A step is four micro-batches of five rows dealt
+round-robin, so a rank runs 4, 2 or 1 of them: all but its last inside
+``no_reduce()``. The parent compares the bits across every world size and mesh shape,
+and the float32 runs with the exact sum of a plain model's micro-batch gradients.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from functools import cache
+
+import numpy as np
+import pytest
+
+from bitfold.cli.launch import leave
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+dist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")
+pytest.importorskip("bitfold.distributed", reason="needs torch")
+
+MICRO, BATCH = 4, 5  # four micro-batches of five rows a step
+WORLDS = (1, 2, 4)
+#: Each setting: (reshard_after_forward, param_dtype, reduce_dtype) of FSDP2.
+SETTINGS = {
+    "fp32": (True, None, None),
+    "fp32-keep": (False, None, None),
+    "bf16-params-fp32-reduce": (True, torch.bfloat16, torch.float32),
+    "bf16-reduce": (False, None, torch.bfloat16),
+}
+
+
+def _meshes(world: int) -> list[tuple[int, ...]]:
+    """Every data-parallel mesh of ``world`` ranks: 1-D, then (replicate, shard) pairs."""
+    return [(world,)] + [(r, world // r) for r in range(1, world + 1) if world % r == 0]
+
+
+def _data():
+    g = torch.Generator().manual_seed(3)
+    n = MICRO * BATCH
+    x = torch.randn(n, 5, generator=g) * torch.exp2(torch.randint(-20, 20, (n, 5), generator=g))
+    return x, torch.randn(n, 3, generator=g)
+
+
+def _model():
+    torch.manual_seed(0)  # 7 hidden rows: FSDP pads them for 2 and 4 shards
+    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+
+
+def _loss(model, x, y, j):
+    sl = slice(j * BATCH, (j + 1) * BATCH)
+    return torch.nn.functional.mse_loss(model(x[sl]).float(), y[sl], reduction="sum")
+
+
+def _sharded(mesh, setting: str):
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    reshard, param_dtype, reduce_dtype = SETTINGS[setting]
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    model = _model()
+    for part in (model[0], model[2], model):
+        fully_shard(part, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    return model
+
+
+def _rank(rank: int, world: int, init: str, out: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from bitfold.dense import DenseSum
+    from bitfold.distributed import exact_fsdp
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    x, y = _data()
+    saved: dict[str, np.ndarray] = {}
+    for shape in _meshes(world):
+        names = ("replicate", "shard")[-len(shape) :]
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        me = mesh.get_coordinate()  # micro-batches are dealt over every rank of the mesh
+        index = me[0] * shape[1] + me[1] if len(shape) == 2 else me[0]
+        mine = list(range(index, MICRO, world))
+        for setting in SETTINGS:
+            for exact in (True, False):
+                if not exact and setting != "fp32":
+                    continue
+                model = _sharded(mesh, setting)
+                handle = exact_fsdp(model, mean_over=MICRO * BATCH) if exact else None
+                if not exact:  # FSDP's own float sums, without its division: the same scale
+                    model.set_force_sum_reduction_for_comms(True)
+                    model.set_gradient_divide_factor(1.0)
+                for step in range(2):  # the second step: the held sums were emptied
+                    for i, j in enumerate(mine):
+                        hold = handle is not None and i < len(mine) - 1
+                        with handle.no_reduce() if hold else nullcontext():
+                            _loss(model, x, y, j).backward()
+                    label = f"{'x'.join(map(str, shape))}|{setting}|{'exact' if exact else 'float'}"
+                    for name, p in model.named_parameters():
+                        saved[f"{label}|{step}|{name}"] = (
+                            p.grad.full_tensor().float().numpy().copy())  # fmt: skip
+                    model.zero_grad(set_to_none=True)
+    if world == 2:  # FSDP's float way to skip HSDP's all-reduce is refused by name
+        mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
+        model = _sharded(mesh, "fp32")
+        exact_fsdp(model)
+        model.set_requires_all_reduce(False)
+        _loss(model, x, y, rank).backward()
+        try:
+            _loss(model, x, y, rank).backward()
+            said = "no error"
+        except Exception as err:  # what FSDP's backward lets through
+            said = f"{type(err).__name__}: {err}"
+        saved["refused"] = np.array(said)
+    if world == 1:  # the reference: each micro-batch's gradient of a plain model, summed exactly
+        plain = _model()
+        sums = {name: DenseSum(tuple(p.shape)) for name, p in plain.named_parameters()}
+        for j in range(MICRO):
+            _loss(plain, x, y, j).backward()
+            for name, p in plain.named_parameters():
+                sums[name].add(p.grad)
+            plain.zero_grad(set_to_none=True)
+        for name, s in sums.items():
+            saved[f"reference|{name}"] = s.result(mean_over=MICRO * BATCH).numpy()
+    if rank == 0:
+        np.savez(out, **saved)
+    dist.destroy_process_group()
+    leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
+
+
+@cache
+def _run(world: int, tmp: str) -> dict[str, np.ndarray]:
+    from pathlib import Path
+
+    from test_distributed import _spawn_ranks
+
+    where = Path(tmp) / f"world-{world}"
+    where.mkdir()
+    out = str(where / "grads.npz")
+    _spawn_ranks(_rank, world, where, out)
+    with np.load(out) as got:
+        return {k: got[k] for k in got.files}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("fsdp-meshes"))
+    return {world: _run(world, tmp) for world in WORLDS}
+
+
+def _bits(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a, np.float32).view(np.uint32).tobytes()
+
+
+PARAMS = ("0.weight", "0.bias", "2.weight", "2.bias")
+
+
+def _runs(results, setting: str, kind: str = "exact") -> dict[str, dict[str, bytes]]:
+    """``{"world/mesh/step": {param: bits}}`` of one setting, over every world and mesh."""
+    found: dict[str, dict[str, bytes]] = {}
+    for world, got in results.items():
+        for key, value in got.items():
+            parts = key.split("|")
+            if len(parts) == 5 and parts[1] == setting and parts[2] == kind:
+                found.setdefault(f"{world}/{parts[0]}/{parts[3]}", {})[parts[4]] = _bits(value)
+    return found
+
+
+@pytest.mark.slow
+def test_every_mesh_shape_gives_the_exact_sum_of_the_micro_batch_gradients(results):
+    want = {name: _bits(results[1][f"reference|{name}"]) for name in PARAMS}
+    runs = _runs(results, "fp32")
+    meshes = {label.split("/")[1] for label in runs}
+    assert meshes == {"1", "2", "4", "1x1", "1x2", "2x1", "1x4", "2x2", "4x1"}, sorted(runs)
+    assert len(runs) == 9 * 2  # two steps each
+    for label, grads in runs.items():
+        assert grads == want, label
+    assert _runs(results, "fp32-keep") == runs  # reshard_after_forward=False: the same bits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["bf16-params-fp32-reduce", "bf16-reduce"])
+def test_mixed_precision_gives_one_set_of_bits_on_every_mesh(results, setting):
+    runs = _runs(results, setting)
+    assert len(runs) == 18, sorted(runs)
+    first = next(iter(runs.values()))
+    assert all(grads == first for grads in runs.values()), setting
+    assert first != _runs(results, "fp32")["1/1/0"]  # bfloat16 did change the numbers
+    if setting == "bf16-reduce":  # rounded once to bfloat16 (then widened, exactly)
+        for name in PARAMS:
+            bits = np.frombuffer(first[name], np.uint32)
+            assert not (bits & 0xFFFF).any(), name
+
+
+@pytest.mark.slow
+def test_plain_fsdp_float_sums_depend_on_the_mesh(results):
+    runs = _runs(results, "fp32", "float")
+    assert len(runs) == 18
+    assert len({tuple(sorted(g.items())) for g in runs.values()}) > 1
+
+
+@pytest.mark.slow
+def test_fsdps_float_way_to_skip_the_all_reduce_is_refused(results):
+    said = str(results[2]["refused"])
+    assert said.startswith("FoldError: exact_fsdp"), said
+    assert "set_requires_all_reduce(False)" in said and "no_reduce()" in said, said
