@@ -274,6 +274,10 @@ def test_function_refusals():
         bt.scatter_add(x, 0, torch.zeros(2, 4, dtype=torch.int64), torch.zeros(2, 3))
     with pytest.raises(bitfold.ShapeError, match="same number of dimensions"):
         bt.scatter_add(x, 0, i, torch.zeros(2, 3))
+    with pytest.raises(bitfold.ShapeError, match=r"index_add: dim 2 is out of range .* 2 dim"):
+        bt.index_add(x, 2, i, torch.zeros(2, 3))
+    with pytest.raises(bitfold.ShapeError, match="scatter_add: dim -3 is out of range"):
+        bt.scatter_add(x, -3, torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2, 3))
     with pytest.raises(bitfold.FoldError, match="K must be a positive integer"):
         bt.segment_sum(torch.zeros(2), i, 0)
     with pytest.raises(bitfold.ShapeError, match=r"index\.shape \+ trailing"):

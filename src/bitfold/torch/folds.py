@@ -139,14 +139,22 @@ def wrap_negative(index: torch.Tensor, size: int) -> torch.Tensor:
     return torch.where(negative, index + size, index)
 
 
+def _dim_problem(input: torch.Tensor, dim: int) -> str | None:
+    """Torch's refusal of a ``dim`` outside ``input``'s dimensions (a 0-d tensor has one)."""
+    nd = max(input.dim(), 1)
+    if not -nd <= dim < nd:
+        return f"dim {dim} is out of range for a tensor of {input.dim()} dimensions"
+    return None
+
+
 # -- index_add ------------------------------------------------------------------------------------
 def index_add_shape_problem(
     input: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor
 ) -> str | None:
     """What torch would refuse in ``index_add(input, dim, index, source)``, or None."""
     nd = max(input.dim(), 1)
-    if not -nd <= dim < nd:
-        return f"dim {dim} is out of range for a tensor of {input.dim()} dimensions"
+    if (problem := _dim_problem(input, dim)) is not None:
+        return problem
     if index.dim() > 1:
         return f"index must be a vector; got shape {tuple(index.shape)}"
     d = dim % nd
@@ -229,8 +237,8 @@ def scatter_shape_problem(
 ) -> str | None:
     """What torch would refuse in ``scatter_add(input, dim, index, src)``, or None."""
     nd = max(input.dim(), 1)
-    if not -nd <= dim < nd:
-        return f"dim {dim} is out of range for a tensor of {input.dim()} dimensions"
+    if (problem := _dim_problem(input, dim)) is not None:
+        return problem
     if index.numel() == 0:
         return None
     dims = {max(t.dim(), 1) for t in (input, index, src)}
