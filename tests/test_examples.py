@@ -122,3 +122,26 @@ def test_torchrun_gives_one_digest_on_1_2_and_4_processes():
     assert digests[1]["plain"] != digests[2]["plain"], digests
     # DDP with the exact hook, one micro-batch of a power-of-two size per process: the same bits
     assert digests[4]["ddp"] == digests[4]["exact"], digests
+
+
+@pytest.mark.skipif(not _gloo_available(), reason="torch.distributed with gloo is not available")
+def test_fsdp_transformer_gives_one_digest_on_every_world_size_and_mesh():
+    """One process (4 micro-batches each), torchrun with 2 (2 each), --spawn 4 (1 each), and
+    HSDP on a 2x2 mesh: one exact digest; plain FSDP2's float sums give others."""
+    small = [str(EXAMPLES / "fsdp_transformer.py"), "--small"]
+    procs = {
+        "1": _start(*small),
+        "2": _start("-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", *small),
+        "4": _start(*small, "--spawn", "4"),
+        "2x2": _start(*small, "--spawn", "4", "--mesh", "2x2", "--reduce", "exact"),
+    }
+    digests = {}
+    for label, proc in procs.items():
+        out = _output(proc)
+        digests[label] = dict(re.findall(r"--reduce (\w+)\s+digest (sha256:[0-9a-f]{64})", out))
+        assert set(digests[label]) == ({"exact"} if "x" in label else {"exact", "plain"}), out
+        assert ("HSDP" if "x" in label else "FSDP") in out.splitlines()[0], out
+    assert len({d["exact"] for d in digests.values()}) == 1, digests
+    plain = {label: d["plain"] for label, d in digests.items() if "plain" in d}
+    assert len(set(plain.values())) == 3, digests  # float sums grouped by process differ
+    assert digests["1"]["plain"] != digests["1"]["exact"], digests
