@@ -35,7 +35,9 @@ differ between ranks are refused before any reduction.
 Sharded data parallelism (FSDP's gradient reduce-scatter): :func:`exact_reduce_scatter`
 sends the same words — the bounds of every shard's blocks (MAX), then one
 ``reduce_scatter_tensor`` (SUM) of the int64 words — and each rank rounds only
-its shard: the bits of the all-reduce's elements, on any number of ranks.
+its shard: the bits of the all-reduce's elements, on any number of ranks. With a
+``replicate_group`` (HSDP) the shard's words are also all-reduced over the replicas before
+the rounding. :func:`exact_fsdp` plugs it into FSDP2 (``fully_shard``, 1-D or HSDP meshes).
 
 For ``DistributedDataParallel``: :func:`exact_allreduce_hook` (register it
 with ``model.register_comm_hook(None, exact_allreduce_hook)``) makes each
@@ -1125,7 +1127,11 @@ class _ExactFSDPComm:
     ) -> None:
         """Reduce-scatter ``input_tensor`` exactly into ``output_tensor`` (or hold it back)."""
         self._called = True
-        self._reduce(output_tensor, input_tensor, group)
+        try:
+            self._reduce(output_tensor, input_tensor, group)
+        except BaseException:  # no hook follows: the next reduction starts afresh
+            self._result, self._input, self._allocated, self._called = None, None, 0, False
+            raise
         if self.replicate is not None:  # HSDP: FSDP's float all-reduce sums -0.0s, exactly
             self._result = output_tensor.clone()
             output_tensor.fill_(-0.0)
