@@ -643,12 +643,12 @@ def place(bits: np.ndarray, dtype: str, values: Any) -> Any:
 
 def about(values: Any) -> dict[str, str]:
     """The device the kernels run on, its driver and the compiler: for the self-test's verdict."""
-    import importlib.metadata
+    import triton  # its own version: ROCm and XPU ship it as another distribution
 
     torch = _torch()
     t, _ = _as_torch(values)
     kind = t.device.type
-    compiler = f"Triton {importlib.metadata.version('triton')}, torch {torch.__version__}"
+    compiler = f"Triton {triton.__version__}, torch {torch.__version__}"
     if kind == "cpu":
         return {"device": "the CPU, in Triton's interpreter (TRITON_INTERPRET=1)",
                 "driver": "none", "compiler": compiler}  # fmt: skip

@@ -56,6 +56,7 @@ from .ieee import (
     as_double,
     castable,
     checked_add,
+    checked_add_narrow,
     float_parts,
     min_normal,
     normalise,
@@ -63,7 +64,7 @@ from .ieee import (
     round_scaled,
     segment_bits,
 )
-from .prefetch import prefetch_row
+from .prefetch import copy_row_streaming, prefetch_row, store_fence, streaming_rows_ok
 
 #: Rows (in the plan's order) prefetched ahead of the one being summed.
 AHEAD = 8
@@ -560,6 +561,254 @@ def fold_buckets(values, order, offsets, tasks, split, out, out_bits, target, fa
                       chunk)  # fmt: skip
 
 
+# -- staged rows: hot buckets summed in position order, the other rows copied into order ---
+#: Spilled values a stream task can hold (:func:`_stream_task`); past it the staged fold
+#: reports an overflow and its caller folds again without staging.
+SPILL_ROWS = 256
+
+
+@njit(cache=True, nogil=True)
+def _spill_row(row, acc, slot, pool, used, L):  # pragma: no cover - compiled
+    """The slow path of :func:`_stream_task` for one hot row: value by value, tested.
+
+    Each value whose addition into ``acc`` is exact (:func:`_add_narrow`'s test)
+    is added; any other goes into its element's pool row. Returns the pool
+    rows used, or -1 when the pool ran out.
+    """
+    for d in range(acc.shape[0]):
+        s = _add_narrow(acc[d], row[d])
+        if s == s:
+            acc[d] = s
+            continue
+        j = slot[d]
+        if j < 0:
+            if used == pool.shape[0]:
+                return -1
+            j = used
+            used += 1
+            slot[d] = j
+            pool[j, :] = 0
+        add_bits(pool[j], L, row[d], _F32[0], _F32[1], _F32[2], False)
+    return used
+
+
+@njit(cache=True, nogil=True)
+def _stream_task(bits, route, lo, hi, stage, streaming, state, slot, pool, L):  # pragma: no cover
+    """Positions ``lo .. hi-1`` in order: a hot row added into ``state``, a cold one staged.
+
+    ``route[i] >= 0``: row ``i`` is copied to ``stage[route[i]]`` (its rank
+    among the cold rows in the plan's order), with non-temporal stores when
+    ``streaming``. ``route[i] < 0``: row ``i`` belongs to hot bucket
+    ``h = -route[i] - 1`` and each of its values is added into
+    ``state[h, d]`` (float64, ``-0.0`` at the start) where that addition is
+    exact (:func:`_add_narrow`'s test: no rounding, no NaN, no infinity, no
+    subnormal); a value whose addition is not exact leaves the sum as it was
+    and is added into integer limbs instead, a row of ``pool`` given to
+    ``(h, d)`` on its first such value (``slot[h, d]``, -1 before).
+    ``state[h, d]`` plus that row is then exactly the sum of the values read.
+    A row is tested first, all its columns at once (integer minimum for a
+    subnormal, float64 tests counted); only a row with a value that fails
+    takes the value-by-value path (:func:`_spill_row`). Returns the pool rows
+    used, or -1 when the pool ran out (the sums are then incomplete and must
+    not be used).
+    """
+    D = bits.shape[1]
+    used = 0
+    for i in range(lo, hi):
+        r = route[i]
+        row = bits[i]
+        if r >= 0:
+            if streaming:
+                copy_row_streaming(stage, r, bits, i)
+            else:
+                dst = stage[r]
+                for d in range(D):
+                    dst[d] = row[d]
+            continue
+        h = -r - 1
+        acc = state[h]
+        low = np.uint32(0xFFFFFFFF)
+        for d in range(D):  # uint32 lanes: the smallest non-zero magnitude, minus one
+            low = min(low, _below(row[d]))
+        n_bad = 0
+        for d in range(D):  # float64 lanes: additions that would not be exact
+            a = acc[d]
+            x = np.float64(float32_of_bits(row[d]))
+            s = a + x
+            n_bad += not ((s - a == x) & (s - x == a))
+        if n_bad == 0 and low >= np.uint32(0x7FFFFF):  # no subnormal either: add them all
+            for d in range(D):
+                acc[d] += np.float64(float32_of_bits(row[d]))
+            continue
+        used = _spill_row(row, acc, slot[h], pool, used, L)
+        if used < 0:
+            return -1
+    if streaming:
+        store_fence()
+    return used
+
+
+@njit(cache=True, parallel=True)
+def _stream_parallel(bits, route, bounds, stage, streaming, state, slot, pool, used, L):
+    # pragma: no cover - compiled
+    for s in prange(bounds.shape[0] - 1):
+        used[s] = _stream_task(bits, route, bounds[s], bounds[s + 1], stage, streaming, state[s],
+                               slot[s], pool[s], L)  # fmt: skip
+
+
+@njit(cache=True, parallel=True)
+def _merge_hot(state, slot, pool, hot, out_f, out_bits, target, fast):  # pragma: no cover
+    """Each hot bucket ``hot[h]``: its stream tasks' exact sums added, rounded once.
+
+    Where every task's float64 sum is exact, no value was spilled and their
+    checked float64 sum is exact too, that sum is cast (``fast``) or rounded
+    (:func:`_round_double`); otherwise the sums and the spilled limbs are
+    added as integers (:func:`bitfold.kernels.ieee.add_exact_sum`) and the
+    limbs rounded once.
+    """
+    S, H, D = state.shape
+    L = pool.shape[2] - 5
+    unit_exp = target[0]
+    tiny = _cast_tiny(target)
+    for h in prange(H):
+        k = hot[h]
+        row = np.empty(L + 5, np.int64)
+        mag = np.empty(L, np.int64)
+        for d in range(D):
+            acc = -0.0
+            spilled = False
+            for s in range(S):
+                acc = checked_add_narrow(acc, state[s, h, d])
+                spilled |= slot[s, h, d] >= 0
+            if acc == acc and not spilled:
+                if fast and castable(acc, tiny):
+                    out_f[k, d] = acc
+                else:
+                    out_bits[k, d] = _round_double(acc, target)
+                continue
+            row[:] = 0
+            for s in range(S):
+                add_exact_sum(row, L, state[s, h, d], 1, unit_exp)
+                j = slot[s, h, d]
+                if j >= 0:
+                    for i in range(L + 5):
+                        row[i] += pool[s, j, i]
+            out_bits[k, d] = _round_limbs(row, target, mag)
+
+
+@njit(cache=True, nogil=True)
+def _fold_staged_range(values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast, acc,
+                       column, mag):  # fmt: skip  # pragma: no cover - compiled
+    """Buckets ``k0 .. k1-1`` of staged float32 rows: rows ``offsets[k] .. offsets[k+1]-1``.
+
+    The rows lie in order, one after the other, so no prefetch is needed and
+    no test is saved by certifying: each value is added with
+    :func:`_add_narrow`, whatever the bucket's size. A column whose float64
+    sum is exact is cast (``fast``) or rounded from it; any other one is
+    summed exactly from its bits (:func:`_segment`, ``order`` the identity).
+    """
+    tiny = _cast_tiny(target)
+    D = bits.shape[1]
+    for k in range(k0, k1):
+        lo = np.int64(offsets[k])
+        hi = np.int64(offsets[k + 1])
+        if lo == hi:
+            for d in range(D):
+                out_bits[k, d] = 0
+            continue
+        for d in range(D):
+            acc[d] = -0.0
+        for t in range(lo, hi):
+            row = bits[t]
+            for d in range(D):
+                acc[d] = _add_narrow(acc[d], row[d])
+        inexact = 0
+        if fast:
+            for d in range(D):
+                out_f[k, d] = acc[d]
+                inexact += not castable(acc[d], tiny)
+        else:
+            inexact = D
+        if inexact:
+            for d in range(D):
+                if fast and castable(acc[d], tiny):
+                    continue
+                if acc[d] == acc[d]:
+                    out_bits[k, d] = _round_double(acc[d], target)
+                else:
+                    out_bits[k, d] = _segment(values, bits, order, lo, hi, d, target, False,
+                                              column, mag, False, values[0, 0],
+                                              bits[0, 0])  # fmt: skip
+
+
+@njit(cache=True, parallel=True)
+def _fold_staged_parallel(values, bits, order, offsets, tasks, parts, out_f, out_bits, target,
+                          fast, L, chunk):  # fmt: skip  # pragma: no cover - compiled
+    """:func:`_fold_tasks_parallel` for staged rows: ranges by :func:`_fold_staged_range`."""
+    D = values.shape[1]
+    for c in prange(tasks.shape[0]):
+        k0, k1, lo, hi, p = tasks[c, 0], tasks[c, 1], tasks[c, 2], tasks[c, 3], tasks[c, 4]
+        acc = np.empty(D, np.float64)
+        if p >= 0:
+            _rows_into_limbs(values, bits, order, k0, lo, hi, hi - 1, parts[p], acc, False,
+                             values[:1], bits[:1], False, chunk, target[0])  # fmt: skip
+            continue
+        _fold_staged_range(values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast,
+                           acc, np.empty(L + 5, np.int64), np.empty(L, np.int64))  # fmt: skip
+
+
+def fold_staged(values, route, bounds, hot, stage, stage_order, stage_offsets, tasks, split, out,
+                out_bits, target, fast, L) -> bool:  # fmt: skip
+    """Fold float32 rows ``values`` (N, D) into ``out`` (K, D) in two passes; False: not done.
+
+    A plan-only layout (:func:`bitfold.backends.host_routes.staged_layout`)
+    names ``hot`` buckets (H of them) and, for every position, where its row
+    goes (``route``, see :func:`_stream_task`). The first pass reads the rows
+    once, in position order, as ``bounds`` (S + 1 positions) cuts them into
+    fixed tasks: a hot bucket's values are added into a float64 sum a task,
+    each addition exact or its value spilled into limbs; every other row is
+    copied into ``stage`` (uint32, one row a cold position) in the plan's
+    order, so that the second pass reads it sequentially, bucket by bucket
+    (``stage_offsets``, the cold buckets' ranges; ``stage_order``, the
+    identity; ``tasks`` and ``split`` as in :func:`fold_buckets`, a bucket
+    past the split limit summed in parts into limbs). Last, each hot
+    bucket's task sums and spilled limbs are added exactly and rounded once
+    (:func:`_merge_hot`).
+    Every result is the correctly rounded sum, the bits of :func:`fold_buckets`;
+    only where the rows are read from differs. Returns False, having written
+    nothing usable, when a task spilled more than :data:`SPILL_ROWS` values
+    (values of very different magnitudes in one hot bucket): the caller folds
+    with :func:`fold_buckets` instead.
+    """
+    from .cpu import start_thread_pool
+
+    bits = values.view(np.uint32)
+    S = bounds.shape[0] - 1
+    H = hot.shape[0]
+    D = values.shape[1]
+    state = np.full((S, H, D), -0.0)
+    slot = np.full((S, H, D), -1, np.int32)
+    pool = np.empty((S, SPILL_ROWS, L + 5), np.int64)
+    used = np.zeros(S, np.int64)
+    streaming = streaming_rows_ok(stage)
+    start_thread_pool()
+    with parallel_chunksize(1):
+        _stream_parallel(bits, route, bounds, stage, streaming, state, slot, pool, used, L)
+    if (used < 0).any():
+        return False
+    n_parts = int(split[:, 2].max()) if split.shape[0] else 0
+    parts = np.empty((n_parts, D, L + 5), np.int64)
+    with parallel_chunksize(1):
+        _fold_staged_parallel(stage.view(np.float32), stage, stage_order, stage_offsets, tasks,
+                              parts, out, out_bits, target, fast, L, ROW_CHUNK)  # fmt: skip
+        if n_parts:
+            _merge_parts(parts, split, out_bits, target)
+    if H:
+        with parallel_chunksize(1):
+            _merge_hot(state, slot, pool, hot, out, out_bits, target, fast)
+    return True
+
+
 # -- redoing the buckets a streaming route could not sum exactly ----------------------------
 @njit(cache=True, nogil=True)
 def _redo_scalar(which, values, bits, order, offsets, out_bits, target, wide, column, mag):
@@ -589,4 +838,4 @@ def round_doubles(sums, out_bits, target) -> None:
     _round_doubles(sums, out_bits, target)
 
 
-__all__ = ["CHUNK", "fold_buckets", "redo_scalar", "round_doubles"]
+__all__ = ["CHUNK", "SPILL_ROWS", "fold_buckets", "fold_staged", "redo_scalar", "round_doubles"]

@@ -1,4 +1,4 @@
-"""Software prefetches for the CPU kernels: ask for memory before it is read or added into.
+"""Memory hints for the CPU kernels: prefetches, and stores that bypass the caches.
 
 Bucket-at-a-time folds read the rows of the values in the plan's sorted
 order, a random order in memory; the hardware cannot guess the next row, so
@@ -8,6 +8,14 @@ those reads overlap. Scatters into a state larger than the caches (the float
 stream past 2^18 buckets) ask for the element they will add into a few
 positions ahead with :func:`prefetch_item`. They change timings only: a
 prefetch never faults and never changes a value.
+
+Rows copied to scattered places that nothing reads soon (the staged rows of
+:func:`bitfold.kernels.buckets.fold_staged`) are written with non-temporal
+stores (:func:`copy_row_streaming`): a plain store first reads the line it
+writes into, a non-temporal store of whole lines does not (measured on the
+2-core VM: 262,144 rows of 64 float32 copied to random rows in 3.0 ms
+against 9.7 ms). Such stores are weakly ordered: :func:`store_fence` makes
+them visible before another thread reads them.
 """
 
 from __future__ import annotations
@@ -76,4 +84,77 @@ def prefetch_item(typingctx, arr, i):  # pragma: no cover - compiled
     return sig, codegen
 
 
-__all__ = ["prefetch_item", "prefetch_row"]
+@intrinsic
+def copy_row_streaming(typingctx, dst, j, src, i):  # pragma: no cover - compiled
+    """``dst[j, :] = src[i, :]`` for 2-D C-contiguous uint32 arrays of the same row length,
+    sixteen bytes at a time with non-temporal stores (the rest, if any, plainly).
+
+    The caller guarantees that ``dst``'s rows start at multiples of 16 bytes
+    (:func:`streaming_rows_ok`) and calls :func:`store_fence` before the rows are read
+    by another thread. Values are copied bit for bit.
+    """
+    sig = types.void(dst, j, src, i)
+
+    def codegen(context, builder, signature, args):
+        dty, jty, sty, ity = signature.args
+        intp = types.intp
+        zero = context.get_constant(intp, 0)
+
+        def row_pointer(aty, arg, index, ity_):
+            ary = context.make_array(aty)(context, builder, arg)
+            shape = cgutils.unpack_tuple(builder, ary.shape)
+            strides = cgutils.unpack_tuple(builder, ary.strides)
+            at = context.cast(builder, index, ity_, intp)
+            ptr = cgutils.get_item_pointer2(
+                context, builder, data=ary.data, shape=shape, strides=strides,
+                layout=aty.layout, inds=[at, zero], wraparound=False,
+            )  # fmt: skip
+            return ptr, shape[1]
+
+        dp, width = row_pointer(dty, args[0], args[1], jty)
+        sp, _ = row_pointer(sty, args[2], args[3], ity)
+        lanes = 4
+        vec = ir.VectorType(ir.IntType(32), lanes)
+        dv = builder.bitcast(dp, vec.as_pointer())
+        sv = builder.bitcast(sp, vec.as_pointer())
+        n_vec = builder.udiv(width, context.get_constant(intp, lanes))
+        hint = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        with cgutils.for_range(builder, n_vec) as loop:
+            value = builder.load(builder.gep(sv, [loop.index]), align=4)
+            store = builder.store(value, builder.gep(dv, [loop.index]), align=16)
+            store.set_metadata("nontemporal", hint)
+        start = builder.mul(n_vec, context.get_constant(intp, lanes))
+        one = context.get_constant(intp, 1)
+        with cgutils.for_range_slice(builder, start, width, one, inc=True) as (at, _):
+            builder.store(builder.load(builder.gep(sp, [at])), builder.gep(dp, [at]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def store_fence(typingctx):  # pragma: no cover - compiled
+    """A sequentially consistent fence: earlier stores, non-temporal ones included, are
+    visible to every thread before any later memory operation (``mfence`` on x86)."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def streaming_rows_ok(dst) -> bool:
+    """True when every row of the 2-D C-contiguous uint32 array ``dst`` starts at a multiple
+    of 16 bytes, as :func:`copy_row_streaming` needs."""
+    return dst.ctypes.data % 16 == 0 and (dst.shape[1] * dst.itemsize) % 16 == 0
+
+
+__all__ = [
+    "copy_row_streaming",
+    "prefetch_item",
+    "prefetch_row",
+    "store_fence",
+    "streaming_rows_ok",
+]
