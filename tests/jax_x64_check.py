@@ -14,7 +14,7 @@ from oracle import exact_fold_oracle
 
 import bitfold
 import bitfold.jax as bj
-from bitfold.backends import portable
+from bitfold.backends.portable import states
 from bitfold.validate import check_values
 
 assert jax.config.jax_enable_x64, "run with JAX_ENABLE_X64=1"
@@ -44,7 +44,7 @@ for dtype, bits in ((np.float64, np.uint64), (np.float32, np.uint32)):
     x = jnp.asarray(C)
     spec = check_values(plan.shape, x.shape, x.dtype)
     fmt = bitfold.formats.limb_format_for(spec.dtype)
-    state = np.asarray(portable.exact_state(plan, x, spec, fmt))
+    state = np.asarray(states.exact_state(plan, x, spec, fmt))
     host = plan.accumulator(np.dtype(dtype).name).add(C)
     merged = bitfold.ExactAccumulator.from_state(plan, state, np.dtype(dtype).name).merge(host)
     doubled = exact_fold_oracle(

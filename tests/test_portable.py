@@ -20,6 +20,8 @@ from oracle import exact_fold_oracle, ordered_fold_reference
 import bitfold
 from bitfold import arrays, dispatch
 from bitfold.backends import cuda, host, portable, portable_torch, triton
+from bitfold.backends.portable import digits, narrow, paths, shared_unit, states
+from bitfold.backends.portable.terms import NARROW, Terms
 from bitfold.formats import FLOATS, limb_format_for
 from bitfold.validate import check_values
 
@@ -164,8 +166,8 @@ def test_the_narrow_path_against_the_oracle(case):
     flat_counts = counts.repeat_interleave(D)
     counts = counts.reshape(-1, *([1] * (len(shape) - 1))).expand(shape).contiguous()
     groups = [(i, v.reshape((-1, *shape[1:])), d) for i, v, d in groups]
-    terms = portable.Terms(arrays.family_of(t), t, fmt, shape, groups)
-    got, bad = portable.narrow_fold(terms, counts, out_name, scaled=scaled)
+    terms = Terms(arrays.family_of(t), t, fmt, shape, groups)
+    got, bad = narrow.narrow_fold(terms, counts, out_name, scaled=scaled)
     assert not bool(bad)
     rows = held.reshape(len(index), D)
     want = _oracle(index, rows, K, out_name, None if init is None else init_held.reshape(K, D))
@@ -180,7 +182,7 @@ def test_the_narrow_path_against_the_oracle(case):
 
 
 def _exact_sums(t, index, K, out_name, *, init=None, counts=None, **kw):
-    """:func:`portable.exact_sums` of torch values ``t`` by the host ``index`` ((K·D,) flat),
+    """:func:`paths.exact_sums` of torch values ``t`` by the host ``index`` ((K·D,) flat),
     ``kw`` its keywords (``words``, ``scaled``); ``counts``, the flat counts, from ``index``."""
     D = int(np.prod(t.shape[1:], dtype=np.int64))
     word = kw["words"].word if "words" in kw else "int64"
@@ -190,7 +192,7 @@ def _exact_sums(t, index, K, out_name, *, init=None, counts=None, **kw):
     ops = arrays.family_of(t)
     index_t = torch.from_numpy(np.asarray(index).astype(word))
     counts = counts.to(getattr(torch, word))
-    return portable.exact_sums(ops, t, index_t, counts, init, K, D, bound, out_name, **kw)
+    return paths.exact_sums(ops, t, index_t, counts, init, K, D, bound, out_name, **kw)
 
 
 @pytest.mark.parametrize("scaled", [True, False])
@@ -202,9 +204,9 @@ def test_the_narrow_path_flags_what_it_cannot_hold(scaled):
         values = np.array([1.0 if odd != 1e-40 else 3e-40, odd, 3.0, 1.5, -2.0], np.float32)
         t = torch.from_numpy(values)
         counts = torch.from_numpy(np.bincount(index, minlength=3).astype(np.int64))
-        terms = portable.Terms(arrays.family_of(t), t, limb_format_for("float32"), (3,),
+        terms = Terms(arrays.family_of(t), t, limb_format_for("float32"), (3,),
                                [(torch.from_numpy(index), t, "float32")])  # fmt: skip
-        _, bad = portable.narrow_fold(terms, counts, "float32", scaled=scaled)
+        _, bad = narrow.narrow_fold(terms, counts, "float32", scaled=scaled)
         assert bool(bad) == (scaled or odd != 1e-40)
         want = exact_fold_oracle(index, values.astype(np.float64), 3)
         got = _exact_sums(t, index, 3, "float32", scaled=scaled)
@@ -215,13 +217,13 @@ def test_the_narrow_path_flags_what_it_cannot_hold(scaled):
 
 # -- the shared-unit path: one unit for every element, where every term is a multiple of it ----
 def _shared(t, index, K, dtype, bound=None):
-    """(unit, serves) of :func:`portable.shared_unit_plan` for one group of values."""
+    """(unit, serves) of :func:`shared_unit.shared_unit_plan` for one group of values."""
     shape = (K,) if t.ndim == 1 else (K, t.shape[1])
     groups = [(torch.from_numpy(index), t, dtype)]
     bound = int(np.bincount(index, minlength=K).max()) if bound is None else bound
-    layout = portable.shared_words("int64", bound)
-    terms = portable.Terms(arrays.family_of(t), t, limb_format_for(dtype), shape, groups)
-    unit, good = portable.shared_unit_plan(terms, layout)
+    layout = shared_unit.shared_words("int64", bound)
+    terms = Terms(arrays.family_of(t), t, limb_format_for(dtype), shape, groups)
+    unit, good = shared_unit.shared_unit_plan(terms, layout)
     return int(unit), bool(good)
 
 
@@ -256,17 +258,17 @@ def test_the_shared_unit_in_int32_digits_against_the_oracle(case, bound):
     D = int(np.prod(t.shape[1:], dtype=np.int64))
     shape = (K,) if t.ndim == 1 else (K, D)
     bound = max(bound, int(np.bincount(index, minlength=K).max(initial=0)))
-    layout = portable.shared_words("int32", bound)
+    layout = shared_unit.shared_words("int32", bound)
     assert layout.digit_bits == (16 if bound < 2**15 else 8)
     ops, fmt = arrays.family_of(t), limb_format_for(dtype)
     groups = [(torch.from_numpy(index.astype(np.int32)), t, dtype)]
-    terms = portable.Terms(ops, t, fmt, shape, groups)
-    unit, good = portable.shared_unit_plan(terms, layout)
+    terms = Terms(ops, t, fmt, shape, groups)
+    unit, good = shared_unit.shared_unit_plan(terms, layout)
     assert unit.dtype == torch.int32 and (bool(good) or not len(index))
     counts = torch.from_numpy(np.bincount(index, minlength=K).astype(np.int32))
     counts = counts.reshape(-1, *([1] * (len(shape) - 1))).expand(shape).contiguous()
     out_name = bitfold.formats.resolve_out_dtype(dtype, "float32" if out == "float64" else out)
-    got, _ = portable.shared_unit_fold(terms, counts, unit, layout, out_name)
+    got, _ = shared_unit.shared_unit_fold(terms, counts, unit, layout, out_name)
     want = _oracle(index, held.reshape(len(index), D), K, out_name)
     assert np.array_equal(_bits(got, out_name).reshape(K, -1), want)
 
@@ -313,8 +315,8 @@ def word_sums(draw):
 
 @given(word_sums())
 def test_rounding_one_word_by_floats_is_the_integer_rounding(case):
-    """:func:`portable.round_words` (round to odd, then one float conversion) gives the bits of
-    :func:`portable.round_table` (integer operations, checked against the oracle) wherever it
+    """:func:`shared_unit.round_words` (round to odd, then one float conversion) gives the bits of
+    :func:`digits.round_table` (integer operations, checked against the oracle) wherever it
     does not flag a result below the normal range."""
     out, exponent, sums = case
     fmt = limb_format_for("float32")
@@ -322,9 +324,9 @@ def test_rounding_one_word_by_floats_is_the_integer_rounding(case):
     ops = arrays.family_of(s)
     counts = torch.ones_like(s)
     zero = s - s
-    got, tiny = portable.round_words(ops, s, torch.tensor(exponent), zero != 0, out)
+    got, tiny = shared_unit.round_words(ops, s, torch.tensor(exponent), zero != 0, out)
     cols = [s & ((1 << 32) - 1), s >> 32, counts, counts, zero, zero, zero]
-    want = portable.round_table(ops, torch.stack(cols, 1), portable.NARROW, fmt, out,
+    want = digits.round_table(ops, torch.stack(cols, 1), NARROW, fmt, out,
                                 shift=zero + (exponent - fmt.unit_exp))  # fmt: skip
     if not bool(tiny):
         assert _bits(got, out).tolist() == _bits(want, out).tolist()
@@ -388,8 +390,8 @@ def test_chunked_carries_give_the_same_bits():
     for int64, index in [(True, few), (False, few), (True, many), (False, many)]:
         K = int(index.max()) + 1
         want = bitfold.Fold(index, K)(values)
-        w = portable.words_for(fmt, int64, 1)
-        tiny = portable.Words(w.word, w.word_bits, 8 if not int64 else 32,
+        w = digits.words_for(fmt, int64, 1)
+        tiny = digits.Words(w.word, w.word_bits, 8 if not int64 else 32,
                               fmt.limbs * 32 // (8 if not int64 else 32), 7)  # fmt: skip
         got = _exact_sums(torch.from_numpy(values), index, K, "float32", words=tiny)
         assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
@@ -479,15 +481,15 @@ def test_device_states_merge_with_host_states(dtype):
     t = torch.from_numpy(values)
     fmt = limb_format_for(dtype)
     spec = check_values(plan.shape, (200,), dtype)
-    device_state = portable.exact_state(plan, t, spec, fmt)
+    device_state = states.exact_state(plan, t, spec, fmt)
     assert device_state.dtype == torch.int64 and tuple(device_state.shape) == (9, fmt.width)
     host_acc = plan.accumulator(dtype).add(values)
     merged = bitfold.ExactAccumulator.from_state(plan, device_state.numpy(), dtype).merge(host_acc)
     want = exact_fold_oracle(np.concatenate([index, index]), np.concatenate([values] * 2), 9, dtype)
     assert np.array_equal(_bits(merged.result(), dtype), _bits(want, dtype))
     # rounding a merged state on the device gives the same bits
-    both = portable.merge_states(device_state, torch.from_numpy(host_acc.state.copy()), fmt)
-    assert np.array_equal(_bits(portable.round_state(both, fmt, dtype), dtype), _bits(want, dtype))
+    both = states.merge_states(device_state, torch.from_numpy(host_acc.state.copy()), fmt)
+    assert np.array_equal(_bits(states.round_state(both, fmt, dtype), dtype), _bits(want, dtype))
     # an accumulator fed by the portable path, in pieces
     acc = plan.accumulator(dtype, backend="portable")
     acc.add(t[:120], start=0).add(t[120:], start=120)

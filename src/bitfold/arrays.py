@@ -90,7 +90,7 @@ class ArrayFamily:
         """``result`` as an array of this family, beside ``like`` (NumPy by default)."""
         return result
 
-    # -- operations (a fold written once against the families: backends/portable.py) --------
+    # -- operations (a fold written once against the families: backends/portable/) ----------
     # Every operation takes and returns arrays of this family; dtypes are canonical names
     # ("int64", "float32", "bfloat16", ...). Nothing here waits for the device.
 

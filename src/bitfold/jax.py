@@ -73,7 +73,8 @@ import numpy as np
 
 from . import xla_host_call
 from .arrays import library_of
-from .backends import portable
+from .backends.portable import BACKEND as _PORTABLE
+from .backends.portable.paths import segment_fold
 from .errors import DeviceError, FoldError, FoldTypeError, IndexRangeError, ShapeError
 from .formats import FLOATS, VALUE_DTYPES, dtype_name, resolve_out_dtype
 from .host_plans import HostPlans
@@ -160,7 +161,7 @@ def _path(x: Any, backend: str | None) -> str:
 def _portable_fold(plan: Fold, strategy: str, g: Any, out_name: str) -> Any:
     """The fold of ``g`` in XLA operations (:mod:`bitfold.backends.portable`)."""
     spec = check_values(plan.shape, tuple(g.shape), np.dtype(g.dtype))
-    impl = getattr(portable, f"fold_{strategy}")
+    impl = _PORTABLE.fold(strategy)
     if out_name == "bfloat16" and strategy != "exact":  # their float32 fold, rounded
         return impl(plan, g, spec, "float32").astype(jnp.bfloat16)
     return impl(plan, g, spec, out_name)
@@ -354,7 +355,7 @@ def _segment_sum(data: Any, segment_ids: Any, num_segments: int, path: str) -> A
     ids = segment_ids.reshape(-1)
     flat = data.reshape((ids.shape[0], *trailing))
     if path == "portable":
-        return portable.segment_fold(flat, ids, num_segments, out_name)
+        return segment_fold(flat, ids, num_segments, out_name)
     out = jax.ShapeDtypeStruct((num_segments, *trailing), data.dtype)
     fn = functools.partial(_host_segment_sum, num_segments, out_name)
     if xla_host_call.available():  # data and ids read where they lie

@@ -9,7 +9,7 @@ them, under ``jax.shard_map``, ``pmap`` and ``jit``, on one process or many
 (``jax.distributed``).
 
 How: each device writes its values' exact sums as integer digits in the
-portable path's words (:mod:`bitfold.backends.portable`: integer decode, an
+portable path's words (:mod:`bitfold.backends.portable.digits`: integer decode, an
 integer scatter-add, a carry), the words travel through ``lax.psum`` (an
 integer sum: exact in any order), and every device carries and rounds the
 total once with integer operations. The words are int64 holding 32-bit
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .arrays import family_of
-from .backends import portable
+from .backends.portable.digits import carried_table, round_table, table_of, words_for
 from .errors import FoldError, FoldTypeError
 from .formats import VALUE_DTYPES, dtype_name, limb_format_for
 
@@ -102,14 +102,14 @@ def _summed_words(x: Any, axis_name: Any, axes: tuple[int, ...], collective: Any
     A = math.prod(x.shape[d] for d in axes)
     flat = jnp.transpose(x, (*kept, *axes)).reshape(R * A)
     ops = family_of(x)
-    words = portable.words_for(fmt, ops.has_int64(x), _devices(axis_name) * A)
+    words = words_for(fmt, ops.has_int64(x), _devices(axis_name) * A)
     rows = jnp.repeat(jnp.arange(R, dtype=words.word), A) if A != 1 else jnp.arange(
         R, dtype=words.word)  # fmt: skip
     counts = jnp.full((R,), A, dtype=words.word)
-    table = portable.table_of(ops, x, fmt, words, R, [(rows, flat, dtype)], counts, A)
-    carried = portable.carried_table(ops, table, words, R).reshape(R, words.columns)
+    table = table_of(ops, x, fmt, words, R, [(rows, flat, dtype)], counts, A)
+    carried = carried_table(ops, table, words, R).reshape(R, words.columns)
     total = collective(carried).reshape(-1, words.columns)
-    return portable.round_table(ops, total, words, fmt, dtype)
+    return round_table(ops, total, words, fmt, dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))

@@ -1,12 +1,12 @@
 """The portable exact fold's way out of a ``torch.compile`` graph on the CPU.
 
 Traced into a graph, the portable fold cannot read a flag, so it would make
-every path it might take and select one (:func:`bitfold.backends.portable._choose`).
+every path it might take and select one (:func:`bitfold.backends.portable.flags.choose`).
 On the CPU nothing waits to read a flag: the graph folds by the shared unit
 (inductor fuses its passes), and one custom operator,
 ``bitfold::portable_exact_unless``, keeps that result unless a flag says the
 unit did not serve or a sum is zero (whose sign needs a look at the terms);
-then it makes the eager fold (:func:`bitfold.backends.portable.exact_sums`),
+then it makes the eager fold (:func:`bitfold.backends.portable.paths.exact_sums`),
 which reads its flags and takes the first path that serves. Same bits as the
 eager fold. Imported only by a fold of torch tensors (``import bitfold``
 loads no torch); the eager fold is handed in by the portable backend's first
@@ -47,7 +47,7 @@ def portable_exact_unless(
     out_dtype: str,
 ) -> torch.Tensor:
     """``quick`` ((K·D,)) unless the 0-d ``redo`` is set, else
-    :func:`bitfold.backends.portable.exact_sums` of the torch CPU tensors."""
+    :func:`bitfold.backends.portable.paths.exact_sums` of the torch CPU tensors."""
     if not bool(redo):
         return quick.clone()
     if not _EAGER_FOLD:

@@ -507,7 +507,7 @@ def exact_state(plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> Any:
 
 
 def _carried(state: Any, fmt: LimbFormat) -> Any:
-    from .portable import merge_states as carry_merge
+    from .portable.states import merge_states as carry_merge
 
     return carry_merge(state, _torch().zeros_like(state), fmt)
 
@@ -533,7 +533,7 @@ def add_to_state(
 
 def merge_states(into: Any, other: Any, fmt: LimbFormat) -> Any:
     """``into + other``, carried: two states of one plan, format and place."""
-    from .portable import merge_states as carry_merge
+    from .portable.states import merge_states as carry_merge
 
     return carry_merge(into, other, fmt)
 

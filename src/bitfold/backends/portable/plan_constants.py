@@ -1,0 +1,91 @@
+"""What a plan gives the device, made once per device and kept on the plan.
+
+Its index, order, starts and counts as integers of the fold's words on the
+values' device, and the most values of one bucket. A plan built on a device
+derives them from its tensors there (:mod:`bitfold.backends.device_plan`),
+never through the host.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...arrays import ArrayFamily
+from .. import device_plan
+
+if TYPE_CHECKING:
+    from ...plan import Fold
+
+
+def _constant(plan: Fold, ops: ArrayFamily, like: Any, what: str, build: Any) -> Any:
+    """``build()`` (a host array) on ``like``'s device; kept on the plan unless tracing.
+
+    Under ``torch.compile`` the plan must have met the device once before (a
+    first, eager call), as for a CUDA-graph capture: the compiled fold then
+    reads the kept constants.
+    """
+    key = ops.cache_key(like)
+    if key is None:
+        return ops.constant(like, build())
+    return plan.prepared(("portable", what, key), lambda: ops.constant(like, build()))
+
+
+def max_count(plan: Fold) -> int:
+    """The most values of one bucket (a Python int, kept on the plan).
+
+    A plan built on a device reads it from its counts there (one read, once).
+    """
+    built = plan.device_tensors
+    if built is not None:
+        return plan.prepared(("portable", "max-count"), lambda: int(built.counts.max()))
+    return plan.prepared(("portable", "max-count"), lambda: int(plan.counts.max()))
+
+
+def _torch_on_device(plan: Fold, ops: ArrayFamily, like: Any) -> bool:
+    """True when the plan's arrays for ``like`` come from its torch tensors on ``like``'s device
+    (:mod:`bitfold.backends.device_plan`): a plan built on a device, eager torch values."""
+    eager = ops.cache_key(like) is not None
+    return ops.name == "torch" and plan.device_tensors is not None and eager
+
+
+def plan_array(plan: Fold, ops: ArrayFamily, like: Any, what: str, word: str) -> Any:
+    """The plan's ``what`` ("order", "starts", "counts") as ``word`` integers on ``like``'s device.
+
+    Kept on the plan; a plan built on a device derives it there from its
+    tensors (:func:`device_plan.plan_tensors`), never through the host.
+    """
+    if _torch_on_device(plan, ops, like):
+        import torch
+
+        def derived() -> Any:
+            t = device_plan.plan_tensors(plan, like.device)
+            src = {"order": t.order, "starts": t.offsets[:-1], "counts": t.counts}[what]
+            return src.to(getattr(torch, word))
+
+        return plan.prepared(("portable", f"{what}-{word}", ops.cache_key(like)), derived)
+    host = {"order": lambda: plan.order, "starts": lambda: plan.offsets[:-1],
+            "counts": lambda: plan.counts}[what]  # fmt: skip
+    return _constant(plan, ops, like, f"{what}-{word}", lambda: host().astype(word))
+
+
+def counts_rows(plan: Fold, ops: ArrayFamily, like: Any, D: int, extra: int, word: str) -> Any:
+    """Every bucket's count plus ``extra``, repeated for its ``D`` table rows, as ``word``."""
+    what = f"counts-rows-{word}-{D}-{bool(extra)}"
+    if _torch_on_device(plan, ops, like):
+        counts = plan_array(plan, ops, like, "counts", word)
+        return plan.prepared(("portable", what, ops.cache_key(like)),
+                             lambda: (counts + extra).repeat_interleave(D))  # fmt: skip
+    return _constant(plan, ops, like, what,
+                     lambda: np.repeat(plan.counts + extra, D).astype(word))  # fmt: skip
+
+
+def plan_index(plan: Fold, ops: ArrayFamily, like: Any, word: str) -> Any:
+    """The plan's flat index as ``word`` integers on ``like``'s device (kept on the plan).
+
+    torch int64: the plan's one torch index there (:func:`device_plan.index_tensor`).
+    """
+    if ops.name == "torch" and word == "int64" and ops.cache_key(like) is not None:
+        return device_plan.index_tensor(plan, like.device)
+    return _constant(plan, ops, like, f"index-{word}", lambda: plan.index.astype(word))
