@@ -26,12 +26,14 @@ pytest.importorskip("bitfold.distributed", reason="needs torch")
 
 MICRO, BATCH = 4, 5  # four micro-batches of five rows a step
 WORLDS = (1, 2, 4)
-#: Each setting: (reshard_after_forward, param_dtype, reduce_dtype) of FSDP2.
+#: Each setting: (reshard_after_forward, param_dtype, reduce_dtype) of FSDP2, and the
+#: model's own dtype.
 SETTINGS = {
-    "fp32": (True, None, None),
-    "fp32-keep": (False, None, None),
-    "bf16-params-fp32-reduce": (True, torch.bfloat16, torch.float32),
-    "bf16-reduce": (False, None, torch.bfloat16),
+    "fp32": (True, None, None, torch.float32),
+    "fp32-keep": (False, None, None, torch.float32),
+    "bf16-params-fp32-reduce": (True, torch.bfloat16, torch.float32, torch.float32),
+    "bf16-reduce": (False, None, torch.bfloat16, torch.float32),
+    "bf16-model-fp32-reduce": (True, torch.bfloat16, torch.float32, torch.bfloat16),
 }
 
 
@@ -60,9 +62,9 @@ def _loss(model, x, y, j):
 def _sharded(mesh, setting: str):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    reshard, param_dtype, reduce_dtype = SETTINGS[setting]
+    reshard, param_dtype, reduce_dtype, dtype = SETTINGS[setting]
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    model = _model()
+    model = _model().to(dtype)
     for part in (model[0], model[2], model):
         fully_shard(part, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     return model
@@ -115,16 +117,30 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
         except Exception as err:  # what FSDP's backward lets through
             said = f"{type(err).__name__}: {err}"
         saved["refused"] = np.array(said)
-    if world == 1:  # the reference: each micro-batch's gradient of a plain model, summed exactly
-        plain = _model()
-        sums = {name: DenseSum(tuple(p.shape)) for name, p in plain.named_parameters()}
-        for j in range(MICRO):
-            _loss(plain, x, y, j).backward()
-            for name, p in plain.named_parameters():
-                sums[name].add(p.grad)
-            plain.zero_grad(set_to_none=True)
-        for name, s in sums.items():
-            saved[f"reference|{name}"] = s.result(mean_over=MICRO * BATCH).numpy()
+    if world == 1:  # a sum that float32 leaves on a bfloat16 tie: rounded once, it is not one
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        tiny = torch.nn.Linear(1, 1, bias=False).to(torch.bfloat16)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        fully_shard(tiny, mesh=init_device_mesh("cpu", (1,)), mp_policy=policy)
+        handle = exact_fsdp(tiny)
+        terms = (1.0, 2.0**-8, 2.0**-30)  # float32: 1 + 2^-8, a tie, to even: 1.0
+        for i, term in enumerate(terms):
+            with handle.no_reduce() if i < len(terms) - 1 else nullcontext():
+                tiny(torch.full((1, 1), term, dtype=torch.bfloat16)).sum().backward()
+        saved["tie"] = tiny.weight.grad.full_tensor().float().numpy()
+        # the reference: each micro-batch's gradient of a plain model, summed exactly
+        for dtype, tag in ((torch.float32, ""), (torch.bfloat16, "bf16-")):
+            plain = _model().to(dtype)
+            sums = {name: DenseSum(tuple(p.shape)) for name, p in plain.named_parameters()}
+            for j in range(MICRO):
+                _loss(plain, x.to(dtype), y, j).backward()
+                for name, p in plain.named_parameters():
+                    sums[name].add(p.grad)
+                plain.zero_grad(set_to_none=True)
+            for name, s in sums.items():  # rounded once, to the parameters' dtype
+                got = s.result(str(dtype).removeprefix("torch."), mean_over=MICRO * BATCH)
+                saved[f"{tag}reference|{name}"] = torch.as_tensor(got).float().numpy()
     if rank == 0:
         np.savez(out, **saved)
     dist.destroy_process_group()
@@ -182,17 +198,29 @@ def test_every_mesh_shape_gives_the_exact_sum_of_the_micro_batch_gradients(resul
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setting", ["bf16-params-fp32-reduce", "bf16-reduce"])
+@pytest.mark.parametrize("setting", ["bf16-params-fp32-reduce", "bf16-reduce",
+                                     "bf16-model-fp32-reduce"])
 def test_mixed_precision_gives_one_set_of_bits_on_every_mesh(results, setting):
     runs = _runs(results, setting)
     assert len(runs) == 18, sorted(runs)
     first = next(iter(runs.values()))
     assert all(grads == first for grads in runs.values()), setting
     assert first != _runs(results, "fp32")["1/1/0"]  # bfloat16 did change the numbers
-    if setting == "bf16-reduce":  # rounded once to bfloat16 (then widened, exactly)
+    if setting != "bf16-params-fp32-reduce":  # rounded once to bfloat16
         for name in PARAMS:
             bits = np.frombuffer(first[name], np.uint32)
             assert not (bits & 0xFFFF).any(), name
+
+
+@pytest.mark.slow
+def test_a_bf16_model_reduced_in_fp32_is_rounded_once_to_bf16(results):
+    """The exact sum goes straight to the parameters' bfloat16, not through float32 first."""
+    want = {name: _bits(results[1][f"bf16-reference|{name}"]) for name in PARAMS}
+    runs = _runs(results, "bf16-model-fp32-reduce")
+    assert len(runs) == 18, sorted(runs)
+    for label, grads in runs.items():
+        assert grads == want, label
+    assert results[1]["tie"].tolist() == [[1 + 2.0**-7]]  # 1 + 2^-8 + 2^-30, nearest bf16
 
 
 @pytest.mark.slow

@@ -1092,9 +1092,12 @@ class _ExactFSDPComm:
     replicas, exactly, and overwrites what the float all-reduce made.
     """
 
-    def __init__(self, owner: ExactFSDP, replicate: Any) -> None:
+    def __init__(self, owner: ExactFSDP, replicate: Any, round_to: torch.dtype | None) -> None:
         self.owner = owner
         self.replicate = replicate  # HSDP's replicate group (more than one rank), or None
+        #: The parameters' dtype where it is narrower than FSDP's reduce_dtype (None
+        #: otherwise): the sum is rounded to it once, and FSDP's cast to it is then exact.
+        self.round_to = round_to
         self._sum: DenseSum | None = None  # this module's micro-batches held back, exactly
         self._input: torch.Tensor | None = None  # the reduction's input buffer (allocate)
         self._allocated = 0  # buffers allocated for the reduction under way: input, output
@@ -1152,6 +1155,17 @@ class _ExactFSDPComm:
             self._result, self._input, self._allocated, self._called = None, None, 0, False
 
     def _reduce(self, output: torch.Tensor, x: torch.Tensor, group: Any) -> None:
+        narrow = self.round_to
+        if narrow is not None and narrow != output.dtype and (
+            torch.finfo(narrow).bits < torch.finfo(output.dtype).bits
+        ):  # round once to the parameters' dtype; widening it into output is exact
+            rounded = torch.empty(output.shape, dtype=narrow, device=output.device)
+            self._reduce_into(rounded, x, group)
+            output.copy_(rounded)
+        else:
+            self._reduce_into(output, x, group)
+
+    def _reduce_into(self, output: torch.Tensor, x: torch.Tensor, group: Any) -> None:
         owner, replicate = self.owner, self.replicate
         flat = x.detach().reshape(-1)
         held = self._sum is not None and self._sum.adds > 0
@@ -1223,6 +1237,19 @@ class ExactFSDP:
         return f"ExactFSDP(mesh={self.mesh}, mean_over={self.mean_over}, holding={self.holding})"
 
 
+def _own_dtype(module: Any) -> torch.dtype | None:
+    """The dtype of the trainable parameters an FSDP module manages itself (not those of FSDP
+    modules inside it): the dtype FSDP casts its reduced gradients to; None without any."""
+    from torch.distributed.fsdp import FSDPModule
+
+    stack, dtypes = [module], set()
+    while stack:
+        m = stack.pop()
+        dtypes |= {p.dtype for p in m.parameters(recurse=False) if p.requires_grad}
+        stack.extend(c for c in m.children() if not isinstance(c, FSDPModule))
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
 def _fsdp_mesh(module: Any) -> tuple[Any, tuple[int, ...]] | None:
     """An FSDP module's replicate group (None for 1-D FSDP) and data-parallel mesh shape, read
     from its parameters' DTensor placements; None for a module without parameters. A mesh that
@@ -1280,10 +1307,11 @@ def exact_fsdp(model: Any, *, mean_over: int | None = None, timeout: float = 300
     Mixed precision (``MixedPrecisionPolicy``): gradients reach the comm in
     FSDP's ``reduce_dtype``, widened exactly or rounded once from the compute
     dtype by FSDP itself (per micro-batch, so the same on any world size); the
-    exact sum is rounded once to ``reduce_dtype``, and FSDP's cast to the
-    parameters' dtype after it is exact when that is at least as wide (bf16
-    parameters reduced in float32: one rounding; float32 parameters reduced in
-    bf16: each micro-batch's gradient rounded to bf16, then the sum once).
+    exact sum is rounded once, to the narrower of ``reduce_dtype`` and the
+    parameters' dtype, so FSDP's cast after it is exact (bf16 compute reduced
+    in float32: one rounding, to float32 parameters or to bf16 ones; float32
+    parameters reduced in bf16: each micro-batch's gradient rounded to bf16,
+    then the sum once).
     Returns the :class:`ExactFSDP` handle.
     """
     from torch.distributed.fsdp import FSDPModule
@@ -1305,7 +1333,8 @@ def exact_fsdp(model: Any, *, mean_over: int | None = None, timeout: float = 300
     handle = ExactFSDP(count, timeout, shapes.pop() if shapes else (1,))
     for module, found in zip(modules, meshes, strict=True):
         replicate = found[0] if found is not None else None
-        comm = _ExactFSDPComm(handle, replicate if _size(replicate) > 1 else None)
+        comm = _ExactFSDPComm(handle, replicate if _size(replicate) > 1 else None,
+                              _own_dtype(module))  # fmt: skip
         module.set_custom_reduce_scatter(comm)  # type: ignore[arg-type]
         module.set_all_reduce_hook(comm.hook)
         module.set_force_sum_reduction_for_comms(True)
