@@ -135,7 +135,8 @@ def copy_row_streaming(typingctx, dst, j, src, i):  # pragma: no cover - compile
 @intrinsic
 def store_fence(typingctx):  # pragma: no cover - compiled
     """A sequentially consistent fence: earlier stores, non-temporal ones included, are
-    visible to every thread before any later memory operation (``mfence`` on x86)."""
+    visible to every thread before any later memory operation (on x86 a locked instruction
+    or ``mfence``, either of which drains the write-combining buffers)."""
     sig = types.void()
 
     def codegen(context, builder, signature, args):
