@@ -126,14 +126,14 @@ def test_torchrun_gives_one_digest_on_1_2_and_4_processes():
 
 @pytest.mark.skipif(not _gloo_available(), reason="torch.distributed with gloo is not available")
 def test_fsdp_transformer_gives_one_digest_on_every_world_size_and_mesh():
-    """One process (4 micro-batches each), torchrun with 2 (2 each), --spawn 4 (1 each), and
-    HSDP on a 2x2 mesh: one exact digest; plain FSDP2's float sums give others."""
+    """One process (4 micro-batches each), torchrun with 2 (2 each) and --spawn 4 (1 each):
+    one exact digest; plain FSDP2's float sums give others. (HSDP meshes, 2x2 among them:
+    ``tests/test_fsdp_meshes.py``, one launch a world size.)"""
     small = [str(EXAMPLES / "fsdp_transformer.py"), "--small"]
     procs = {
         "1": _start(*small),
         "2": _start("-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", *small),
         "4": _start(*small, "--spawn", "4"),
-        "2x2": _start(*small, "--spawn", "4", "--mesh", "2x2", "--reduce", "exact"),
     }
     digests = {}
     for label, proc in procs.items():
