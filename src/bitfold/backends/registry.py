@@ -237,6 +237,16 @@ def backends() -> tuple[Backend, ...]:
     return tuple(sorted(_REGISTRY.values(), key=lambda b: -b.priority))  # sorted() is stable
 
 
+def device_types(family: str | None = None) -> tuple[str, ...]:
+    """The device types registered backends name for arrays of ``family`` (of every family
+    when None), each once, in the order the backends are asked: what a tool may offer as a
+    place to fold (the probe's ``--device``). ``"*"`` (any device: ``portable``) names no
+    type and is left out; a listed type need not be usable here (:meth:`Backend.serves`
+    says, for a family on a device)."""
+    listed = (b.devices for b in backends() if family is None or family in b.families)
+    return tuple(dict.fromkeys(d for devices in listed for d in devices if d != "*"))
+
+
 def backend_for(
     family: str,
     device: str,
@@ -331,6 +341,7 @@ __all__ = [
     "backend_names",
     "backends",
     "check_options",
+    "device_types",
     "get_backend",
     "known_options",
     "register",

@@ -38,7 +38,7 @@ from .hashed_layer_model import (
     folded_gradient,
     train,
 )
-from .probe_devices import CpuDevice, CudaDevice
+from .probe_devices import CpuDevice, CudaDevice, TorchDevice
 from .probe_report import BIT_STRATEGIES, print_report, readout
 from .progress import progress_bar
 from .timing import machine_load, peak_bytes, time_call
@@ -64,10 +64,12 @@ FLAG_MEANINGS = {
 
 TRAIN_STRATEGIES = ("atomic", "ordered", "exact")
 #: The usual folds questions 1 and 3 measure, per device: names in the benchmark's contender
-#: table. The device's atomic baseline (``baseline_for``) is added when missing and runs first.
+#: table. The device's atomic baseline (``baseline_for``) is added when missing and runs first;
+#: ``*``: any other device torch folds on.
 BASELINES = {
     "cpu": ("numpy-add-at", "torch-autograd", "torch-index-add", "torch-scatter-add"),
     "cuda": ("cupy-scatter-add", "torch-index-add", "torch-index-add-det", "torch-autograd"),
+    "*": ("torch-scatter-add", "torch-index-add", "torch-autograd"),
 }
 
 
@@ -140,18 +142,55 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def probe_devices() -> tuple[str, ...]:
+    """The device types ``--device`` takes besides ``auto``: the CPU (NumPy values) and every
+    device a registered backend names for torch tensors (:func:`bitfold.backends.registry.
+    device_types`), whether or not one is usable here (:func:`resolve_device` checks)."""
+    from ..backends.registry import device_types
+
+    return tuple(dict.fromkeys(("cpu", *device_types("numpy"), *device_types("torch"))))
+
+
 def resolve_device(requested: str) -> str:
-    """``cpu`` or ``cuda``: ``auto`` takes the GPU when one is usable, else the CPU."""
-    if requested not in ("auto", "cpu", "cuda"):
-        raise FoldError(f"--device must be auto, cpu or cuda; got {requested!r}")
+    """A device type of :func:`probe_devices`: ``auto`` takes a CUDA GPU when one is usable,
+    else the CPU; another device is refused unless torch sees it and a backend serves it."""
+    allowed = probe_devices()
+    if requested != "auto" and requested not in allowed:
+        raise FoldError(f"--device must be auto, {', '.join(allowed)}; got {requested!r}")
     if requested == "cpu":
         return "cpu"
+    if requested not in ("auto", "cuda"):
+        why = why_not_usable(requested)
+        if why:
+            raise DeviceError(f"--device {requested} cannot fold here: {why} — run with "
+                              "--device cpu")  # fmt: skip
+        return requested
     usable = cuda_available()
     if requested == "cuda" and not usable:
         raise DeviceError(
             f"--device cuda needs a CUDA device: {why_no_cuda()} — run with --device cpu"
         )
     return "cuda" if usable else "cpu"
+
+
+def why_not_usable(device: str) -> str:
+    """Why torch tensors on ``device`` (not ``cpu`` or ``cuda``) cannot be probed here, or
+    ``""``: torch must see the device and a registered backend fold there."""
+    from ..backends.registry import backend_for
+
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed"
+    passive_openmp_before_torch()
+    import torch
+
+    module = getattr(torch, device, None)
+    if module is None or not getattr(module, "is_available", lambda: False)():
+        return f"torch sees no {device!r} device"
+    try:
+        backend_for("torch", device)
+    except DeviceError as err:
+        return str(err)
+    return ""
 
 
 def why_no_cuda() -> str:
@@ -176,10 +215,12 @@ def why_no_cuda() -> str:
     )
 
 
-def make_device(name: str, with_torch: bool) -> CpuDevice | CudaDevice:
-    """The backend object of ``name`` (``cpu`` or ``cuda``, from :func:`resolve_device`)."""
+def make_device(name: str, with_torch: bool) -> CpuDevice | TorchDevice:
+    """The backend object of ``name`` (a device type from :func:`resolve_device`)."""
     if name == "cuda":
         return CudaDevice(_torch_or_none(True))
+    if name != "cpu":
+        return TorchDevice(_torch_or_none(True), name)
     return CpuDevice(_torch_or_none(with_torch))
 
 
@@ -238,7 +279,7 @@ class Probe:
         """The contenders questions 1 and 3 run here, the device's atomic baseline first."""
         base = baseline_for(self.dev.name)
         chosen = []
-        for name in resolve(list(BASELINES[self.dev.name]), self.dev.name):
+        for name in resolve(list(BASELINES.get(self.dev.name, BASELINES["*"])), self.dev.name):
             c = CONTENDERS[name]
             if c.unavailable(self.dev.name) is not None:
                 continue
@@ -473,8 +514,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device",
         default="auto",
-        choices=("auto", "cpu", "cuda"),
-        help="where to fold (default auto: CPU unless a GPU path is available)",
+        metavar="{" + ",".join(("auto", *probe_devices())) + "}",
+        help="where to fold: a device some backend folds on (default auto: CPU unless a GPU "
+        "path is available)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write every number to PATH as JSON")
     parser.add_argument(

@@ -69,40 +69,43 @@ class CpuDevice:
         return peak_bytes(fn)[1]
 
 
-class CudaDevice:
-    """The current CUDA device, through PyTorch: values, training and memory on the GPU."""
+class TorchDevice:
+    """A torch device of type ``kind`` (``xpu``, ``mps``, ... ; :class:`CudaDevice` for CUDA):
+    values, training and memory there, through ``torch.<kind>``'s functions where it has
+    them."""
 
-    name = "cuda"
-
-    def __init__(self, torch: Any) -> None:
+    def __init__(self, torch: Any, kind: str) -> None:
         self.torch = torch
-        self.dev = torch.device("cuda", torch.cuda.current_device())
-        self.sync: Callable[[], None] | None = torch.cuda.synchronize
+        self.name = kind
+        self.module = getattr(torch, kind)
+        current = getattr(self.module, "current_device", None)
+        self.dev = torch.device(kind, current()) if callable(current) else torch.device(kind)
+        self.sync: Callable[[], None] | None = getattr(self.module, "synchronize", None)
 
     def array(self, a: np.ndarray) -> Any:
-        """``a`` as a torch tensor on the GPU (bitfold folds it there)."""
+        """``a`` as a torch tensor on the device (bitfold folds it there)."""
         return self.torch.from_numpy(a).to(self.dev)
 
     def tensor(self, a: np.ndarray) -> Any:
-        """``a`` as a torch tensor on the GPU, for PyTorch's autograd baseline."""
+        """``a`` as a torch tensor on the device, for PyTorch's autograd baseline."""
         return self.array(a)
 
-    def describe(self, backend: str | None = None) -> str:
-        """One line naming the GPU, the kernels that fold there (``backend``: the one chosen
-        once the known-answer test ran; else the registry's first) and the versions of torch
-        and CUDA."""
-        torch = self.torch
-        name = torch.cuda.get_device_name(self.dev)
+    def kernels(self, backend: str | None) -> str:
+        """The kernels that fold here: ``backend`` (the one chosen once the known-answer test
+        ran), else the registry's first for torch tensors on this device."""
         if backend is None:
             from ..backends.registry import backend_for
 
-            backend = backend_for("torch", "cuda").name
-        kernels = {"triton": "Triton", "cuda": "numba-cuda"}.get(backend, "portable")
-        return f"{kernels} on {name} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+            backend = backend_for("torch", self.name).name
+        return {"triton": "Triton", "cuda": "numba-cuda"}.get(backend, backend)
+
+    def describe(self, backend: str | None = None) -> str:
+        """One line naming the device type, the kernels that fold there and torch's version."""
+        return f"{self.kernels(backend)} on {self.name} (torch {self.torch.__version__})"
 
     def known_answers(self) -> dict[str, Any]:
-        """The known-answer test of the kernels that fold float32 tensors on this GPU, run now
-        (once a process): :func:`known_answers`."""
+        """The known-answer test of the kernels that fold float32 tensors on this device, run
+        now (once a process): :func:`known_answers`."""
         return known_answers(self.array(np.zeros(1, np.float32)))
 
     def baseline_note(self, contender: Any) -> str:
@@ -112,11 +115,33 @@ class CudaDevice:
         return "GPU atomics: the order of the additions is the scheduler's"
 
     def fold_memory(self, fn: Callable[[], Any]) -> int:
-        """Peak bytes of torch's CUDA allocator during ``fn()``, above what was allocated."""
-        torch = self.torch
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated(self.dev)
-        torch.cuda.reset_peak_memory_stats(self.dev)
+        """Peak bytes of the device's allocator during ``fn()``, above what was allocated
+        (0 where torch reports no peak for this device type)."""
+        m = self.module
+        if not all(hasattr(m, f) for f in ("memory_allocated", "reset_peak_memory_stats",
+                                            "max_memory_allocated")):  # fmt: skip
+            fn()
+            return 0
+        m.synchronize()
+        base = m.memory_allocated(self.dev)
+        m.reset_peak_memory_stats(self.dev)
         fn()
-        torch.cuda.synchronize()
-        return int(max(0, torch.cuda.max_memory_allocated(self.dev) - base))
+        m.synchronize()
+        return int(max(0, m.max_memory_allocated(self.dev) - base))
+
+
+class CudaDevice(TorchDevice):
+    """The current CUDA device, through PyTorch: values, training and memory on the GPU."""
+
+    def __init__(self, torch: Any) -> None:
+        super().__init__(torch, "cuda")
+
+    def describe(self, backend: str | None = None) -> str:
+        """One line naming the GPU, the kernels that fold there (``backend``: the one chosen
+        once the known-answer test ran; else the registry's first) and the versions of torch
+        and CUDA."""
+        torch = self.torch
+        name = torch.cuda.get_device_name(self.dev)
+        kernels = self.kernels(backend)
+        kernels = kernels if kernels in ("Triton", "numba-cuda") else "portable"
+        return f"{kernels} on {name} (torch {torch.__version__}, CUDA {torch.version.cuda})"

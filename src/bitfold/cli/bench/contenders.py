@@ -107,8 +107,8 @@ class Inputs:
             i, v = torch.from_numpy(self.idx), torch.from_numpy(self.values)
             if self.dtype == "bfloat16":
                 v = v.to(torch.bfloat16)  # exact: every value is a bfloat16 number
-            if self.device == "cuda":
-                i, v = i.cuda(), v.cuda()
+            if self.device != "cpu":
+                i, v = i.to(self.device), v.to(self.device)
             return i, v
 
         return self.cached("torch", convert)
@@ -167,8 +167,9 @@ class Contender:
     ) -> str | None:
         """Why this contender cannot fold ``kind`` (scalars, rows) of ``dtype`` values on
         ``device`` here, or None when it can."""
-        if device not in self.devices:
-            return f"runs on {' or '.join(self.devices)} only, not on {device}"
+        if device not in self.devices and not (device != "cpu" and "*" in self.devices):
+            places = [d if d != "*" else "any torch device" for d in self.devices]
+            return f"runs on {' or '.join(places)} only, not on {device}"
         notes = dict(self.not_served)
         if kind not in self.kinds:
             why = f" ({notes[kind]})" if kind in notes else ""
@@ -177,22 +178,23 @@ class Contender:
         if dtype is not None and dtype not in self.dtypes:
             why = f" ({notes[dtype]})" if dtype in notes else ""
             return f"takes {', '.join(self.dtypes)} values, not {dtype}{why}"
-        lib = (self.cuda_library or self.library) if device == "cuda" else self.library
+        lib = (self.cuda_library or self.library) if device != "cpu" else self.library
         if lib != "bitfold" and importlib.util.find_spec(lib) is None:
-            return f"{lib} is not installed" + (" (needed on cuda)" if device == "cuda" else "")
+            return f"{lib} is not installed" + (f" (needed on {device})" if device != "cpu" else "")
         return None
 
 
 # -- bitfold ---------------------------------------------------------------------------------
 def _bitfold_values(inp: Inputs) -> Any:
-    """What a user would pass: torch tensors on cuda and for bfloat16, else the NumPy array."""
-    return inp.torch()[1] if inp.device == "cuda" or inp.dtype == "bfloat16" else inp.values
+    """What a user would pass: torch tensors off the CPU and for bfloat16, else the NumPy
+    array."""
+    return inp.torch()[1] if inp.device != "cpu" or inp.dtype == "bfloat16" else inp.values
 
 
 def exact_route(plan: Any, values: Any) -> str | None:
     """The host route ``plan(values)`` takes for an exact fold, from ``plan.route`` (None off
     the host: the GPU's path needs the device's limits, read by the fold itself)."""
-    if getattr(values, "is_cuda", False):
+    if getattr(getattr(values, "device", None), "type", "cpu") != "cpu":
         return None
     return plan.route(values).route
 
@@ -392,8 +394,8 @@ def wait(out: Any) -> None:
     """Wait until ``out`` is computed (GPU work and JAX dispatch are asynchronous)."""
     mod = type(out).__module__.split(".", 1)[0]
     if mod == "torch":
-        if out.is_cuda:
-            sys.modules["torch"].cuda.synchronize()
+        if out.device.type != "cpu":  # torch.cuda, torch.xpu, torch.mps, ...
+            getattr(sys.modules["torch"], out.device.type).synchronize()
     elif mod == "cupy":
         sys.modules["cupy"].cuda.Device().synchronize()
     elif callable(getattr(out, "block_until_ready", None)):  # jax
@@ -401,6 +403,8 @@ def wait(out: Any) -> None:
 
 
 _BOTH = ("cpu", "cuda")
+#: the CPU and every device torch tensors live on (bitfold's folds and torch's own)
+_TORCH = ("cpu", "cuda", "*")
 _DET = "deterministic mode"
 _ALL = ("scalar", "rows")
 _NO_BF16 = ("bfloat16", "NumPy has no bfloat16")
@@ -408,18 +412,18 @@ _ROWS_PEER = ("rows", "the bench times it on scalars; torch-embedding is the pee
 CONTENDERS: dict[str, Contender] = {
     c.name: c
     for c in [
-        Contender("bitfold-exact", "bitfold", _BOTH, "exact",
+        Contender("bitfold-exact", "bitfold", _TORCH, "exact",
                   "bitfold.Fold(idx, K)(values, 'exact')", _bitfold("exact"),
                   cuda_library="torch", label="bitfold exact", kinds=_ALL, dtypes=DTYPES),
-        Contender("bitfold-exact-new-plan", "bitfold", _BOTH, "exact",
+        Contender("bitfold-exact-new-plan", "bitfold", _TORCH, "exact",
                   "bitfold.segment_sum(values, idx, K): the plan built in every call",
                   _bitfold_new_plan,
                   cuda_library="torch", label="bitfold exact, plan in the call", kinds=_ALL,
                   dtypes=DTYPES),
-        Contender("bitfold-ordered", "bitfold", _BOTH, "fixed order",
+        Contender("bitfold-ordered", "bitfold", _TORCH, "fixed order",
                   "bitfold.Fold(idx, K)(values, 'ordered')", _bitfold("ordered"),
                   cuda_library="torch", label="bitfold ordered", kinds=_ALL, dtypes=DTYPES),
-        Contender("bitfold-atomic", "bitfold", _BOTH, "none",
+        Contender("bitfold-atomic", "bitfold", _TORCH, "none",
                   "bitfold.Fold(idx, K)(values, 'atomic')", _bitfold("atomic"),
                   cuda_library="torch", label="bitfold atomic", kinds=_ALL, dtypes=DTYPES),
         Contender("fixed-scatter", "numpy", _BOTH, "fixed order",
@@ -437,32 +441,32 @@ CONTENDERS: dict[str, Contender] = {
                   "numpy_groupies.aggregate_numba.aggregate(idx, values, func='sum', size=K) "
                   "(axis=0 for rows)", _groupies, label="numpy-groupies numba",
                   kinds=_ALL, not_served=(_NO_BF16,)),
-        Contender("torch-index-add", "torch", _BOTH, "none",
+        Contender("torch-index-add", "torch", _TORCH, "none",
                   "zeros((K,) + trailing).index_add_(0, idx, values)",
                   _torch("index_add", False), label="torch index_add_", kinds=_ALL,
                   dtypes=DTYPES),
-        Contender("torch-index-add-det", "torch", _BOTH, _DET,
+        Contender("torch-index-add-det", "torch", _TORCH, _DET,
                   "index_add_ under use_deterministic_algorithms(True)",
                   _torch("index_add", True), label="torch index_add_ deterministic",
                   kinds=_ALL, dtypes=DTYPES),
-        Contender("torch-scatter-add", "torch", _BOTH, "none",
+        Contender("torch-scatter-add", "torch", _TORCH, "none",
                   "zeros((K,) + trailing).scatter_add_(0, idx (expanded along D for rows), "
                   "values)", _torch("scatter_add", False), label="torch scatter_add_",
                   kinds=_ALL, dtypes=DTYPES),
-        Contender("torch-scatter-add-det", "torch", _BOTH, _DET,
+        Contender("torch-scatter-add-det", "torch", _TORCH, _DET,
                   "scatter_add_ under use_deterministic_algorithms(True)",
                   _torch("scatter_add", True), label="torch scatter_add_ deterministic",
                   kinds=_ALL, dtypes=DTYPES),
-        Contender("torch-embedding", "torch", _BOTH, "none",
+        Contender("torch-embedding", "torch", _TORCH, "none",
                   "nn.Embedding(K, D): forward emb(idx) and backward of an (N, D) output "
                   "gradient to the weight gradient", _torch("embedding", False),
                   label="torch nn.Embedding fwd+bwd", kinds=("rows",), dtypes=DTYPES,
                   not_served=(("scalar", "an embedding looks up rows"),)),
-        Contender("torch-autograd", "torch", _BOTH, "none",
+        Contender("torch-autograd", "torch", _TORCH, "none",
                   "autograd gradient of v[idx] (index_put_ accumulate)",
                   _torch("autograd", False), label="torch autograd v[idx]", dtypes=DTYPES,
                   not_served=(_ROWS_PEER,)),
-        Contender("torch-autograd-det", "torch", _BOTH, _DET,
+        Contender("torch-autograd-det", "torch", _TORCH, _DET,
                   "autograd gradient of v[idx] under use_deterministic_algorithms(True)",
                   _torch("autograd", True), label="torch autograd v[idx] deterministic",
                   dtypes=DTYPES, not_served=(_ROWS_PEER,)),
@@ -486,15 +490,16 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "torch": tuple(n for n in CONTENDERS if n.startswith("torch-")),
 }
 
-#: The atomic baseline of each device; ratios are taken against it and it always runs.
-BASELINES = {"cpu": "numpy-add-at", "cuda": "cupy-scatter-add"}
+#: The atomic baseline of each device; ratios are taken against it and it always runs
+#: (``*``: any other device torch tensors live on).
+BASELINES = {"cpu": "numpy-add-at", "cuda": "cupy-scatter-add", "*": "torch-scatter-add"}
 
 
 def baseline_for(device: str) -> str:
     """The atomic scatter every other contender is compared with on ``device``."""
     if device == "cuda" and importlib.util.find_spec("cupy") is None:
         return "torch-scatter-add"
-    return BASELINES[device]
+    return BASELINES.get(device, BASELINES["*"])
 
 
 def resolve(names: list[str], device: str) -> list[str]:
