@@ -230,8 +230,10 @@ class StagedLayout:
 
 
 def _is_staged(plan: Fold, rows: np.ndarray) -> bool:
+    """float32 rows past :data:`STAGED_MIN_VALUES` into a plan kept for more folds, each stream
+    task at most 2^29 positions (a spilled element's limbs take 2^29 values unnormalised)."""
     return (rows.dtype == np.float32 and rows.size >= STAGED_MIN_VALUES and not plan.once
-            and rows.shape[1] > 1)  # fmt: skip
+            and rows.shape[1] > 1 and plan.size <= (1 << 29) * STREAM_TASKS)  # fmt: skip
 
 
 def staged_layout(plan: Fold, D: int) -> StagedLayout:

@@ -694,6 +694,7 @@ def _merge_hot(state, slot, pool, hot, out_f, out_bits, target, fast):  # pragma
                 add_exact_sum(row, L, state[s, h, d], 1, unit_exp)
                 j = slot[s, h, d]
                 if j >= 0:
+                    normalise(pool[s, j], L)  # limbs below 2^32 (a task adds up to 2^29 values)
                     for i in range(L + 5):
                         row[i] += pool[s, j, i]
             out_bits[k, d] = _round_limbs(row, target, mag)
