@@ -113,7 +113,7 @@ def test_staged_bits_equal_the_gather_path_for_any_cut(monkeypatch):
     """Normal rows, hot and cold: the same bits staged in 1, 3 or 4 tasks, or not staged."""
     monkeypatch.setattr(cpu, "PARALLEL_MIN_VALUES", 64)
     rng = np.random.default_rng(33)
-    n, k, D = 20_000, 500, 8
+    n, k, D = 8_000, 300, 16  # rows of whole cache lines: staged with non-temporal stores
     idx = np.minimum(rng.zipf(1.3, n) - 1, k - 1)
     vals = (rng.standard_normal((n, D)) * 2.0 ** rng.integers(-20, 20, (n, D))).astype(np.float32)
     results = []

@@ -236,6 +236,15 @@ def _is_staged(plan: Fold, rows: np.ndarray) -> bool:
             and rows.shape[1] > 1 and plan.size <= (1 << 29) * STREAM_TASKS)  # fmt: skip
 
 
+def _line_aligned(plan: Fold, n: int, D: int) -> np.ndarray:
+    """An uninitialised (n, D) uint32 array starting at a multiple of 64 bytes (whole cache
+    lines for non-temporal stores), in memory the plan reuses (:func:`reused_empty`)."""
+    nbytes = n * D * 4
+    block = reused_empty(plan, (nbytes + 64,), np.uint8)
+    skip = -block.ctypes.data % 64
+    return block[skip : skip + nbytes].view(np.uint32).reshape(n, D)
+
+
 def staged_layout(plan: Fold, D: int) -> StagedLayout:
     """The plan's :class:`StagedLayout` for rows of ``D`` values (built once, cached).
 
@@ -290,7 +299,7 @@ def fold_buckets(
     goal = target(out_name, fmt)
     if init is None and _is_staged(plan, rows):
         lay = staged_layout(plan, rows.shape[1])
-        stage = reused_empty(plan, (lay.stage_order.size, rows.shape[1]), np.uint32)
+        stage = _line_aligned(plan, lay.stage_order.size, rows.shape[1])
         if buckets.fold_staged(rows, lay.route, lay.bounds, lay.hot, stage, lay.stage_order,
                                lay.stage_offsets, lay.tasks, lay.split, out_f, out_bits, goal,
                                fast, fmt.limbs):  # fmt: skip

@@ -147,9 +147,10 @@ def store_fence(typingctx):  # pragma: no cover - compiled
 
 
 def streaming_rows_ok(dst) -> bool:
-    """True when every row of the 2-D C-contiguous uint32 array ``dst`` starts at a multiple
-    of 16 bytes, as :func:`copy_row_streaming` needs."""
-    return dst.ctypes.data % 16 == 0 and (dst.shape[1] * dst.itemsize) % 16 == 0
+    """True when every row of the 2-D C-contiguous array ``dst`` is whole cache lines, each
+    starting at a multiple of :data:`LINE_BYTES`: :func:`copy_row_streaming` needs 16-byte
+    alignment, and a non-temporal store of part of a line costs more than a plain store."""
+    return dst.ctypes.data % LINE_BYTES == 0 and (dst.shape[1] * dst.itemsize) % LINE_BYTES == 0
 
 
 __all__ = [
