@@ -51,8 +51,8 @@ called) runs before bitfold's. The returned object carries a
 time for a fold that cannot be made exact.
 
 Inside :func:`bitfold.torch.exact_mode` the compiled callable runs the
-original model op by op, under the mode (Dynamo compiles nothing while a
-dispatch mode is active and would remember that skip); a backward run
+original model op by op, under the mode (Dynamo compiles nothing while an
+exact mode is active and would remember that skip); a backward run
 inside the mode through a graph compiled by this function outside it is
 allowed, its folds being exact.
 """
@@ -77,7 +77,14 @@ from . import extension_ops
 from .aten_ops import EXACT_OPS
 from .graph_pass import CompileReport, ExactFoldPass, record_left
 from .handlers import Leave
-from .mode import COMPILED_NODE, EXACT_GRAPH, ExactMode, active_exact_mode, autograd_nodes
+from .mode import (
+    COMPILED_NODE,
+    EXACT_GRAPH,
+    ExactMode,
+    active_exact_mode,
+    active_modes,
+    autograd_nodes,
+)
 
 _PASS_KEY = "post_grad_custom_post_pass"
 
@@ -142,7 +149,7 @@ class _ReportMode(ExactMode):
     """
 
     def __init__(self, report: CompileReport) -> None:
-        super().__init__(strict=False)
+        super().__init__(strict=False, full=True)  # sparse products above autograd, as compiled
         self.report = report
 
     def leave(self, func: str, kind: str, reason: str) -> None:
@@ -179,10 +186,8 @@ def _exact_backward(node: Any, report: CompileReport) -> None:
 
 def _drop_stale_modes() -> None:
     """Pop the modes of eager backward nodes whose backward raised (their end hook never ran)."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    while any(isinstance(m, _ReportMode) for m in _get_current_dispatch_mode_stack()):
-        top = _get_current_dispatch_mode_stack()[-1]
+    while any(isinstance(m, _ReportMode) for m in active_modes()):
+        top = active_modes()[-1]
         if not isinstance(top, _ReportMode):
             return
         top.__exit__(None, None, None)

@@ -1,11 +1,18 @@
 """``exact_mode()``: every fold that reaches ATen, in the forward and the backward, made exact.
 
-Inside ``with bitfold.torch.exact_mode() as mode:`` a ``TorchDispatchMode``
-sees every ATen op that runs (the backward's too: autograd carries the mode
-to its threads) and sends the ops that fold, on floating tensors of a
-device some bitfold backend serves (:func:`bitfold.torch.devices.folds_on`),
-to their exact handler (the table of :mod:`bitfold.torch.rules`,
-which :func:`bitfold.torch.compile` reads too) instead of ATen. Every element they
+Inside ``with bitfold.torch.exact_mode() as mode:`` the ops that fold (the
+table of :mod:`bitfold.torch.rules`, which :func:`bitfold.torch.compile` reads
+too) have Python kernels of bitfold's, and nothing else does: the fold ops, on
+floating tensors of a device some bitfold backend serves
+(:func:`bitfold.torch.devices.folds_on`), go to their exact handler instead of
+ATen's kernel, and every other op runs as in plain PyTorch, without entering
+Python. The kernels sit at the ``BackendSelect`` dispatch key, which every
+thread dispatches through: below autograd (they see the ops of the forward and
+of the backward), below autocast and below the ``Python`` key of dispatch
+modes and tensor subclasses, and not skipped by ``torch.no_grad()`` or
+``torch.inference_mode()``. A kernel serves the innermost mode of its thread
+(autograd's threads see the mode of the thread that runs the backward); a fold
+op of a thread with no mode runs ATen's kernel. Every element the made-exact ops
 produce is then the **correctly rounded sum of its old value (where the op
 adds into one) and all its terms**, one rounding: the same bits for any order
 of the contributions. Each term is computed as torch computes it (``alpha *
@@ -14,15 +21,30 @@ times its per-sample weight); a mean is that sum divided once by the count.
 In-place (``index_add_``) and ``out=`` forms write their result where ATen
 would. Every other op runs untouched.
 
+Products with a sparse factor need more: ATen's gradient of a COO matrix's
+values is a dense product, masked afterwards, which no kernel can tell from
+another dense product. So at the first sparse tensor a mode sees (made by
+``torch.sparse_coo_tensor``, or reaching one of its kernels) it turns *full*
+until it exits: a ``TorchDispatchMode`` (every op through Python, the mode's
+former and slower way) with a function-level layer that runs the sparse
+products above autograd as exact autograd functions. A product whose sparse
+factor requires a gradient and which the mode met before it turned full (its
+factor made outside the mode) keeps torch's gradient for that factor, recorded
+in ``passed``. ``exact_mode(full=True)`` is full from the start;
+``full=False`` never turns full.
+
 Every op it makes exact is one row of :data:`bitfold.torch.rules.RULES` (a
 rule's ``description`` says what is exact): that table is the one list, and
 the documentation's coverage page (``docs/exact-mode-coverage.md``) is
 generated from it. The ops of extension packages (``torch_scatter``,
-``torch_sparse``, ``pyg_lib``) are seen above autograd by name and
-translated into exact ATen folds (:mod:`.extension_ops`); called from
-TorchScript or C++, they are seen at the dispatcher (a kernel of their own,
-or, for composite ops whose C++ sums inside, a kernel bitfold registers at
-the autograd keys while a mode is active).
+``torch_sparse``, ``pyg_lib``) are translated into exact ATen folds
+(:mod:`.extension_ops`), seen at the dispatcher however they are called (from
+Python, TorchScript or C++): by a kernel of bitfold's at ``BackendSelect`` for
+an op with kernels of its own, at the autograd keys for a composite op whose
+C++ sums inside (torch_scatter's, torch_sparse's); a full mode also sees them
+above autograd by name. The kernels are installed when the first mode is
+entered and stay (installing them takes about a millisecond); outside a mode,
+a fold op then makes one Python call and runs ATen's kernel.
 
 Untouched: integer tensors and maxima/minima (exact in any order already),
 writes (``index_put`` without accumulate, ``index_copy``, ``scatter``),
@@ -59,11 +81,11 @@ function and compares, which a dispatch mode can upset; trace outside the mode
 (or pass ``check_trace=False``) and run the traced module inside it, where its
 folds reach ATen and are made exact.
 
-``torch.compile``: while a ``TorchDispatchMode`` is active, Dynamo compiles
-nothing (PyTorch 2.13 skips every frame while a non-infra dispatch mode is
-on the stack), so inside ``exact_mode()`` a compiled model runs op by op and
-its folds are exact: slower, never inexact. Dynamo remembers the skip: a
-function whose first call ran inside the mode stays uncompiled until
+``torch.compile``: while a mode is active on a thread, Dynamo compiles nothing
+there (the mode extends the check with which PyTorch 2.13 skips every frame
+while a non-infra dispatch mode is on the stack), so inside ``exact_mode()`` a
+compiled model runs op by op and its folds are exact: slower, never inexact.
+Dynamo remembers the skip: a function whose first call ran inside the mode stays uncompiled until
 ``torch._dynamo.reset()``. ``torch.compile(fullgraph=True)`` inside the mode
 raises PyTorch's own error ("non-infra torch dispatch mode present"). A
 graph compiled and run *outside* the mode keeps its own kernels (atomics
@@ -78,6 +100,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -255,12 +278,7 @@ class _CompiledBackwardGuard(TorchFunctionMode):
         if func in _BACKWARDS and args:
             name = _compiled_node_in(args[0])
             if name is not None:
-                raise FoldError(
-                    f"exact_mode(): this backward runs through {name}, a graph torch.compile "
-                    "compiled outside the mode, whose kernels the mode cannot see (its sums "
-                    "would not be exact); run the forward inside exact_mode() too (torch.compile "
-                    "then runs it op by op), or use bitfold.torch's drop-in functions and modules"
-                )
+                raise FoldError(_COMPILED_REFUSAL.format(name=name))
         name = extension_ops.qualified_name(func)
         if name is not None:
             return self.mode.extension(name, func, args, kwargs)
@@ -273,33 +291,118 @@ class _CompiledBackwardGuard(TorchFunctionMode):
         return result
 
 
-# -- extension ops called from TorchScript or C++ -------------------------------------------------
-# An extension op registered as CompositeImplicitAutograd (torch_scatter's and torch_sparse's are)
-# runs its own kernel at the autograd key, above the dispatch mode, and sums inside: called from
-# Python the function-level guard sees it, but a ``torch.jit.script`` function calls the
-# dispatcher directly. While a mode is active, such ops get a kernel of bitfold's at the autograd
-# keys, registered directly there, which outranks the composite kernel: inside a mode it routes
-# the call through :meth:`ExactMode.extension`; elsewhere (another thread, an op left to its
-# package) it runs the op's own composite kernel. The kernels go when the last mode exits.
+# -- the fold kernels: Python only for the fold ops ----------------------------------------------
+# While any mode has been entered, every overload of every rule's ops (and the extension ops whose
+# kernels are not composite) has a Python kernel at the BackendSelect key. BackendSelect is in
+# every thread's dispatch keys (inference mode included), below autograd, autocast and the Python
+# key of dispatch modes and tensor subclasses, and falls through for every other op: the ops that
+# are not folds never enter Python. A kernel looks up the innermost mode of its thread (a
+# thread-local stack that torch carries to autograd's threads with the rest of its thread-local
+# state); with none, or while a handler of its thread runs, it runs ATen's kernel below
+# BackendSelect. The kernels stay installed once made (installing them takes about a millisecond;
+# outside a mode each fold op then makes one Python call). Extension ops registered as
+# CompositeImplicitAutograd (torch_scatter's, torch_sparse's: they sum inside, above the key) get
+# a kernel at the autograd keys instead, which routes the call through ExactMode.extension.
+_FAST_KEY = "BackendSelect"
+_BELOW = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
 _AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradXPU", "AutogradMPS")
-_registered: dict[str, Any] = {"count": 0, "libraries": []}
+_TLS_KEY = "bitfold.exact_modes"
+#: ops that make a sparse tensor from dense ones: seeing one, a mode takes the full path
+_SPARSE_FACTORIES = ("_sparse_coo_tensor_with_dims_and_tensors",)
+_kernels: dict[str, Any] = {"libraries": [], "extension": set(), "calls": 0}
 _registry_lock = threading.Lock()
+_local = threading.local()  # .inside: a handler (or ATen's kernel for a left fold) runs here
 
 
-def _composite_extension_ops() -> list[str]:
-    """``"ns::name.overload"`` of every extension op whose kernel is CompositeImplicitAutograd."""
-    found = []
-    for full in torch._C._dispatch_get_all_op_names():
-        if full.split("::")[0] in extension_ops.NAMESPACES and (
-            torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd")
-        ):
-            found.append(full)
-    return found
+def active_modes() -> tuple[ExactMode, ...]:
+    """The exact modes active on this thread (autograd's threads included), innermost last."""
+    if torch._C._is_key_in_tls(_TLS_KEY):
+        return tuple(torch._C._get_obj_in_tls(_TLS_KEY))
+    return ()
 
 
-def _extension_kernel(op: Any, name: str) -> Callable[..., Any]:
+def _set_modes(modes: tuple[ExactMode, ...]) -> None:
+    torch._C._stash_obj_in_tls(_TLS_KEY, modes)
+
+
+def _handling() -> ExactMode | None:
+    """The mode that handles a fold op on this thread now, or None (ATen's kernel runs)."""
+    if getattr(_local, "inside", False) or not torch._C._is_key_in_tls(_TLS_KEY):
+        return None
+    modes = torch._C._get_obj_in_tls(_TLS_KEY)
+    return modes[-1] if modes else None
+
+
+@contextlib.contextmanager
+def _inside() -> Iterator[None]:
+    """Ops run here go to ATen's kernels (a handler's own ops, a fold left to torch)."""
+    before = getattr(_local, "inside", False)
+    _local.inside = True
+    try:
+        yield
+    finally:
+        _local.inside = before
+
+
+def _full_name(op: Any) -> str:
+    overload = op._schema.overload_name
+    return op._schema.name + (f".{overload}" if overload else "")
+
+
+def _fold_kernel(op: Any) -> Callable[..., Any]:
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        _kernels["calls"] += 1
+        mode = _handling()
+        if mode is None:
+            return op.redispatch(keyset & _BELOW, *args, **kwargs)
+        return mode._fold(op, args, kwargs, lambda: op.redispatch(keyset & _BELOW, *args, **kwargs))
+
+    return kernel
+
+
+def _product_kernel(op: Any) -> Callable[..., Any]:
+    """mm and addmm are folds only with a sparse factor: dense products return at once."""
+    fold = _fold_kernel(op)
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        if not any(sparse.is_sparse(a) for a in args[:3]):
+            return op.redispatch(keyset & _BELOW, *args, **kwargs)
+        return fold(keyset, *args, **kwargs)
+
+    return kernel
+
+
+def _sparse_factory_kernel(op: Any) -> Callable[..., Any]:
+    """Torch's BackendSelect kernel of a sparse constructor (the backend of its layout and
+    device), after telling the thread's mode that a sparse tensor appeared."""
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        _kernels["calls"] += 1
+        mode = _handling()
+        if mode is not None:
+            mode._saw_sparse()
+        device = torch.device(kwargs.get("device") or "cpu")
+        prefix = "Sparse" if kwargs.get("layout") in (None, torch.sparse_coo) else "SparseCsr"
+        key = getattr(torch._C.DispatchKey, prefix + torch._C._dispatch_key_for_device(device.type))
+        return op.redispatch(torch._C.DispatchKeySet(key), *args, **kwargs)
+
+    return kernel
+
+
+def _extension_fold_kernel(op: Any, name: str) -> Callable[..., Any]:
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        _kernels["calls"] += 1
+        mode = _handling()
+        if mode is None or mode._extension_running():
+            return op.redispatch(keyset & _BELOW, *args, **kwargs)
+        return mode.extension(name, op, args, kwargs)
+
+    return kernel
+
+
+def _composite_extension_kernel(op: Any, name: str) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        mode = active_exact_mode()
+        mode = _handling()
         if mode is None or mode._extension_running():
             return op.decompose(*args, **kwargs)
         return mode.extension(name, op, args, kwargs)
@@ -307,41 +410,183 @@ def _extension_kernel(op: Any, name: str) -> Callable[..., Any]:
     return kernel
 
 
-def _register_extension_kernels() -> None:
+def _rule_overloads() -> Iterator[Any]:
+    from .rules import RULES
+
+    for rule in RULES:
+        for packet in rule.ops:
+            for name in packet.overloads():
+                yield getattr(packet, name)
+
+
+def _install_kernels() -> None:
+    """Install the fold kernels (once) and those of extension ops registered since."""
     with _registry_lock:
-        _registered["count"] += 1
-        if _registered["count"] > 1:
-            return
-        for full in _composite_extension_ops():
-            qualified, _, overload = full.partition(".")
-            namespace, op_name = qualified.split("::")
-            op = getattr(getattr(getattr(torch.ops, namespace), op_name), overload or "default")
-            library = torch.library.Library(namespace, "IMPL")
+        if not _kernels["libraries"]:
+            library = torch.library.Library("aten", "IMPL")
+            for op in _rule_overloads():
+                full = _full_name(op)
+                try:
+                    taken = torch._C._dispatch_has_kernel_for_dispatch_key(full, _FAST_KEY)
+                except RuntimeError:  # an overload torch keeps out of the dispatcher
+                    continue
+                if taken:
+                    continue
+                packet = op._schema.name.split("::")[1]
+                make = _product_kernel if packet in ("mm", "addmm") else _fold_kernel
+                library.impl(full.split("::")[1], make(op), _FAST_KEY, with_keyset=True)
+            for packet in _SPARSE_FACTORIES:
+                op = getattr(torch.ops.aten, packet).default
+                with warnings.catch_warnings():  # in place of torch's kernel, which it repeats
+                    warnings.simplefilter("ignore", UserWarning)
+                    library.impl(packet, _sparse_factory_kernel(op), _FAST_KEY, with_keyset=True)
+            _kernels["libraries"].append(library)
+        _install_extension_kernels()
+
+
+def _install_extension_kernels() -> None:
+    for full in torch._C._dispatch_get_all_op_names():
+        namespace = full.split("::")[0]
+        if namespace not in extension_ops.NAMESPACES or full in _kernels["extension"]:
+            continue
+        qualified, _, overload = full.partition(".")
+        op_name = qualified.split("::")[1]
+        op = getattr(getattr(getattr(torch.ops, namespace), op_name), overload or "default")
+        library = torch.library.Library(namespace, "IMPL")
+        if torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"):
             for key in _AUTOGRAD_KEYS:
-                library.impl(full.split("::")[1], _extension_kernel(op, qualified), key)
-            _registered["libraries"].append(library)
+                library.impl(full.split("::")[1], _composite_extension_kernel(op, qualified), key)
+        else:
+            library.impl(full.split("::")[1], _extension_fold_kernel(op, qualified), _FAST_KEY,
+                         with_keyset=True)  # fmt: skip
+        _kernels["libraries"].append(library)
+        _kernels["extension"].add(full)
 
 
-def _unregister_extension_kernels() -> None:
+def _uninstall_kernels() -> None:
+    """Remove every kernel (for a fair "plain" timing; the next mode installs them again)."""
     with _registry_lock:
-        _registered["count"] -= 1
-        if _registered["count"] > 0:
-            return
-        for library in _registered["libraries"]:
+        for library in _kernels["libraries"]:
             library._destroy()
-        _registered["libraries"] = []
+        _kernels["libraries"] = []
+        _kernels["extension"] = set()
+
+
+# -- while a mode is active: Dynamo compiles nothing, a compiled backward is refused --------------
+_patched: dict[str, Any] = {"count": 0, "saved": []}
+_compiled_graphs_made: list[bool] = [False]
+
+
+def _graphs_may_exist() -> bool:
+    """Whether torch.compile may have made a graph in this process (else no walk is needed)."""
+    import sys
+
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None:
+        return False
+    if not _compiled_graphs_made[0]:
+        _compiled_graphs_made[0] = bool(dynamo.counters["stats"]["unique_graphs"]) or bool(
+            dynamo.counters["aot_autograd"]
+        )
+    return _compiled_graphs_made[0]
+
+
+def _guarded_engine(run: Callable[..., Any]) -> Callable[..., Any]:
+    def engine_run_backward(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if active_modes() and _graphs_may_exist():
+            name = _compiled_node_in(tuple(t_outputs))
+            if name is not None:
+                raise FoldError(_COMPILED_REFUSAL.format(name=name))
+        return run(t_outputs, *args, **kwargs)
+
+    return engine_run_backward
+
+
+def _dynamo_skips(check: Callable[[], bool]) -> Callable[[], bool]:
+    def any_torch_dispatch_mode_on_stack() -> bool:
+        return bool(active_modes()) or check()
+
+    return any_torch_dispatch_mode_on_stack
+
+
+def _exact_mode_backend(gm: Any, example_inputs: Any) -> Any:
+    """The backend Dynamo's callback names while a mode is active: no cached code has it."""
+    return gm
+
+
+def _dynamo_callback(choose: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def callback_from_stance(callback: Any) -> Any:
+        chosen = choose(callback)
+        if chosen in (None, False) or not active_modes():
+            return chosen
+
+        def in_mode(*args: Any, **kwargs: Any) -> Any:
+            return chosen(*args, **kwargs)
+
+        # Dynamo guards its cached code on the backend: code compiled outside the mode does not
+        # run inside it (as under a dispatch mode); the frame goes to Dynamo, which skips it
+        in_mode._torchdynamo_orig_backend = _exact_mode_backend  # type: ignore[attr-defined]
+        return in_mode
+
+    return callback_from_stance
+
+
+def _patch() -> None:
+    """While a mode is active: Dynamo skips the frames it would compile (as under a dispatch mode,
+    with its message), and a backward through a graph compiled outside the mode is refused."""
+    import torch._dynamo.convert_frame as convert_frame
+    import torch._dynamo.eval_frame as eval_frame
+
+    with _registry_lock:
+        _patched["count"] += 1
+        if _patched["count"] > 1:
+            return
+        saved = []
+        for module, name, wrap in (
+            (torch.autograd, "_engine_run_backward", _guarded_engine),
+            (convert_frame, "any_torch_dispatch_mode_on_stack", _dynamo_skips),
+            (eval_frame, "_callback_from_stance", _dynamo_callback),
+        ):
+            original = getattr(module, name, None)
+            if original is not None:
+                setattr(module, name, wrap(original))
+                saved.append((module, name, original))
+        _patched["saved"] = saved
+
+
+def _unpatch() -> None:
+    with _registry_lock:
+        _patched["count"] -= 1
+        if _patched["count"] > 0:
+            return
+        for module, name, original in _patched["saved"]:
+            setattr(module, name, original)
+        _patched["saved"] = []
+
+
+_COMPILED_REFUSAL = (
+    "exact_mode(): this backward runs through {name}, a graph torch.compile "
+    "compiled outside the mode, whose kernels the mode cannot see (its sums "
+    "would not be exact); run the forward inside exact_mode() too (torch.compile "
+    "then runs it op by op), or use bitfold.torch's drop-in functions and modules"
+)
 
 
 class ExactMode(TorchDispatchMode):
-    """The dispatch mode behind :func:`exact_mode` (see the module docstring).
+    """The mode behind :func:`exact_mode` (see the module docstring).
 
     ``counts``: a ``Counter`` of the ops made exact, by kind. ``passed``: a
     ``Counter`` of the folds left to ATen that are not exact, keyed
     ``"kind: reason"``. ``strict=True`` raises :class:`bitfold.FoldError`
-    for those instead.
+    for those instead. ``full``: whether the mode runs as a dispatch mode
+    (every op through Python, sparse products above autograd) rather than
+    through the fold kernels alone; ``full=None`` (the default) starts with
+    the kernels and turns full when a sparse tensor is made or multiplied.
     """
 
-    def __init__(self, *, strict: bool = False, products: str = "rounded") -> None:
+    def __init__(
+        self, *, strict: bool = False, products: str = "rounded", full: bool | None = None
+    ) -> None:
         super().__init__()
         if products not in sparse.PRODUCT_RULES:
             raise FoldError(
@@ -350,13 +595,35 @@ class ExactMode(TorchDispatchMode):
             )
         self.strict = bool(strict)
         self.products = products
+        self.full = full
         self._products_tokens: list[Any] = []
         self.counts: Counter[str] = Counter()
         self.passed: Counter[str] = Counter()
+        self._entries: list[tuple[int, bool]] = []  # (thread, upgraded) of each __enter__
         self._guards: list[_CompiledBackwardGuard] = []
         self._extension = threading.local()  # .running: an extension op left to its package runs
 
     def __enter__(self) -> ExactMode:
+        _install_kernels()
+        _patch()
+        self._products_tokens.append(sparse.PRODUCTS.set(self.products))
+        _set_modes((*active_modes(), self))
+        self._entries.append((threading.get_ident(), False))
+        if self.full:
+            self._go_full()
+        return self
+
+    def _go_full(self, *, seen: bool = False) -> None:
+        """From here to ``__exit__``: a dispatch mode, and sparse products above autograd.
+
+        ``seen``: on seeing a sparse tensor, not in a backward (autograd restores its thread's
+        modes when the backward ends) and only on the thread that entered the mode.
+        """
+        thread, full = self._entries[-1]
+        if full or thread != threading.get_ident():
+            return
+        if seen and torch._C._current_graph_task_id() != -1:
+            return
         guard = _CompiledBackwardGuard(self)
         guard.__enter__()
         self._guards.append(guard)
@@ -365,67 +632,105 @@ class ExactMode(TorchDispatchMode):
         except BaseException:
             self._guards.pop().__exit__(None, None, None)
             raise
-        _register_extension_kernels()
-        self._products_tokens.append(sparse.PRODUCTS.set(self.products))
-        return self
+        self._entries[-1] = (thread, True)
+
+    def _saw_sparse(self) -> None:
+        if self.full is None:
+            self._go_full(seen=True)
 
     def __exit__(self, *exc: Any) -> None:
+        _, full = self._entries.pop()
         try:
-            super().__exit__(*exc)
+            if full:
+                from torch.overrides import _get_current_function_mode_stack
+                from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+                guard = self._guards.pop()
+                try:
+                    if any(m is self for m in _get_current_dispatch_mode_stack()):
+                        super().__exit__(*exc)
+                finally:
+                    if any(m is guard for m in _get_current_function_mode_stack()):
+                        guard.__exit__(*exc)
         finally:
+            modes = list(active_modes())
+            for i in range(len(modes) - 1, -1, -1):
+                if modes[i] is self:
+                    del modes[i]
+                    break
+            _set_modes(tuple(modes))
             sparse.PRODUCTS.reset(self._products_tokens.pop())
-            _unregister_extension_kernels()
-            self._guards.pop().__exit__(*exc)
+            _unpatch()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        rule = rule_for(func)
-        if rule is None:
+        modes = active_modes()
+        if modes and modes[-1] is not self:  # an inner mode (of the kernels) handles the op
+            return func(*args, **kwargs)
+        if rule_for(func) is None:
             name = extension_ops.qualified_name(func)
             if name is not None and not self._extension_running():
                 return self.extension(name, func, args, kwargs)
             return func(*args, **kwargs)
+        return self._fold(func, args, kwargs, lambda: func(*args, **kwargs))
+
+    def _fold(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], aten: Callable[[], Any]
+    ) -> Any:
+        """A fold op: its rule's exact result, or ``aten()`` (ATen's own kernel)."""
+        rule = rule_for(func)
         kind = rule.kind
-        bound = {k: plain_index(v) for k, v in bind(func, args, kwargs).items()}
-        result = rule.handler(bound)
-        if isinstance(result, Leave):
-            if result.reason is not None:
-                self.leave(str(func), kind, result.reason)
-            return func(*args, **kwargs)
-        self.counts[kind] += 1
-        names = written(func)
-        if not names:
-            return result
-        results = result if isinstance(result, tuple) else (result,)
-        targets = tuple(bound[name] for name in names)
-        for target, value in zip(targets, results, strict=True):
-            if target.shape != value.shape:
-                target.resize_(value.shape)
-            target.copy_(value)
-        return targets if isinstance(result, tuple) else targets[0]
+        with _inside():
+            bound = {k: plain_index(v) for k, v in bind(func, args, kwargs).items()}
+            if kind in _SPARSE_KINDS and not self._entries[-1][1]:
+                self._sparse_seen_below(func, kind, bound)
+            result = rule.handler(bound)
+            if isinstance(result, Leave):
+                if result.reason is not None:
+                    self.leave(str(func), kind, result.reason)
+                return aten()
+            self.counts[kind] += 1
+            names = written(func)
+            if not names:
+                return result
+            results = result if isinstance(result, tuple) else (result,)
+            targets = tuple(bound[name] for name in names)
+            for target, value in zip(targets, results, strict=True):
+                if target.shape != value.shape:
+                    target.resize_(value.shape)
+                target.copy_(value)
+            return targets if isinstance(result, tuple) else targets[0]
+
+    def _sparse_seen_below(self, func: Any, kind: str, bound: dict[str, Any]) -> None:
+        """A sparse op reached the kernels: the mode turns full (when allowed) for what follows;
+        a sparse factor whose gradient autograd already asked for ATen's way is recorded."""
+        tensors = [v for v in bound.values() if isinstance(v, torch.Tensor)]
+        if not any(sparse.is_sparse(t) for t in tensors):
+            return
+        if self.full is None:
+            self._go_full(seen=True)
+        if (
+            kind == "sparse_mm"
+            and torch.is_grad_enabled()
+            and any(sparse.is_sparse(t) and t.requires_grad for t in tensors)
+        ):
+            self.leave(str(func), kind, "the gradient of a sparse factor made outside the mode, "
+                       "in a product seen below autograd, is torch's")  # fmt: skip
 
     def _extension_running(self) -> bool:
         return bool(getattr(self._extension, "running", False))
 
-    def extension(
-        self, name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
+    def extension(self, name: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """An extension package's op (``name``): its exact translation, or the op itself.
 
-        Above autograd (the function-level guard) the translation's ATen ops run
-        under this mode and are made exact there; below it (an op that reached
-        the dispatcher without passing the guard: from TorchScript, from C++) the
-        translation runs under a nested mode that shares ``counts`` and
-        ``passed``. An op left to its package runs with extension lookups off,
-        so that the ops it calls are not counted twice.
+        The translation's ATen folds are made exact by this mode where they run
+        (above autograd from the function-level guard, below it from a kernel).
+        An op left to its package runs with extension lookups off, so that the
+        ops it calls are not counted twice.
         """
         if self._extension_running():
             return func(*args, **kwargs)
-        nested = None
-        if active_exact_mode() is not self:  # below autograd: this mode is off while we run
-            nested = ExactMode(strict=self.strict, products=self.products)
-            nested.counts, nested.passed = self.counts, self.passed
-        with nested if nested is not None else contextlib.nullcontext():
+        with _outside():
             result = extension_ops.run(name, func, args, kwargs)
         if isinstance(result, Leave):
             if result.reason is not None:
@@ -448,8 +753,24 @@ class ExactMode(TorchDispatchMode):
         return f"ExactMode(counts={dict(self.counts)}, passed={dict(self.passed)})"
 
 
+_SPARSE_KINDS = frozenset({"sparse_mm", "sparse_sampled_addmm", "coalesce", "sparse_sum"})
+
+
+@contextlib.contextmanager
+def _outside() -> Iterator[None]:
+    """Ops run here reach the modes' kernels (an extension op's translation)."""
+    before = getattr(_local, "inside", False)
+    _local.inside = False
+    try:
+        yield
+    finally:
+        _local.inside = before
+
+
 @checked_options
-def exact_mode(*, strict: bool = False, products: str = "rounded") -> ExactMode:
+def exact_mode(
+    *, strict: bool = False, products: str = "rounded", full: bool | None = None
+) -> ExactMode:
     """A context manager inside which every fold that reaches ATen is exact, forward and backward.
 
     ``with exact_mode() as mode:`` around a training step makes every
@@ -478,17 +799,20 @@ def exact_mode(*, strict: bool = False, products: str = "rounded") -> ExactMode:
     >>> w.grad.tolist(), mode.counts["index_put"]
     ([1.0, 0.0, 2.0], 1)
     """
-    return ExactMode(strict=strict, products=products)
+    return ExactMode(strict=strict, products=products, full=full)
 
 
 def active_exact_mode() -> ExactMode | None:
-    """The innermost :class:`ExactMode` on this thread's dispatch-mode stack, or None."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    for mode in reversed(_get_current_dispatch_mode_stack()):
-        if isinstance(mode, ExactMode):
-            return mode
-    return None
+    """The innermost :class:`ExactMode` active on this thread, or None."""
+    modes = active_modes()
+    return modes[-1] if modes else None
 
 
-__all__ = ["COMPILED_NODE", "EXACT_GRAPH", "ExactMode", "active_exact_mode", "exact_mode"]
+__all__ = [
+    "COMPILED_NODE",
+    "EXACT_GRAPH",
+    "ExactMode",
+    "active_exact_mode",
+    "active_modes",
+    "exact_mode",
+]
