@@ -72,7 +72,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import xla_host_call
-from .arrays import library_of
+from .arrays import family_of, library_of
+from .backends import registry
 from .backends.portable import BACKEND as _PORTABLE
 from .backends.portable.paths import segment_fold
 from .errors import DeviceError, FoldError, FoldTypeError, IndexRangeError, ShapeError
@@ -140,20 +141,18 @@ def _check(x: Any, what: str) -> str:
 
 
 def _path(x: Any, backend: str | None) -> str:
-    """``"host"`` or ``"portable"``: as asked, else host on the CPU backend, portable elsewhere."""
-    try:  # a concrete array knows its devices; a tracer inside jit does not
-        platforms = {d.platform for d in x.devices()}
-    except (AttributeError, jax.errors.ConcretizationTypeError):
-        platforms = {jax.default_backend()}
-    on_cpu = platforms == {"cpu"}
+    """``"host"`` (a host callback) or ``"portable"`` (XLA operations): as asked, else the
+    registry's backend for JAX arrays on ``x``'s device among these two (the host on the CPU,
+    portable elsewhere: :func:`bitfold.backends.registry.backend_for`)."""
+    device = family_of(x).device(x)  # a tracer inside jit: the default backend's platform
     if backend is None or backend == "auto":
-        return "host" if on_cpu else "portable"
+        return registry.backend_for("jax", device, admits=lambda b, forced: b.name in PATHS).name
     if backend not in PATHS:
         raise FoldError(f"unknown backend {backend!r}; choose 'auto', 'host' or 'portable'")
-    if backend == "host" and not on_cpu:
+    if not registry.get_backend(backend).serves("jax", device):
         raise DeviceError(
-            f"backend='host' folds through a host callback on the CPU backend only; the values "
-            f"live on {', '.join(sorted(platforms))}: use backend='portable' (the default there)"
+            f"backend={backend!r} folds through a host callback on the CPU backend only; the "
+            f"values live on {device}: use backend='portable' (the default there)"
         )
     return backend
 
