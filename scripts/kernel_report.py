@@ -160,7 +160,8 @@ def hot_shape(D: int) -> dict[str, int]:
 
     block_d = min(_next_pow2(D), 64)
     chunk = max(16, backend.CHUNK_VALUES // max(D, 1))
-    return {"BLOCK_N": max(1, min(_next_pow2(chunk), 4096 // block_d)), "BLOCK_D": block_d}
+    return {"BLOCK_N": max(1, min(_next_pow2(chunk), backend.HOT_TILE // block_d)),
+            "BLOCK_D": block_d}
 
 
 def _next_pow2(n: int) -> int:
@@ -478,8 +479,9 @@ VALUE_LOOPS: dict[tuple[str, int], tuple[str, Any]] = {
     ("lanes_kernel", 1): ("word", lambda c: c["BLOCK_K"] * c["BLOCK_D"]),
     ("lanes_kernel", 2): ("limbs", lambda c: c["BLOCK_K"] * c["BLOCK_D"]),
     ("hot_kernel", 0): ("chunk", lambda c: c["BLOCK_N"] * c["BLOCK_D"]),
-    ("hot_kernel", 1): ("limb pass", lambda c: c["BLOCK_N"] * c["BLOCK_D"]),
-    ("hot_kernel", 2): ("merge", None),
+    ("hot_kernel", 1): ("limb pass", lambda c: c["BLOCK_N"] * c["BLOCK_D"]),  # float64 values
+    ("hot_kernel", 2): ("limb pass", lambda c: c["BLOCK_N"] * c["BLOCK_D"]),  # the narrow ones
+    ("hot_kernel", 3): ("merge", None),
     ("ordered_kernel", 0): ("run", lambda c: c["BLOCK_K"] * c["BLOCK_D"]),
     ("_carry", 0): ("carry", None),
 }
@@ -1001,13 +1003,14 @@ def hot_launch(pm: dict[str, Any], shape: dict[str, int], L: int) -> dict[str, A
     lengths = np.concatenate([np.minimum(chunk, counts[k] - chunk * np.arange(n))
                               for k, n in zip(hk, per, strict=True)])  # fmt: skip
     tiles_per_chunk = -(-lengths // bn)
-    # the limb span of a tile: j = p >> 5 over its finite values; trips j_hi - j_lo + 3
+    # the limb span of a tile: j = p >> 5 over its finite values; trips j_hi - j_lo + 2 (a
+    # float32 value is one word, two 32-bit pieces)
     j = pm["p"] >> 5
     jlo = np.where(pm["finite"], j, L).min(axis=1)
-    jhi = np.where(pm["finite"], j, -3).max(axis=1)
+    jhi = np.where(pm["finite"], j, -2).max(axis=1)
     if pm["sample"] is not None:
         n = (len(jlo) // bn) * bn
-        spans = jhi[:n].reshape(-1, bn).max(1) - jlo[:n].reshape(-1, bn).min(1) + 3
+        spans = jhi[:n].reshape(-1, bn).max(1) - jlo[:n].reshape(-1, bn).min(1) + 2
         mean_span = float(np.maximum(spans, 0).mean())
         limb_trips = np.round(tiles_per_chunk * mean_span).astype(np.int64)
     else:
@@ -1020,7 +1023,7 @@ def hot_launch(pm: dict[str, Any], shape: dict[str, int], L: int) -> dict[str, A
         starts = np.array(starts)
         tl = np.minimum.reduceat(jlo, starts)
         th = np.maximum.reduceat(jhi, starts)
-        spans = np.maximum(th - tl + 3, 0)
+        spans = np.maximum(th - tl + 2, 0)
         owner = np.repeat(np.arange(nchunks), tiles_per_chunk)
         limb_trips = np.bincount(owner, weights=spans, minlength=nchunks).astype(np.int64)
     hot_positions = int(counts[hk].sum())

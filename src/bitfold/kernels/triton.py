@@ -133,6 +133,16 @@ def _bit_length(x):
 
 
 @triton.jit
+def _raw32(raw, BITS_MASK: tl.constexpr):
+    """A 16- or 32-bit pattern (loaded as int16 or int32) in the low bits of an int32."""
+    if BITS_MASK == 0xFFFF:
+        out = raw.to(tl.int32) & 0xFFFF
+    else:
+        out = raw.to(tl.int32)
+    return out
+
+
+@triton.jit
 def _decode(raw, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr, SHIFT: tl.constexpr):
     """IEEE bits (int64, the pattern in the low bits) -> the value's parts.
 
@@ -483,6 +493,19 @@ def lanes_kernel(
     tl.store(out_ptr + kc * D + d, bits.to(out_ptr.dtype.element_ty), mask=walk)
 
 
+@triton.jit
+def _count_specials(n_negzero, n_nan, n_pinf, n_ninf, nan, pinf, ninf, negzero):
+    """A tile's special values counted a column (``(BLOCK_N, BLOCK_D)`` flags summed over
+    axis 0), only in a tile that holds one: most tiles skip the four sums."""
+    odd = nan | pinf | ninf | negzero
+    if tl.max(odd.to(tl.int32), axis=None) > 0:
+        n_negzero += tl.sum(negzero.to(tl.int64), axis=0)
+        n_nan += tl.sum(nan.to(tl.int64), axis=0)
+        n_pinf += tl.sum(pinf.to(tl.int64), axis=0)
+        n_ninf += tl.sum(ninf.to(tl.int64), axis=0)
+    return n_negzero, n_nan, n_pinf, n_ninf
+
+
 # -- exact: hot buckets ------------------------------------------------------------------------
 @triton.jit
 def hot_kernel(
@@ -518,19 +541,35 @@ def hot_kernel(
         row = tl.load(order_ptr + tl.where(tlive, t, 0), mask=tlive, other=0).to(tl.int64)
         here = tlive[:, None] & dlive[None, :]
         raw = tl.load(bits_ptr + row[:, None] * D + d[None, :], mask=here, other=0)
-        raw = raw.to(tl.int64) & BITS_MASK
-        finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS, SHIFT)
-        j, a0, a1, a2 = _pieces(m, p, negative, WIDE)
-        j_lo = tl.min(tl.where(finite, j, L), axis=None)
-        j_hi = tl.max(tl.where(finite, j, -3), axis=None)
-        for jj in range(j_lo, j_hi + 3):
-            part = tl.where(j == jj, a0, 0) + tl.where(j + 1 == jj, a1, 0)
-            part += tl.where(j + 2 == jj, a2, 0)
-            acc += tl.where(limb == jj, tl.sum(part, axis=0)[None, :], 0)
-        n_negzero += tl.sum(negzero.to(tl.int64), axis=0)
-        n_nan += tl.sum(nan.to(tl.int64), axis=0)
-        n_pinf += tl.sum(pinf.to(tl.int64), axis=0)
-        n_ninf += tl.sum(ninf.to(tl.int64), axis=0)
+        if WIDE:
+            raw = raw.to(tl.int64) & BITS_MASK
+            finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS,
+                                                                       SHIFT)  # fmt: skip
+            n_negzero, n_nan, n_pinf, n_ninf = _count_specials(
+                n_negzero, n_nan, n_pinf, n_ninf, nan, pinf, ninf, negzero)
+            j, a0, a1, a2 = _pieces(m, p, negative, WIDE)
+            j_lo = tl.min(tl.where(finite, j, L), axis=None)
+            j_hi = tl.max(tl.where(finite, j, -3), axis=None)
+            for jj in range(j_lo, j_hi + 3):
+                part = tl.where(j == jj, a0, 0) + tl.where(j + 1 == jj, a1, 0)
+                part += tl.where(j + 2 == jj, a2, 0)
+                acc += tl.where(limb == jj, tl.sum(part, axis=0)[None, :], 0)
+        else:
+            # narrow values in 32-bit integers: one signed word ±m << (p mod 32) (below 2^56)
+            # a value, cut into its low 32 bits (limb p // 32) and the signed rest (the next)
+            raw = _raw32(raw, BITS_MASK)
+            finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS,
+                                                                       SHIFT)  # fmt: skip
+            n_negzero, n_nan, n_pinf, n_ninf = _count_specials(
+                n_negzero, n_nan, n_pinf, n_ninf, nan, pinf, ninf, negzero)
+            w = m.to(tl.int64) << (p & 31)
+            w = tl.where(negative, -w, w)
+            j = p >> 5
+            j_lo = tl.min(tl.where(finite, j, L), axis=None)
+            j_hi = tl.max(tl.where(finite, j, -2), axis=None)
+            for jj in range(j_lo, j_hi + 2):
+                part = tl.where(j == jj, w & MASK32, tl.where(j + 1 == jj, w >> 32, 0))
+                acc += tl.where(limb == jj, tl.sum(part, axis=0)[None, :], 0)
     acc = _carry(acc, limb, L)
     base = (hot * D + d) * W
     for j in range(L):
@@ -797,7 +836,7 @@ def compile_targets() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                             round_rows_kernel, sig, const))  # fmt: skip
         sig, const = typed(
             {"bits_ptr": vp, "order_ptr": "*i32", "chunk_ptr": "*i64", "state_ptr": "*i64"},
-            ("D",), {**decode(dtype), **limbs, "W": fmt.width, "BLOCK_N": 64, "BLOCK_D": 64})
+            ("D",), {**decode(dtype), **limbs, "W": fmt.width, "BLOCK_N": 32, "BLOCK_D": 64})
         out.append((f"hot[{dtype}]", hot_kernel, sig, const))
         sig, const = typed(
             {"bits_ptr": vp, "index_ptr": "*i64", "state_ptr": "*i64"}, ("N", "D"),
