@@ -259,8 +259,8 @@ MUTATIONS = (
     Mutation(
         "Triton: a -0.0 term counted as a non-negative zero (the one-word lanes)",
         "kernels/triton.py",
-        "        n_negzero + negzero.to(tl.int64),\n",
-        "        n_negzero,\n",
+        "        signs | not_negzero,\n",
+        "        signs | raw,\n",
         ("tests/test_triton_word_path.py", "-k", "specials"),
         "a bucket of -0.0 terms would sum to +0.0 on the GPU only",
     ),

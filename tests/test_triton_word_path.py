@@ -1,10 +1,12 @@
-"""The Triton lanes' one-word path: a bucket whose certificate holds sums in one int64 word.
+"""The Triton lanes' one-word path: a bucket whose certificate holds sums in one word.
 
-A lane reads its terms' exponent bounds; where ``bit_length(terms) + (p_hi - p_lo) +
-significand bits <= 62`` it adds each value as one shifted integer and rounds the word once;
-elsewhere it walks the limbs. Each case below is compared bit for bit with the Fraction oracle
-on Triton's interpreter: buckets on both sides of the certificate's edge (one binary order
-either side), ties, subnormal sums, -0.0, specials, an init and every output dtype.
+A lane sums its terms in one pass and keeps their exponent bounds; where ``bit_length(terms)
++ (p_hi - p_lo) + significand bits`` is at most 53 (float32, bfloat16, float16: a float64
+sum) or 62 (float64: one shifted integer a value in an int64 word) and no term is a NaN or an
+infinity, the word is exact and rounded once; elsewhere the lane walks the limbs. Each case
+below is compared bit for bit with the Fraction oracle on Triton's interpreter: buckets on both
+sides of the certificate's edge (one binary order either side), ties, subnormal sums, -0.0,
+specials, an init and every output dtype.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ _bits = test_triton_backend.bits
 def _edge_bucket(dtype: str, terms: int, over: int) -> list[float]:
     """``terms`` values whose exponent range puts the certificate ``over`` orders past its edge
     (``over <= 0``: the word holds them; ``over > 0``: the limbs take them)."""
-    span = 62 - terms.bit_length() - SIGNIFICAND[dtype] + over  # wanted p_hi - p_lo
+    width = 62 if dtype == "float64" else 53  # an int64 word, or a float64 sum
+    span = width - terms.bit_length() - SIGNIFICAND[dtype] + over  # wanted p_hi - p_lo
     span = max(0, min(span, 100))
     top = 2.0 ** (span // 2)
     low = top * 2.0**-span
@@ -114,5 +117,5 @@ def test_route_says_how_many_lanes_take_each_path():
     index = np.concatenate([np.full(len(b), k) for k, b in enumerate(buckets)]).astype(np.int64)
     values = torch.tensor([v for b in buckets for v in b], dtype=torch.float32)
     route = bitfold.Fold(index, len(buckets)).route(values, backend="triton")
-    assert "of its 5 lanes with terms, 3 sum one int64 word a value" in route.reason
+    assert "of its 5 lanes with terms, 3 sum one float64 word a value" in route.reason
     assert "and 2 the limbs" in route.reason

@@ -574,7 +574,7 @@ def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tupl
 
 
 def _lane_paths(plan: Fold, values: Any, spec: Values, hot_min: int, has_init: bool) -> str:
-    """``"; of N lanes with terms, W sum one int64 word a value, L the limbs"`` for these values.
+    """``"; of N lanes with terms, W sum one word a value, L the limbs"`` for these values.
 
     The lanes' own certificate (:func:`bitfold.kernels.triton.lanes_kernel`), evaluated on a
     host copy of the values' bits (a diagnostic: it reads the values back); an ``init``
@@ -603,10 +603,14 @@ def _lane_paths(plan: Fold, values: Any, spec: Values, hot_min: int, has_init: b
     terms = counts[walked] + has_init
     bits_terms = np.floor(np.log2(terms)).astype(np.int64) + 1
     span = np.where(p_hi >= 0, p_hi - np.minimum(p_lo, p_hi), -1)
-    fits = bits_terms[:, None] + span + frac_bits + 1 <= 62
+    special = e == (1 << exp_bits) - 1
+    clean = ~np.logical_or.reduceat(special, starts, axis=0)  # no NaN or infinity
+    # the word: a float64 sum of narrow values (53 bits), an int64 word of float64 ones (62)
+    width, word_kind = (62, "int64") if spec.dtype == "float64" else (53, "float64")
+    fits = clean & (bits_terms[:, None] + span + frac_bits + 1 <= width)
     lanes, word = int(fits.size), int(fits.sum())
-    return (f"; of its {lanes:,} lanes with terms, {word:,} sum one int64 word a value (their "
-            f"certificate holds) and {lanes - word:,} the limbs")  # fmt: skip
+    return (f"; of its {lanes:,} lanes with terms, {word:,} sum one {word_kind} word a value "
+            f"(their certificate holds) and {lanes - word:,} the limbs")  # fmt: skip
 
 
 def triton_cdiv(a: int, b: int) -> int:

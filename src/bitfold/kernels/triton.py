@@ -12,9 +12,10 @@ Numeric contract
 host backend (:mod:`bitfold.exact`) and the Fraction oracle, whatever the order
 programs run in:
 
-* Values are decoded from their bits with integer operations only (sign,
-  integer significand ``M`` and shift ``p``, ``|v| = M·2^(p + unit)``), so no
-  float unit ever sees a value and nothing is flushed to zero.
+* Values are decoded from their bits with integer operations (sign, integer
+  significand ``M`` and shift ``p``, ``|v| = M·2^(p + unit)``), and nothing is
+  flushed to zero; the one float unit that sees a value is the lanes' float64
+  word of narrow values (below), exact by its certificate.
 * ``±M << (p mod 32)`` is cut into 32-bit pieces added to limbs ``p // 32`` and
   up of a bucket's *limb tile* (``(L_PAD, lanes)`` int64 in registers, the limb
   format of :class:`bitfold.formats.LimbFormat`). Integer addition is exact and
@@ -23,12 +24,16 @@ programs run in:
   walks its bucket's run of the sorted order and rounds in registers: no state,
   no atomics, no second pass. Rows are read whole, a row's columns by
   neighbouring lanes.
-* *One word a value* (the lanes' common case): a lane first reads its terms'
-  exponent bounds; where its certificate holds (``bit_length(terms) + (p_hi -
-  p_lo) + significand bits <= 62``) each value is one shifted integer added to
-  one int64 word, exact, and the word is rounded once, straight to the output
-  dtype (:func:`_round_word`: no double rounding through float32). Lanes the
-  certificate refuses take the limbs; the counters of specials are the same.
+* *One word a value* (the lanes' common case): a lane sums its run in one pass
+  into one word and keeps its terms' exponent bounds as it goes; where its
+  certificate holds (no NaN or infinity, and ``bit_length(terms) + (p_hi - p_lo)
+  + significand bits`` at most 53 for float32, bfloat16 and float16 values, whose
+  word is a float64 sum, or 62 for float64 values, one shifted integer a value
+  in an int64 word) the word is exact, and it is rounded once, straight to the
+  output dtype (:func:`_round_float_sum`, :func:`_round_word`: no double
+  rounding through float32). Lanes the certificate refuses take the limbs.
+  Widening a narrow value to float64 is exact and keeps subnormals (no
+  ``.ftz``), and a certified float64 sum has no subnormal and no rounding.
 * *Hot buckets* (more positions than a lane walks): :func:`hot_kernel` splits
   them into chunks of the sorted order; a program sums a chunk, all its lanes
   on one bucket, carries its tile and adds it into the bucket's row of an int64
@@ -66,8 +71,10 @@ Blind spots of the CPU interpreter, closed in the code
   through 64-bit integer atomic adds (``atom.add.u64``, relaxed: the values
   are integers, so any order gives the same bits), and a kernel reads a state
   only after the kernel that filled it has finished (stream order).
-* Float rounding: no float arithmetic touches an exact value; the ordered
-  adds have no multiply (no FMA contraction).
+* Float rounding: the only float arithmetic on an exact value is the lanes'
+  float64 sum of narrow values, exact by its certificate (no addition rounds),
+  and that sum's one rounding to a float32 output (``cvt.rn.f32.f64``); the
+  ordered adds have no multiply (no FMA contraction).
 * Float-to-int conversions: none of a value (bits are reinterpreted, never
   converted); the only one in the machine code is ptxas's reciprocal in an
   integer division of positions by the row size.
@@ -354,30 +361,111 @@ def _round_word(
 
 
 @triton.jit
-def _bounds(p_lo, p_hi, raw, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr,
-            SHIFT: tl.constexpr):  # fmt: skip
-    """A lane's exponent bounds with one more value (its bits ``raw``): finite values only."""
-    finite, _negative, _m, p, _nan, _pinf, _ninf, _negzero = _decode(raw, EXP_BITS, FRAC_BITS,
-                                                                     SHIFT)  # fmt: skip
-    return tl.where(finite, tl.minimum(p_lo, p), p_lo), tl.where(finite, tl.maximum(p_hi, p), p_hi)
+def _add_word(word, p_lo, hi_key, signs, raw, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr,
+              SHIFT: tl.constexpr):  # fmt: skip
+    """One float64 value (its pattern ``raw``, int64) added to a lane's word: one pass.
+
+    The word holds the lane's terms so far at the unit ``2^(p_lo + UNIT)``, ``p_lo`` the lowest
+    finite non-zero term's shift so far: a term below it first moves the word up to its own
+    unit. While the lane's final certificate holds, every shift is below ``p_hi - p_lo < 62``
+    and every partial sum below ``2^62``, so the word is exact; a lane it refuses discards its
+    word. Shift amounts are taken mod 64 (never a shift by 64 or more); ``m`` is 0 where the
+    value is not finite. ``hi_key`` and ``signs`` as :func:`_add_float`'s.
+    """
+    finite, negative, m, p, _nan, _pinf, _ninf, _negzero = _decode(raw, EXP_BITS, FRAC_BITS,
+                                                                   SHIFT)  # fmt: skip
+    lo = tl.where(finite, tl.minimum(p_lo, p), p_lo)
+    term = m << ((p - lo) & 63)
+    word = word << ((p_lo - lo) & 63)
+    return (
+        word + tl.where(negative, -term, term),
+        lo,
+        tl.maximum(hi_key, raw & ((1 << (EXP_BITS + FRAC_BITS)) - 1)),
+        signs | (raw ^ -(1 << (EXP_BITS + FRAC_BITS))),
+    )
 
 
 @triton.jit
-def _add_word(word, n_negzero, n_nan, n_pinf, n_ninf, p_lo, raw, EXP_BITS: tl.constexpr,
-              FRAC_BITS: tl.constexpr, SHIFT: tl.constexpr):  # fmt: skip
-    """One value a lane added to its word at the unit ``2^(p_lo + UNIT)``, or counted."""
-    _finite, negative, m, p, nan, pinf, ninf, negzero = _decode(raw, EXP_BITS, FRAC_BITS, SHIFT)
-    # m is 0 where the value is not finite; the shift is at most p_hi - p_lo, below 62 by the
-    # certificate of every lane that adds (others add nothing: a masked load reads 0), so no
-    # guard against a shift by 64 or more is needed
-    term = m << tl.maximum(p - p_lo, 0)
+def _as_float64(raw, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr):
+    """A float32, bfloat16 or float16 pattern (int32, low bits) as the float64 of its value.
+
+    Widening is exact and keeps subnormals (``cvt.f64.f32`` and ``cvt.f32.f16``, no ``.ftz``):
+    every value of these formats is a normal float64.
+    """
+    if FRAC_BITS == 23:
+        out = raw.to(tl.float32, bitcast=True).to(tl.float64)
+    elif EXP_BITS == 8:  # bfloat16: the high half of a float32
+        out = (raw << 16).to(tl.float32, bitcast=True).to(tl.float64)
+    else:
+        out = raw.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32).to(tl.float64)
+    return out
+
+
+@triton.jit
+def _add_float(total, hi_key, lo_key, signs, raw, EXP_BITS: tl.constexpr,
+               FRAC_BITS: tl.constexpr):  # fmt: skip
+    """One narrow value (its pattern ``raw``, int32) added to a lane's float64 sum.
+
+    Beside the sum: ``hi_key`` the largest magnitude's bits (an exponent field of all ones:
+    a NaN or an infinity), ``lo_key`` the smallest non-zero magnitude's bits less one
+    (unsigned: a zero's is ``2^32 - 1``, never the least), ``signs`` the OR of the patterns
+    xor ``-0.0``'s (0 while every term is ``-0.0``). A masked load reads ``-0.0``, which
+    changes none of the four.
+    """
+    mag = raw & ((1 << (EXP_BITS + FRAC_BITS)) - 1)
+    if EXP_BITS + FRAC_BITS == 31:
+        not_negzero = raw ^ -(1 << 31)  # float32's sign bit, an int32's
+    else:
+        not_negzero = raw ^ (1 << (EXP_BITS + FRAC_BITS))
     return (
-        word + tl.where(negative, -term, term),
-        n_negzero + negzero.to(tl.int64),
-        n_nan + nan.to(tl.int64),
-        n_pinf + pinf.to(tl.int64),
-        n_ninf + ninf.to(tl.int64),
+        total + _as_float64(raw, EXP_BITS, FRAC_BITS),
+        tl.maximum(hi_key, mag),
+        tl.minimum(lo_key, (mag - 1).to(tl.uint32, bitcast=True)),
+        signs | not_negzero,
     )
+
+
+@triton.jit
+def _fits(terms, span, ROOM: tl.constexpr):
+    """``bit_length(terms) + span <= ROOM`` (``0 <= terms < 2^31``): ``terms < 2^(ROOM - span)``,
+    a shift and a compare instead of the bit length."""
+    room = ROOM - span
+    return (room >= 0) & ((terms.to(tl.int32) >> tl.minimum(tl.maximum(room, 0), 31).to(tl.int32))
+                          == 0)  # fmt: skip
+
+
+@triton.jit
+def _round_float_sum(
+    total, hi_key, lo_key, signs, terms, EXP_BITS: tl.constexpr, FRAC_BITS: tl.constexpr,
+    PREC: tl.constexpr, TEXP: tl.constexpr, SUBEXP: tl.constexpr, NAN_BITS: tl.constexpr,
+):  # fmt: skip
+    """``(fits, bits)`` of a lane's float64 sum of narrow terms (:func:`_add_float`).
+
+    The certificate: no NaN or infinity, and ``bit_length(terms) + (p_hi - p_lo) +
+    FRAC_BITS + 1 <= 53`` for the terms' shifts ``p`` (``|v| = m·2^(p + unit)``,
+    ``m < 2^(FRAC_BITS + 1)``): every term and partial sum is then an integer multiple of
+    ``2^(p_lo + unit)`` below ``2^53`` of them (all normal float64s), so every addition is
+    exact in any order and ``total`` is the exact sum. Its one rounding goes from the float64
+    bits straight to the output (:func:`_round_float_bits`, integers only; a float64 output is
+    the sum itself, a float32 one the hardware's conversion, round to nearest even without
+    ``.ftz``); a zero sum is ``+0.0``, or ``-0.0`` when every term is ``-0.0``.
+    """
+    sign: tl.constexpr = -(1 << (PREC + TEXP - 2)) * 2  # the sign bit, sign-extended
+    e_max: tl.constexpr = (1 << EXP_BITS) - 1
+    lo_mag = (lo_key + 1).to(tl.int32, bitcast=True)  # 0 where no term is non-zero
+    p_hi = tl.maximum(hi_key >> FRAC_BITS, 1)
+    p_lo = tl.maximum(lo_mag >> FRAC_BITS, 1)
+    span = tl.where(lo_mag == 0, 0, p_hi - p_lo)
+    fits = (hi_key < (e_max << FRAC_BITS)) & _fits(terms, span, 53 - (FRAC_BITS + 1))
+    sum_bits = total.to(tl.int64, bitcast=True)
+    if PREC == 53:
+        bits = sum_bits
+    elif PREC == 24 and TEXP == 8:  # float32: the conversion rounds once, to nearest even
+        bits = total.to(tl.float32).to(tl.int32, bitcast=True).to(tl.int64)
+    else:  # float16, bfloat16: straight from the float64 bits (no double rounding)
+        bits = _round_float_bits(sum_bits, 11, 52, PREC, TEXP, SUBEXP, NAN_BITS)
+    zero = tl.where((terms > 0) & (signs == 0), sign, 0).to(tl.int64)
+    return fits, tl.where((sum_bits << 1) == 0, zero, bits)
 
 
 # -- exact: lanes ------------------------------------------------------------------------------
@@ -412,14 +500,17 @@ def lanes_kernel(
     Lanes of buckets with ``hot_min`` positions or more write nothing (the hot
     kernels fold them). ``init`` (bits in the values' format) is one more term.
 
-    With ``WORD``, a lane first reads its terms' exponent bounds ``p_lo ..
-    p_hi`` (finite values; ``±m·2^(p + UNIT)``, ``m < 2^(FRAC_BITS + 1)``) and
-    its term count ``n``; where ``bit_length(n) + (p_hi - p_lo) + FRAC_BITS + 1
-    <= 62`` (the certificate) every term is an integer multiple of
-    ``2^(p_lo + UNIT)`` below ``2^(62 - bit_length(n))``, so one int64 word
-    holds the exact sum: a shift and an add a value, one rounding
-    (:func:`_round_word`). Lanes the certificate refuses walk their run again
-    into the limb tile; a program whose lanes all hold it never does.
+    With ``WORD``, a lane walks its run once, summing its terms into one word
+    and keeping their exponent bounds ``p_lo .. p_hi`` (finite non-zero values;
+    ``±m·2^(p + UNIT)``, ``m < 2^(FRAC_BITS + 1)``) and whether any is a NaN or
+    an infinity. With ``n`` terms, where ``bit_length(n) + (p_hi - p_lo) +
+    FRAC_BITS + 1`` is at most the word's bits (the certificate) every term and
+    partial sum is an integer multiple of ``2^(p_lo + UNIT)`` that the word holds
+    exactly: float32, bfloat16 and float16 values add their float64 values (53
+    bits, :func:`_add_float`; one add a value, no rounding), float64 values one
+    shifted integer to an int64 word (62 bits, :func:`_add_word`). One rounding
+    follows. Lanes the certificate refuses walk their run again into the limb
+    tile; a program whose lanes all hold it never does.
     """
     d, live, kc, lo, count = _lanes(offsets_ptr, K, D, BLOCK_K, BLOCK_D)
     walk = live & (count < hot_min)
@@ -432,41 +523,55 @@ def lanes_kernel(
     n_ninf = zeros
     terms = run + HAS_INIT
     word_bits = zeros
-    if WORD:
+    if WORD and WIDE:
+        # float64 values: one int64 word a value, its unit and the bounds kept in one pass
+        neg0_wide: tl.constexpr = -(1 << (EXP_BITS + FRAC_BITS))  # -0.0's pattern, int64
         p_lo = zeros + (1 << 20)
-        p_hi = zeros - 1
+        hi_key = zeros
+        signs = zeros
+        word = zeros
         for t in range(0, tl.max(run, axis=0)):
             here = walk & (t < run)
             row = tl.load(order_ptr + tl.where(here, lo + t, 0), mask=here, other=0).to(tl.int64)
-            raw = tl.load(bits_ptr + row * D + d, mask=here, other=0).to(tl.int64) & BITS_MASK
-            p_lo, p_hi = _bounds(p_lo, p_hi, raw, EXP_BITS, FRAC_BITS, SHIFT)
+            w_raw = tl.load(bits_ptr + row * D + d, mask=here, other=neg0_wide).to(tl.int64)
+            word, p_lo, hi_key, signs = _add_word(word, p_lo, hi_key, signs, w_raw, EXP_BITS,
+                                                  FRAC_BITS, SHIFT)  # fmt: skip
         if HAS_INIT:
-            raw = tl.load(init_ptr + kc * D + d, mask=walk, other=0).to(tl.int64) & BITS_MASK
-            p_lo, p_hi = _bounds(p_lo, p_hi, raw, EXP_BITS, FRAC_BITS, SHIFT)
-        p_lo = tl.minimum(p_lo, p_hi)  # no finite term: both 0 .. -1 -> -1, the word stays 0
-        p_lo = tl.maximum(p_lo, 0)
-        fits = _bit_length(terms) + (p_hi - p_lo) + (FRAC_BITS + 1) <= 62
-        word_run = tl.where(fits, run, 0)
-        word = zeros
-        for t in range(0, tl.max(word_run, axis=0)):
-            here = walk & (t < word_run)
-            row = tl.load(order_ptr + tl.where(here, lo + t, 0), mask=here, other=0).to(tl.int64)
-            raw = tl.load(bits_ptr + row * D + d, mask=here, other=0).to(tl.int64) & BITS_MASK
-            word, n_negzero, n_nan, n_pinf, n_ninf = _add_word(
-                word, n_negzero, n_nan, n_pinf, n_ninf, p_lo, raw, EXP_BITS, FRAC_BITS, SHIFT)
-        if HAS_INIT:
-            raw = tl.load(init_ptr + kc * D + d, mask=walk & fits, other=0).to(tl.int64)
-            word, n_negzero, n_nan, n_pinf, n_ninf = _add_word(
-                word, n_negzero, n_nan, n_pinf, n_ninf, p_lo, raw & BITS_MASK, EXP_BITS,
-                FRAC_BITS, SHIFT)
-        word_bits = _round_word(word, p_lo + UNIT, terms, terms - n_negzero, n_nan, n_pinf,
-                                n_ninf, PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
+            w_raw = tl.load(init_ptr + kc * D + d, mask=walk, other=neg0_wide).to(tl.int64)
+            word, p_lo, hi_key, signs = _add_word(word, p_lo, hi_key, signs, w_raw, EXP_BITS,
+                                                  FRAC_BITS, SHIFT)  # fmt: skip
+        e_max_wide: tl.constexpr = (1 << EXP_BITS) - 1
+        p_hi = tl.maximum(hi_key >> FRAC_BITS, 1) - 1 + SHIFT  # 0 .. where no term is non-zero
+        p_lo = tl.maximum(tl.minimum(p_lo, p_hi), 0)
+        fits = hi_key < (e_max_wide << FRAC_BITS)  # no NaN or infinity
+        fits = fits & _fits(terms, p_hi - p_lo, 62 - (FRAC_BITS + 1))
+        word_bits = _round_word(word, p_lo + UNIT, terms, (signs != 0).to(tl.int64), zeros,
+                                zeros, zeros, PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
         run = tl.where(fits, 0, run)  # the limbs take the lanes the certificate refused
         walk_limbs = walk & (~fits)
-        n_negzero = tl.where(fits, 0, n_negzero)
-        n_nan = tl.where(fits, 0, n_nan)
-        n_pinf = tl.where(fits, 0, n_pinf)
-        n_ninf = tl.where(fits, 0, n_ninf)
+    elif WORD:
+        # float32, bfloat16, float16 values: one float64 sum, exact where the certificate
+        # holds, and the magnitudes' bounds and the signs of zeros kept in the same pass
+        neg0: tl.constexpr = -(1 << (EXP_BITS + FRAC_BITS))  # -0.0, as the loaded integer
+        small = tl.zeros((BLOCK_K * BLOCK_D,), tl.int32)
+        total = tl.zeros((BLOCK_K * BLOCK_D,), tl.float64)
+        hi_key = small
+        lo_key = (small - 1).to(tl.uint32, bitcast=True)
+        signs = small
+        for t in range(0, tl.max(run, axis=0)):
+            here = walk & (t < run)
+            row = tl.load(order_ptr + tl.where(here, lo + t, 0), mask=here, other=0).to(tl.int64)
+            w_raw = _raw32(tl.load(bits_ptr + row * D + d, mask=here, other=neg0), BITS_MASK)
+            total, hi_key, lo_key, signs = _add_float(total, hi_key, lo_key, signs, w_raw,
+                                                      EXP_BITS, FRAC_BITS)  # fmt: skip
+        if HAS_INIT:
+            w_raw = _raw32(tl.load(init_ptr + kc * D + d, mask=walk, other=neg0), BITS_MASK)
+            total, hi_key, lo_key, signs = _add_float(total, hi_key, lo_key, signs, w_raw,
+                                                      EXP_BITS, FRAC_BITS)  # fmt: skip
+        fits, word_bits = _round_float_sum(total, hi_key, lo_key, signs, terms, EXP_BITS,
+                                           FRAC_BITS, PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
+        run = tl.where(fits, 0, run)  # the limbs take the lanes the certificate refused
+        walk_limbs = walk & (~fits)
     else:
         fits = zeros != 0
         walk_limbs = walk
