@@ -609,6 +609,41 @@ def straight_line(code: Code, loops: list[dict[str, Any]]) -> list[Inst]:
     return [x for i, x in enumerate(code.insts) if i not in inside and x.op != "NOP"]
 
 
+#: Loops whose code (with the straight-line code around them) sits under a branch that a
+#: program takes only when it has trips for them: the lanes' limbs, which a program whose lanes
+#: all hold the word's certificate skips (``if tl.max(walk_limbs) > 0``).
+GUARDED = ("limbs",)
+
+
+def guarded_regions(code: Code, loops: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """For each :data:`GUARDED` loop: the largest span a forward branch jumps over that holds
+    it and no other value loop, and the straight-line instructions in that span (a program
+    without trips for the loop runs none of them)."""
+    out: dict[str, dict[str, int]] = {}
+    for label in GUARDED:
+        mine = [lp for lp in loops if lp["label"] == label]
+        others = [lp for lp in loops if lp["label"] not in (label, "carry")
+                  and lp["values_per_iteration"]]  # fmt: skip
+        if not mine:
+            continue
+        best: tuple[int, int] | None = None
+        for i, target in code.branches.items():
+            j = code.labels.get(target)
+            if j is None or j <= i:
+                continue
+            holds = all(i < lp["start"] and lp["end"] < j for lp in mine)
+            clear = not any(i < lp["end"] and lp["start"] < j for lp in others)
+            if holds and clear and (best is None or j - i > best[1] - best[0]):
+                best = (i, j)
+        if best is None:
+            continue
+        inside = {k for lp in loops for k in range(lp["start"], lp["end"] + 1)}
+        n = sum(1 for k in range(best[0] + 1, best[1])
+                if k not in inside and code.insts[k].op != "NOP")  # fmt: skip
+        out[label] = {"start": best[0], "end": best[1], "straight_instructions": n}
+    return out
+
+
 def summarize_loops(loops: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per source loop: the steady state (the largest body, unrolled, per iteration) and the
     remainder's body."""
@@ -681,7 +716,9 @@ ASSUMPTIONS = [
     "kernel's programs run in the slots occupancy gives (blocks an SM times 132): the path "
     "time is the programs' total over the slots, or the longest program if longer.",
     "Instructions a program: the SASS outside loops once (forward branches that skip code are "
-    "not followed: an upper bound), each loop's body times its trips; trips from the plan "
+    "not followed, an upper bound, but for the lanes' limb branch: a program whose lanes all "
+    "hold the word's certificate skips it, and its straight-line code is counted only for the "
+    "programs with a refused lane), each loop's body times its trips; trips from the plan "
     "(the longest run among a program's lanes, per pass; the hot kernel's tiles and the "
     "limbs their values touch), carry loops L - 1.",
     "Values: standard normal float32 (the check's), every lane's certificate computed from "
@@ -766,6 +803,7 @@ def analyse_cuda(v: Variant, built: dict[str, Any], tools: dict[str, str | None]
     rec["straight"] = {"instructions": len(flat), "load_depth": load_depth(flat),
                        "barriers": sum(1 for x in flat if _BARRIER.match(x.op)),
                        "loads": sum(1 for x in flat if _GLOBAL_LOAD.match(x.op))}  # fmt: skip
+    rec["guarded"] = guarded_regions(code, loops)
     per_program = STRAIGHT_VALUES.get(v.kernel)
     if per_program:  # kernels without a value loop: each program's values once
         rec["straight"]["per_value"] = round(len(flat) * threads / per_program(v.const), 2)
@@ -1048,6 +1086,11 @@ def program_costs(rec: dict[str, Any], trips: dict[str, Any], programs: int,
     lat, bar = MODEL["global_load_latency_cycles"], MODEL["barrier_cycles"]
     s = rec["straight"]
     instr = np.full(programs, float(s["instructions"]))
+    for label, region in rec.get("guarded", {}).items():
+        t = trips.get(label)
+        if t is not None:  # a program with no trips skips the branch's straight-line code
+            skip = np.resize(np.asarray(t, dtype=np.float64), programs) == 0
+            instr = instr - skip * region["straight_instructions"]
     cycles = instr + s["load_depth"] * lat + s["barriers"] * bar
     unmodelled = []
     for lp in rec["machine_loops"]:
