@@ -110,6 +110,22 @@ class ArrayFamily:
         (a traced value: a constant made while tracing belongs to that trace)."""
         return (self.name,)
 
+    # -- capabilities: what the portable path asks of a library, beside ``like`` -------------
+    def fast_float64(self, like: Any) -> bool:
+        """True when float64 arithmetic exists beside ``like`` and runs at speed (a scaling
+        by powers of two may then stand in for integer shifts)."""
+        return self.has_dtype("float64")
+
+    def reads_without_sync(self, like: Any) -> bool:
+        """True when a 0-d flag made beside ``like`` is read as a Python bool with no device to
+        wait for: eager values in host memory."""
+        return self.cache_key(like) is not None and self.device(like) == "cpu"
+
+    def traced_for_host(self, like: Any) -> bool:
+        """True when ``like`` is traced into a graph a compiler builds for the host (torch's
+        ``torch.compile`` on the CPU): a graph may then fall back to an eager fold."""
+        return False
+
     def constant(self, like: Any, arr: np.ndarray) -> Any:
         """The host array ``arr`` as an array of this family on ``like``'s device."""
         raise self._missing("constant")
@@ -291,6 +307,21 @@ class _Torch(ArrayFamily):
     # operations: ATen ops only, nothing that waits for the device (traces with fake tensors)
     def has_dtype(self, name: str) -> bool:
         return True
+
+    def fast_float64(self, like: Any) -> bool:
+        return self.device(like) != "mps"  # Apple's MPS has no float64
+
+    def reads_without_sync(self, like: Any) -> bool:
+        return not self._compiling() and super().reads_without_sync(like)
+
+    def traced_for_host(self, like: Any) -> bool:
+        return self._compiling() and self.device(like) == "cpu"
+
+    @staticmethod
+    def _compiling() -> bool:
+        import torch
+
+        return bool(torch.compiler.is_compiling())
 
     def cache_key(self, like: Any) -> Any:
         import torch

@@ -17,7 +17,6 @@ from ..registry import FOLDS, Backend, InitRule
 from . import states
 from .checks import FAMILIES, check_family, check_options, check_out, float_name, values_format
 from .digits import canonical_nan, table_rows, words_for
-from .flags import reads_flags
 from .narrow import narrow_applies
 from .paths import eager_torch_sums, exact_sums
 from .plan_constants import counts_rows, max_count, plan_array, plan_index
@@ -46,7 +45,7 @@ def fold_exact(
     word = words_for(values_format(spec.dtype, init_dtype), ops.has_int64(values), bound).word
     index = plan_index(plan, ops, values, word)
     counts = counts_rows(plan, ops, values, D, int(init is not None), word)
-    if ops.name == "torch" and reads_flags(ops, values):
+    if ops.name == "torch" and ops.reads_without_sync(values):
         from ..portable_torch import use_eager_fold
 
         use_eager_fold(eager_torch_sums)

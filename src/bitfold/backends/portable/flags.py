@@ -26,19 +26,6 @@ def choose(ops: ArrayFamily, like: Any, flag: Any, if_set: Any, if_clear: Any) -
         import jax
 
         return jax.lax.cond(flag, if_set, if_clear)
-    if reads_flags(ops, like):
+    if ops.reads_without_sync(like):  # a torch CPU tensor outside a trace, a NumPy array
         return if_set() if bool(flag) else if_clear()
     return ops.where(flag, if_set(), if_clear())
-
-
-def reads_flags(ops: ArrayFamily, like: Any) -> bool:
-    """Whether a 0-d flag beside ``like`` is read without waiting for a device: eager values
-    in host memory (a torch CPU tensor outside a trace, a NumPy array)."""
-    compiling = ops.name == "torch" and torch_compiling()
-    return not compiling and ops.cache_key(like) is not None and ops.device(like) == "cpu"
-
-
-def torch_compiling() -> bool:
-    import torch
-
-    return bool(torch.compiler.is_compiling())

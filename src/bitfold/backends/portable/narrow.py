@@ -29,13 +29,14 @@ def narrow_applies(dtypes: list[str], int64: bool) -> bool:
 
 def _scales_exactly(ops: ArrayFamily, like: Any) -> bool:
     """Whether narrow words are made by a float64 scaling (fast in eager libraries) rather than
-    integer shifts: where the library has float64 on the values' device (not Apple's MPS).
+    integer shifts: where the library has fast float64 beside the values
+    (:meth:`~bitfold.arrays.ArrayFamily.fast_float64`; not Apple's MPS).
 
     Exact and immune to flush-to-zero: only terms the integer first pass found normal are
     scaled, by a power of two that makes each an integer of at most 63 bits (no term has bits
     below its element's unit), so no subnormal meets the float unit, in or out.
     """
-    return ops.has_dtype("float64") and ops.device(like) != "mps"
+    return ops.fast_float64(like)
 
 
 def _powers(ops: ArrayFamily, like: Any) -> Any:

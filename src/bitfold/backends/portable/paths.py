@@ -21,7 +21,7 @@ from ...arrays import ArrayFamily, family_of
 from ...formats import FLOATS, limb_format_for
 from .checks import check_family, check_out, float_name, values_format
 from .digits import Words, canonical_nan, round_table, table_of, table_rows, words_for
-from .flags import choose, reads_flags, torch_compiling
+from .flags import choose
 from .narrow import narrow_applies, narrow_fold
 from .shared_unit import shared_unit_fold, shared_unit_plan, shared_words
 from .terms import Terms
@@ -80,8 +80,8 @@ def exact_sums(ops: ArrayFamily, values: Any, index: Any, counts: Any, init: Any
         out, bad = narrow_fold(terms, element_counts, out_name, scaled=scaled)
         return choose(ops, values, bad, digits, lambda: out.reshape(-1))
 
-    compiled_cpu = ops.name == "torch" and torch_compiling() and ops.device(values) == "cpu"
-    if not (reads_flags(ops, values) or ops.name == "jax" or compiled_cpu):
+    compiled_cpu = ops.traced_for_host(values)
+    if not (ops.reads_without_sync(values) or ops.name == "jax" or compiled_cpu):
         return per_element()
     unit, good = shared_unit_plan(terms, layout)
     if compiled_cpu:  # the shared unit in the graph; an eager fold where it does not serve
