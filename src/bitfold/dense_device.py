@@ -21,9 +21,11 @@ crosses to the host:
   ``mean_over``), rounded once to float16, bfloat16, float32 or float64, to
   nearest even, with integer operations only.
 
-Two engines make them: on a CUDA (or XPU) device with Triton, one Triton
-kernel a step (:mod:`bitfold.kernels.triton_words`: one read of the values
-for the bounds, one for the words, one pass for the decode), each launched
+Two engines make them, as the backend registry answers for torch tensors on
+the device (:data:`WORD_ENGINES`): where that is the triton backend (a CUDA or
+XPU device, Triton installed), one Triton kernel a step
+(:mod:`bitfold.kernels.triton_words`: one read of the values for the bounds,
+one for the words, one pass for the decode), each launched
 under the folds' device guard (:func:`bitfold.backends.triton.launching`:
 the tensor's device made current, so a tensor on ``cuda:1`` is never
 launched on ``cuda:0``); elsewhere (MPS,
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .backends import registry
 from .formats import FLOATS
 from .kernels.dense import (
     FULL,
@@ -70,21 +73,19 @@ __all__ = [
 
 #: The ways the words are made: Triton kernels, or PyTorch's tensor operations.
 ENGINES = ("triton", "torch")
+#: The backend that folds torch tensors on a device -> the engine making the words there
+#: (every other backend: ``torch``).
+WORD_ENGINES = {"triton": "triton"}
 #: Blocks a Triton program takes (a tile of ``BLOCKS * BLOCK`` elements).
 _TRITON_BLOCKS = 16
 
 
 def _engine(flat: torch.Tensor, engine: str | None) -> str:
-    """``engine``, or by the device: Triton on a CUDA or XPU device where it imports."""
+    """``engine``, or the registry's: Triton where the triton backend folds torch tensors on
+    ``flat``'s device (a GPU it targets, Triton installed), else torch's operations."""
     if engine is not None:
         return engine
-    if flat.device.type not in ("cuda", "xpu"):
-        return "torch"
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "torch"
-    return "triton"
+    return WORD_ENGINES.get(registry.backend_for("torch", flat.device.type).name, "torch")
 
 
 def _bits_view(flat: torch.Tensor) -> tuple[torch.Tensor, dict[str, int]]:
