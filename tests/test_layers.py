@@ -99,3 +99,24 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     graph = grimp.build_graph("cyclic_pkg", cache_dir=None)
     assert _strongly_connected(graph) == [["cyclic_pkg.a", "cyclic_pkg.b"]]
+
+
+#: Modules below the plan that still name ``Fold`` in a type-checking import: the Triton
+#: driver and the host routes, whose annotations move to ``PlanView`` later.
+PLAN_ANNOTATIONS_LEFT = {"bitfold.backends.triton", "bitfold.backends.host_routes"}
+
+
+def test_no_type_checking_import_points_up_to_the_plan(monkeypatch):
+    """Below ``bitfold.plan`` the plan is read through ``bitfold.plan_view.PlanView``.
+
+    The contracts above skip type-checking imports; this walk counts them, so an
+    annotation cannot name ``Fold`` from a module the plan itself imports.
+    """
+    monkeypatch.syspath_prepend(str(ROOT / "src"))
+    graph = grimp.build_graph("bitfold", exclude_type_checking_imports=False, cache_dir=None)
+    below = {"bitfold.dispatch", "bitfold.exact", "bitfold.strategies", "bitfold.validate",
+             "bitfold.arrays", "bitfold.formats", "bitfold.errors", "bitfold.plan_view"}
+    below |= {m for m in graph.modules if m.startswith(("bitfold.backends.", "bitfold.kernels."))}
+    importers = graph.find_modules_that_directly_import("bitfold.plan")
+    assert sorted((importers & below) - PLAN_ANNOTATIONS_LEFT) == []
+    assert graph.find_modules_directly_imported_by("bitfold.plan_view") & graph.modules == set()

@@ -12,7 +12,7 @@ its options are checked per operation against what its entry declares, and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from .backends import registry, selftest
 from .backends.registry import Backend, check_options
 from .errors import DeviceError, FoldError, FoldTypeError, UnknownOptionError
 from .formats import VALUE_DTYPES, LimbFormat, default_out_dtype, dtype_name, resolve_out_dtype
+from .plan_view import PlanView
 from .strategies import get_strategy
 from .validate import Values, check_expand_input, check_has_data, check_init, check_values
 
@@ -29,16 +30,13 @@ FOLD_KEYWORDS = ("strategy", "out_dtype", "init", "backend")
 #: The keywords of ``plan.route(values, ...)`` besides the backend's options.
 ROUTE_KEYWORDS = ("strategy", "backend")
 
-if TYPE_CHECKING:
-    from .plan import Fold
-
 
 def backend_for(
     values: Any,
     what: str = "values",
     backend: str | None = None,
     *,
-    plan: Fold | None = None,
+    plan: PlanView | None = None,
     dtype: str | None = None,
     out_name: str | None = None,
 ) -> Backend:
@@ -89,7 +87,7 @@ def _wanted_out(dtype: str, asked: Any) -> str:
 
 
 def validate(
-    plan: Fold,
+    plan: PlanView,
     values: Any,
     *,
     start: int | None = None,
@@ -102,7 +100,7 @@ def validate(
     )
 
 
-def _check_init(plan: Fold, backend: Backend, strategy: str, spec: Values, init: Any) -> str:
+def _check_init(plan: PlanView, backend: Backend, strategy: str, spec: Values, init: Any) -> str:
     """``init``'s dtype name, refused unless ``backend``'s init rule takes it for ``strategy``."""
     init_name = check_init(plan.K, spec, family_of(init).shape(init), init.dtype)
     if backend_for(init, "init", backend.name) is not backend:
@@ -125,7 +123,7 @@ def _check_init(plan: Fold, backend: Backend, strategy: str, spec: Values, init:
 
 
 def fold(
-    plan: Fold,
+    plan: PlanView,
     values: Any,
     strategy: str = "exact",
     *,
@@ -181,7 +179,7 @@ class Addition:
 
 
 def addition(
-    plan: Fold,
+    plan: PlanView,
     fmt: LimbFormat,
     values: Any,
     *,
@@ -227,7 +225,7 @@ def check_accumulator_options(options: dict[str, Any]) -> None:
         )
 
 
-def expand(plan: Fold, v: Any, backend: str | None = None) -> Any:
+def expand(plan: PlanView, v: Any, backend: str | None = None) -> Any:
     """``v[plan.index]``: ``v`` of shape ``(K,) + trailing`` gives ``index.shape + trailing``."""
     v = _as_array(v)
     trailing = check_expand_input(plan.K, family_of(v).shape(v))
@@ -244,7 +242,7 @@ class Route:
 
 
 def route(
-    plan: Fold, values: Any, strategy: str = "exact", backend: str | None = None, **options: Any
+    plan: PlanView, values: Any, strategy: str = "exact", backend: str | None = None, **options: Any
 ) -> Route:
     """The backend and route ``fold(plan, values, strategy, **options)`` would take, with why.
 

@@ -60,7 +60,7 @@ did, except that an empty receiver takes the other's place.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -69,10 +69,8 @@ from .arrays import family_of, from_numpy, place_of, to_numpy
 from .backends.registry import Backend, get_backend
 from .errors import FoldError, FoldTypeError, ShapeError
 from .formats import dtype_name, limb_format_for, resolve_out_dtype
+from .plan_view import AccumulatorPlan
 from .validate import check_has_data, check_trailing, checked_options, type_label
-
-if TYPE_CHECKING:
-    from .plan import Fold
 
 
 def _dtype_label(dtype: Any) -> str:
@@ -107,7 +105,7 @@ class ExactAccumulator:
     """
 
     def __init__(
-        self, plan: Fold, dtype: Any = "float32", trailing: Any = (), **options: Any
+        self, plan: AccumulatorPlan, dtype: Any = "float32", trailing: Any = (), **options: Any
     ) -> None:
         if not hasattr(plan, "same_map") or not hasattr(plan, "K"):  # a Fold (no import cycle)
             raise FoldTypeError(
@@ -140,7 +138,9 @@ class ExactAccumulator:
 
     @classmethod
     @checked_options
-    def from_state(cls, plan: Fold, state: Any, dtype: Any = "float32") -> ExactAccumulator:
+    def from_state(
+        cls, plan: AccumulatorPlan, state: Any, dtype: Any = "float32"
+    ) -> ExactAccumulator:
         """Rebuild an accumulator of ``plan`` from a state array (e.g. after an all-reduce).
 
         The trailing (row) shape is read from the state's shape,

@@ -48,20 +48,18 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..arrays import is_cuda_array, library_of, to_numpy
 from ..errors import DeviceError, FoldError, FoldTypeError, ShapeError
 from ..formats import LimbFormat, dtype_name, limb_format_for
+from ..plan_view import PlanView
 from ..validate import Values
 from . import host_state, selftest
 from .device_plan import index_tensor
 from .registry import Backend, InitRule
-
-if TYPE_CHECKING:
-    from ..plan import Fold
 
 NAME = "cuda"
 
@@ -408,7 +406,7 @@ class DevicePlan:
                     found.used = True
             return found
 
-    def hot_table(self, dv: DeviceValues, plan: Fold, length: int) -> Any:
+    def hot_table(self, dv: DeviceValues, plan: PlanView, length: int) -> Any:
         """The hot buckets of the plan for segments of ``length`` positions, on the device."""
         with self.lock:
             found = self.hot.get(length)
@@ -439,7 +437,7 @@ def _upload(stream: Any, *arrays: np.ndarray) -> tuple[Any, ...]:
     return out
 
 
-def device_plan(plan: Fold, device: int, stream: Any = None) -> DevicePlan:
+def device_plan(plan: PlanView, device: int, stream: Any = None) -> DevicePlan:
     """The plan's data on ``device``: uploaded the first time the plan meets it, then kept.
 
     Must be called with ``device``'s context current. The upload runs on
@@ -472,7 +470,7 @@ def device_plan(plan: Fold, device: int, stream: Any = None) -> DevicePlan:
 
 
 @contextmanager
-def _on_device(plan: Fold, values: Any) -> Iterator[tuple[DeviceValues, DevicePlan, Any]]:
+def _on_device(plan: PlanView, values: Any) -> Iterator[tuple[DeviceValues, DevicePlan, Any]]:
     """The wrapped values, the plan's data on their device and the kernels, in its context."""
     dv = device_values(values)
     with _cuda().gpus[dv.device]:
@@ -481,7 +479,7 @@ def _on_device(plan: Fold, values: Any) -> Iterator[tuple[DeviceValues, DevicePl
 
 # -- the strategies ----------------------------------------------------------------------------
 def fold_exact(
-    plan: Fold,
+    plan: PlanView,
     values: Any,
     spec: Values,
     out_name: str,
@@ -562,7 +560,7 @@ def fold_exact(
 
 
 def explain_route(
-    plan: Fold, values: Any, spec: Values, *, exact_path: str = "auto", launch: Any = None
+    plan: PlanView, values: Any, spec: Values, *, exact_path: str = "auto", launch: Any = None
 ) -> tuple[str, str]:
     """``(path, reason)``: the exact path :func:`fold_exact` takes for these values, and why.
 
@@ -587,7 +585,7 @@ def explain_route(
 
 
 def _fold_buckets(
-    plan: Fold, kernels: Any, entry: DevicePlan, dv: DeviceValues, spec: Values, out_name: str,
+    plan: PlanView, kernels: Any, entry: DevicePlan, dv: DeviceValues, spec: Values, out_name: str,
     out_bits: Any, widen: bool, init: Any, segment: int | None,
 ) -> None:  # fmt: skip
     """The ``"buckets"`` path: a thread an output element sums its bucket and rounds it.
@@ -650,7 +648,7 @@ def _shaped(out: Any, kind: str, K: int, spec: Values) -> Any:
 
 
 def fold_ordered(
-    plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None
+    plan: PlanView, values: Any, spec: Values, out_name: str, *, launch: Any = None
 ) -> Any:
     """The ``ordered`` fold on the device: the same bits as the CPU ``ordered`` strategy."""
     with _on_device(plan, values) as (dv, entry, kernels):
@@ -666,7 +664,7 @@ def fold_ordered(
 
 
 def fold_atomic(
-    plan: Fold, values: Any, spec: Values, out_name: str, *, launch: Any = None
+    plan: PlanView, values: Any, spec: Values, out_name: str, *, launch: Any = None
 ) -> Any:
     """Float atomics (float32, or float64 for float64 output); a float16 result is rounded once."""
     with _on_device(plan, values) as (dv, entry, kernels):
@@ -684,7 +682,7 @@ def fold_atomic(
         return _shaped(out, dv.kind, K, spec)
 
 
-def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
+def expand(plan: PlanView, v: Any, trailing: tuple[int, ...] = ()) -> Any:
     """``v[index]`` in the index's shape (then ``trailing``), on ``v``'s device and library."""
     lib = library_of(v)
     if lib == "torch":
@@ -704,7 +702,7 @@ def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
 
 # -- exact states on the device ----------------------------------------------------------------
 def exact_state(
-    plan: Fold, values: Any, state: Any = None, *, start: int = 0, launch: Any = None
+    plan: PlanView, values: Any, state: Any = None, *, start: int = 0, launch: Any = None
 ) -> Any:
     """The exact accumulator state of GPU ``values``, or ``values`` added into ``state``.
 
@@ -778,7 +776,7 @@ def new_state(K: int, fmt: LimbFormat, trailing: tuple[int, ...] = (), like: Any
     return state
 
 
-def add_to_state(state: Any, plan: Fold, values: Any, spec: Values, fmt: LimbFormat,
+def add_to_state(state: Any, plan: PlanView, values: Any, spec: Values, fmt: LimbFormat,
                  **options: Any) -> Any:  # fmt: skip
     """Add GPU ``values`` (plan positions ``spec.start ..``) into ``state`` exactly; ``state``.
 

@@ -45,17 +45,15 @@ import warnings
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..arrays import NO_DATA_DEVICES, check_has_data
 from ..formats import dtype_name
 from ..kernels import planning
+from ..plan_view import PlanView
 from ..validate import index_dtype_error, index_range_error
-
-if TYPE_CHECKING:
-    from ..plan import Fold
 
 PREPARED_KEY = "torch-plan"
 #: The key of a plan's int64 torch index on one device (the same tensor as PlanTensors.index).
@@ -213,14 +211,14 @@ def _device(device: Any) -> Any:
     return device
 
 
-def keep_built(plan: Fold, tensors: PlanTensors) -> None:
+def keep_built(plan: PlanView, tensors: PlanTensors) -> None:
     """Keep ``tensors``, built on their device from the plan's index, as the plan's there."""
     where = str(_device(tensors.device))
     plan.prepared((INDEX_KEY, where), lambda: tensors.index)
     plan.prepared((PREPARED_KEY, where), lambda: tensors)
 
 
-def _from_host(plan: Fold, device: Any) -> PlanTensors:
+def _from_host(plan: PlanView, device: Any) -> PlanTensors:
     """Copy the plan's host arrays to ``device`` (one copy each, made once)."""
     import torch
 
@@ -240,7 +238,7 @@ def _from_host(plan: Fold, device: Any) -> PlanTensors:
     )
 
 
-def _from_built(built: PlanTensors, plan: Fold, device: Any) -> PlanTensors:
+def _from_built(built: PlanTensors, plan: PlanView, device: Any) -> PlanTensors:
     """A device-built plan's tensors on another device: copied device to device, not via host."""
     return PlanTensors(
         index=index_tensor(plan, device),
@@ -251,7 +249,7 @@ def _from_built(built: PlanTensors, plan: Fold, device: Any) -> PlanTensors:
     )
 
 
-def plan_tensors(plan: Fold, device: Any) -> PlanTensors:
+def plan_tensors(plan: PlanView, device: Any) -> PlanTensors:
     """The plan's index data on torch ``device``, made on first use and kept by the plan.
 
     A plan built on ``device`` (:func:`build`) returns the tensors it was built
@@ -269,7 +267,7 @@ def plan_tensors(plan: Fold, device: Any) -> PlanTensors:
     return plan.prepared((PREPARED_KEY, str(device)), make)
 
 
-def index_tensor(plan: Fold, device: Any) -> Any:
+def index_tensor(plan: PlanView, device: Any) -> Any:
     """The plan's flat index as an int64 tensor on ``device``: ``plan_tensors(plan, device).index``.
 
     The same tensor, made alone when nothing needs the rest of the plan's

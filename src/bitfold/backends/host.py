@@ -20,13 +20,14 @@ float dtype: values and ``init`` are widened to the wider of the two, exactly
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..arrays import family_of, from_numpy, to_numpy
 from ..formats import limb_format_for
 from ..kernels import cpu
+from ..plan_view import PlanView
 from ..validate import Values
 from . import device_plan, host_routes
 from .host_arrays import canonicalise_nans, frozen, host_rows, host_values, result
@@ -41,9 +42,6 @@ from .host_state import (
 )
 from .registry import Backend, InitRule
 
-if TYPE_CHECKING:
-    from ..plan import Fold
-
 NAME = "host"
 #: NumPy's floating-point warnings silenced where a fold's IEEE arithmetic makes NaN and infinities
 _IEEE_QUIET = {"over": "ignore", "invalid": "ignore"}
@@ -51,7 +49,7 @@ _IEEE_QUIET = {"over": "ignore", "invalid": "ignore"}
 
 # -- the strategies ----------------------------------------------------------------------------
 def fold_exact(
-    plan: Fold,
+    plan: PlanView,
     values: Any,
     spec: Values,
     out_name: str,
@@ -85,13 +83,13 @@ def fold_exact(
     return result(out, values, out_name, spec)
 
 
-def choose_route(plan: Fold, spec: Values) -> str:
+def choose_route(plan: PlanView, spec: Values) -> str:
     """The name of the exact route ``fold_exact`` takes for this fold (from the shapes only)."""
     return host_routes.choose(plan, spec).name
 
 
 def explain_route(
-    plan: Fold, values: Any, spec: Values, *, route: str = "auto", **options: Any
+    plan: PlanView, values: Any, spec: Values, *, route: str = "auto", **options: Any
 ) -> tuple[str, str]:
     """``(route, reason)``: the exact route ``fold_exact`` takes (or the forced one), and why.
 
@@ -103,7 +101,7 @@ def explain_route(
 
 
 def fold_ordered(
-    plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None
+    plan: PlanView, values: Any, spec: Values, out_name: str, *, init: Any = None
 ) -> Any:
     """``out[index[i]] += values[i]`` for i = 0 .. N-1, each addition rounded in ``out_name``.
 
@@ -124,7 +122,9 @@ def fold_ordered(
     return result(out, values, out_name, spec)
 
 
-def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None) -> Any:
+def fold_atomic(
+    plan: PlanView, values: Any, spec: Values, out_name: str, *, init: Any = None
+) -> Any:
     """``np.add.at`` into zeros (or ``init``) of ``out_name``, values cast to it first."""
     dtype = np.dtype(out_name)
     with np.errstate(**_IEEE_QUIET):
@@ -146,18 +146,18 @@ def _add_at(out: np.ndarray, index: np.ndarray, rows: np.ndarray) -> None:
             np.add.at(out, index, rows)
 
 
-def _start(plan: Fold, spec: Values, dtype: np.dtype, init: Any) -> np.ndarray:
+def _start(plan: PlanView, spec: Values, dtype: np.dtype, init: Any) -> np.ndarray:
     """The (K, D) array an ordered or atomic fold adds into: zeros, or a copy of ``init``."""
     if init is None:
         return np.zeros((plan.K, spec.row_size), dtype)
     return host_values(init).reshape(plan.K, spec.row_size).astype(dtype, copy=True)
 
 
-def _index64(plan: Fold) -> np.ndarray:
+def _index64(plan: PlanView) -> np.ndarray:
     return plan.prepared("index64", lambda: frozen(plan.index.astype(np.int64)))
 
 
-def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
+def expand(plan: PlanView, v: Any, trailing: tuple[int, ...] = ()) -> Any:
     """``v[index]`` in the index's shape (then ``trailing``), in ``v``'s library."""
     family = family_of(v)
     shape = plan.shape + tuple(trailing)

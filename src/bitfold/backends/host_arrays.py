@@ -8,17 +8,15 @@ results go back to the values' own library, shaped ``(K,) + trailing``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..arrays import family_of, from_numpy, to_numpy
 from ..formats import FLOATS, LimbFormat, rounding_target
+from ..plan_view import PlanView
 from ..validate import Values
 from .host_buffers import reused_empty
-
-if TYPE_CHECKING:
-    from ..plan import Fold
 
 
 def host_values(values: Any) -> np.ndarray:
@@ -60,7 +58,9 @@ def target(out_name: str, fmt: LimbFormat) -> tuple[int, ...]:
     return rounding_target(out_name, fmt)
 
 
-def empty_out(plan: Fold, shape: tuple[int, ...], out_name: str) -> tuple[np.ndarray, np.ndarray]:
+def empty_out(
+    plan: PlanView, shape: tuple[int, ...], out_name: str
+) -> tuple[np.ndarray, np.ndarray]:
     """(the output as floats, the same memory as signed integers of its width).
 
     NumPy has no bfloat16: a bfloat16 output is a float32 array holding

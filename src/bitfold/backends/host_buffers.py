@@ -28,12 +28,13 @@ from __future__ import annotations
 import sys
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from ..plan import Fold
+from ..plan_view import PlanView
+
+P = TypeVar("P", bound=PlanView)
 
 #: Arrays smaller than this are allocated fresh (the allocator reuses them cheaply).
 MIN_BYTES = 1 << 20
@@ -94,7 +95,7 @@ class HostBuffers:
             return sum(a.nbytes for kept in self._kept.values() for a in kept)
 
 
-def buffers_of(plan: Fold) -> HostBuffers:
+def buffers_of(plan: PlanView) -> HostBuffers:
     """The :class:`HostBuffers` of ``plan`` (made on first use, kept for the plan's lifetime)."""
     return plan.prepared(PREPARED_KEY, HostBuffers)
 
@@ -103,13 +104,13 @@ def buffers_of(plan: Fold) -> HostBuffers:
 ONE_SHOT = HostBuffers(max_shapes=ONE_SHOT_SHAPES)
 
 
-def share_one_shot(plan: Fold) -> Fold:
+def share_one_shot(plan: P) -> P:
     """Let ``plan``, built for one fold, reuse the one-shot folds' shared buffers; return it."""
     plan.prepared(PREPARED_KEY, lambda: ONE_SHOT)
     return plan
 
 
-def reused_empty(plan: Fold, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+def reused_empty(plan: PlanView, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """``np.empty(shape, dtype)``, in memory ``plan`` kept from an earlier call when it is free."""
     return buffers_of(plan).empty(shape, dtype)
 

@@ -16,18 +16,16 @@ for how many private copies of a sum a host kernel splits its values over
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import FoldError
 from ..formats import FLOATS, N_NOT_NEGZERO, N_TERMS, LimbFormat
 from ..kernels import cpu
+from ..plan_view import PlanView
 from ..validate import Values, positive_int_or_none
 from .host_arrays import bfloat16_bits, host_rows, host_values, target
-
-if TYPE_CHECKING:
-    from ..plan import Fold
 
 #: Largest K for which the binned kernel is chosen (32 float64 bins a bucket must stay cached).
 BINNED_MAX_K = 1 << 18
@@ -79,7 +77,7 @@ def exact_kernel(kernel: str, dtype: str, K: int) -> str:
 
 def add_to_state(
     state: np.ndarray,
-    plan: Fold,
+    plan: PlanView,
     values: Any,
     spec: Values,
     fmt: LimbFormat,

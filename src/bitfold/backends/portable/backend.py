@@ -9,9 +9,10 @@ and bits (a loop of ``max(counts)`` vector steps: slow for hot buckets, use
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...arrays import ArrayFamily
+from ...plan_view import PlanView
 from ...validate import Values
 from ..registry import FOLDS, Backend, InitRule
 from . import states
@@ -21,15 +22,11 @@ from .narrow import narrow_applies
 from .paths import eager_torch_sums, exact_sums
 from .plan_constants import counts_rows, max_count, plan_array, plan_index
 
-if TYPE_CHECKING:
-    from ...plan import Fold
-
-
 NAME = "portable"
 
 
 def fold_exact(
-    plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None, **options: Any
+    plan: PlanView, values: Any, spec: Values, out_name: str, *, init: Any = None, **options: Any
 ) -> Any:
     """Every bucket's exact sum, rounded once to ``out_name``, on the values' device.
 
@@ -54,7 +51,7 @@ def fold_exact(
 
 
 def fold_ordered(
-    plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None, **options: Any
+    plan: PlanView, values: Any, spec: Values, out_name: str, *, init: Any = None, **options: Any
 ) -> Any:
     """``out[index[i]] += values[i]`` for i in increasing position, rounded in ``out_name``.
 
@@ -91,7 +88,7 @@ def _canonical(ops: ArrayFamily, out: Any, out_name: str) -> Any:
 
 
 def fold_atomic(
-    plan: Fold, values: Any, spec: Values, out_name: str, *, init: Any = None, **options: Any
+    plan: PlanView, values: Any, spec: Values, out_name: str, *, init: Any = None, **options: Any
 ) -> Any:
     """The library's float scatter-add into zeros (or ``init``) of ``out_name``: no order."""
     check_options(options)
@@ -107,14 +104,14 @@ def fold_atomic(
     return out.reshape((K, *spec.trailing))
 
 
-def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
+def expand(plan: PlanView, v: Any, trailing: tuple[int, ...] = ()) -> Any:
     """``v[index]`` in the index's shape (then ``trailing``), on ``v``'s device and library."""
     ops = check_family(v)
     word = "int64" if ops.has_int64(v) else "int32"
     return ops.take(v, plan_index(plan, ops, v, word)).reshape(plan.shape + tuple(trailing))
 
 
-def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tuple[str, str]:
+def explain_route(plan: PlanView, values: Any, spec: Values, **options: Any) -> tuple[str, str]:
     """``plan.route``'s answer: one route, integer words in the array library's operations."""
     ops = check_family(values)
     word = "int64" if ops.has_int64(values) else "int32 (16-bit digits)"

@@ -8,18 +8,16 @@ never through the host.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ...arrays import ArrayFamily
+from ...plan_view import PlanView
 from .. import device_plan
 
-if TYPE_CHECKING:
-    from ...plan import Fold
 
-
-def _constant(plan: Fold, ops: ArrayFamily, like: Any, what: str, build: Any) -> Any:
+def _constant(plan: PlanView, ops: ArrayFamily, like: Any, what: str, build: Any) -> Any:
     """``build()`` (a host array) on ``like``'s device; kept on the plan unless tracing.
 
     Under ``torch.compile`` the plan must have met the device once before (a
@@ -32,7 +30,7 @@ def _constant(plan: Fold, ops: ArrayFamily, like: Any, what: str, build: Any) ->
     return plan.prepared(("portable", what, key), lambda: ops.constant(like, build()))
 
 
-def max_count(plan: Fold) -> int:
+def max_count(plan: PlanView) -> int:
     """The most values of one bucket (a Python int, kept on the plan).
 
     A plan built on a device reads it from its counts there (one read, once).
@@ -43,14 +41,14 @@ def max_count(plan: Fold) -> int:
     return plan.prepared(("portable", "max-count"), lambda: int(plan.counts.max()))
 
 
-def _torch_on_device(plan: Fold, ops: ArrayFamily, like: Any) -> bool:
+def _torch_on_device(plan: PlanView, ops: ArrayFamily, like: Any) -> bool:
     """True when the plan's arrays for ``like`` come from its torch tensors on ``like``'s device
     (:mod:`bitfold.backends.device_plan`): a plan built on a device, eager torch values."""
     eager = ops.cache_key(like) is not None
     return ops.name == "torch" and plan.device_tensors is not None and eager
 
 
-def plan_array(plan: Fold, ops: ArrayFamily, like: Any, what: str, word: str) -> Any:
+def plan_array(plan: PlanView, ops: ArrayFamily, like: Any, what: str, word: str) -> Any:
     """The plan's ``what`` ("order", "starts", "counts") as ``word`` integers on ``like``'s device.
 
     Kept on the plan; a plan built on a device derives it there from its
@@ -70,7 +68,7 @@ def plan_array(plan: Fold, ops: ArrayFamily, like: Any, what: str, word: str) ->
     return _constant(plan, ops, like, f"{what}-{word}", lambda: host().astype(word))
 
 
-def counts_rows(plan: Fold, ops: ArrayFamily, like: Any, D: int, extra: int, word: str) -> Any:
+def counts_rows(plan: PlanView, ops: ArrayFamily, like: Any, D: int, extra: int, word: str) -> Any:
     """Every bucket's count plus ``extra``, repeated for its ``D`` table rows, as ``word``."""
     what = f"counts-rows-{word}-{D}-{bool(extra)}"
     if _torch_on_device(plan, ops, like):
@@ -81,7 +79,7 @@ def counts_rows(plan: Fold, ops: ArrayFamily, like: Any, D: int, extra: int, wor
                      lambda: np.repeat(plan.counts + extra, D).astype(word))  # fmt: skip
 
 
-def plan_index(plan: Fold, ops: ArrayFamily, like: Any, word: str) -> Any:
+def plan_index(plan: PlanView, ops: ArrayFamily, like: Any, word: str) -> Any:
     """The plan's flat index as ``word`` integers on ``like``'s device (kept on the plan).
 
     torch int64: the plan's one torch index there (:func:`device_plan.index_tensor`).

@@ -10,20 +10,18 @@ states by integer addition.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ...arrays import ArrayFamily, from_numpy, place_of, to_numpy
 from ...errors import FoldTypeError
 from ...formats import LimbFormat
+from ...plan_view import PlanView
 from ...validate import Values
 from .. import host_state
 from .checks import check_family, check_options
 from .digits import Words, carried_table, round_table, table_of, table_rows, words_for
-
-if TYPE_CHECKING:
-    from ...plan import Fold
 
 
 def new_state(K: int, fmt: LimbFormat, trailing: tuple[int, ...] = (), like: Any = None) -> Any:
@@ -49,7 +47,7 @@ def _need_int64(ops: ArrayFamily, like: Any) -> None:
         )
 
 
-def _table(plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> tuple[Any, Words]:
+def _table(plan: PlanView, values: Any, spec: Values, fmt: LimbFormat) -> tuple[Any, Words]:
     """The table of ``values`` at plan positions ``spec.start ..``: (flat table, its words)."""
     ops = check_family(values)
     D, n = spec.row_size, spec.positions
@@ -67,7 +65,7 @@ def _table(plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> tuple[Any,
     return table_of(ops, values, fmt, words, plan.K * D, groups, counts_rows, bound), words
 
 
-def exact_state(plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> Any:
+def exact_state(plan: PlanView, values: Any, spec: Values, fmt: LimbFormat) -> Any:
     """The accumulator state of ``values`` on their device: ``(K,) + trailing + (L + 5,)`` int64.
 
     Bit for bit a host state of the same values (carried or not, it has the
@@ -93,7 +91,7 @@ def to_host_state(table: np.ndarray, words: Words, fmt: LimbFormat) -> np.ndarra
 
 
 def add_to_state(
-    state: Any, plan: Fold, values: Any, spec: Values, fmt: LimbFormat, **options: Any
+    state: Any, plan: PlanView, values: Any, spec: Values, fmt: LimbFormat, **options: Any
 ) -> Any:
     """Add ``values`` (plan positions ``spec.start ..``) into ``state``, exactly; the new state.
 

@@ -1,0 +1,96 @@
+"""What a backend may read of a plan: the :class:`PlanView` protocol.
+
+:class:`bitfold.Fold` builds a plan; the backends, :mod:`bitfold.dispatch` and
+:mod:`bitfold.exact` sit below it and never import it, not even for their
+annotations: they are written against this protocol, which imports nothing of
+bitfold, and ``Fold`` has every member of it in its kind (``tests/test_plan_view.py``).
+
+A backend reads, never sets, the plan's sizes (``K``, ``size``, ``shape``), its host arrays
+(``index``, ``offsets``, ``counts``, ``order``, ``sorted_index``: each made on
+first use and read-only), whether it was built for one fold (``once``,
+``unchecked_index``), the torch tensors of a plan built on a device
+(``device_tensors``), and keeps what it derives from the plan through
+``prepared(key, build)``. A backend writes nothing else on a plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+class PlanView(Protocol):
+    """What a backend may read of a plan (:class:`bitfold.Fold` is one); see the module."""
+
+    @property
+    def K(self) -> int:
+        """Number of buckets."""
+        ...
+
+    @property
+    def size(self) -> int:
+        """Number of positions N (elements of the index map)."""
+        ...
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the index map."""
+        ...
+
+    @property
+    def index(self) -> Any:
+        """The flat index (NumPy, read-only, the narrowest integer type that holds K)."""
+        ...
+
+    @property
+    def offsets(self) -> Any:
+        """K + 1 offsets of the buckets' runs in :attr:`order` (NumPy, read-only)."""
+        ...
+
+    @property
+    def counts(self) -> Any:
+        """Values per bucket, int64, length K (NumPy, read-only)."""
+        ...
+
+    @property
+    def order(self) -> Any:
+        """Positions sorted by bucket, stable (NumPy, read-only)."""
+        ...
+
+    @property
+    def sorted_index(self) -> Any:
+        """The bucket of every position of :attr:`order` (NumPy, read-only)."""
+        ...
+
+    @property
+    def once(self) -> bool:
+        """True for a plan built for one fold."""
+        ...
+
+    @property
+    def unchecked_index(self) -> Any:
+        """A one-shot plan's flat index while its entries are unchecked, else None."""
+        ...
+
+    @property
+    def device_tensors(self) -> Any:
+        """The torch tensors of a plan built on a device
+        (:class:`bitfold.backends.device_plan.PlanTensors`), else None."""
+        ...
+
+    def prepared(self, key: Any, build: Callable[[], T]) -> T:
+        """What ``build()`` makes, made once under ``key`` and kept by the plan."""
+        ...
+
+
+class AccumulatorPlan(PlanView, Protocol):
+    """What an accumulator reads of its plan besides a backend's view: whether two maps agree."""
+
+    def same_map(self, other: Any) -> bool:
+        """True when ``other`` folds the same positions into the same buckets."""
+        ...
+
+
+__all__ = ["AccumulatorPlan", "PlanView"]
