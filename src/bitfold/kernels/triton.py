@@ -575,7 +575,10 @@ def lanes_kernel(
     else:
         fits = zeros != 0
         walk_limbs = walk
-    bits = word_bits
+    # the word's results now (nothing of theirs stays live across the limbs); every lane's
+    # element is written once: by the word where its certificate holds, else by the limbs
+    dest = out_ptr + kc * D + d
+    tl.store(dest, word_bits.to(out_ptr.dtype.element_ty), mask=walk & fits)
     # the limbs, their carries and their rounding only in a program with a lane that needs them
     if tl.max(walk_limbs.to(tl.int32), axis=0) > 0:
         acc = tl.zeros((L_PAD, BLOCK_K * BLOCK_D), tl.int64)
@@ -594,8 +597,7 @@ def lanes_kernel(
                 FRAC_BITS, SHIFT, WIDE)
         tile_bits = _round_tile(acc, limb, terms, terms - n_negzero, n_nan, n_pinf, n_ninf,
                                 L, UNIT, PREC, TEXP, SUBEXP, NAN_BITS)  # fmt: skip
-        bits = tl.where(fits, word_bits, tile_bits)
-    tl.store(out_ptr + kc * D + d, bits.to(out_ptr.dtype.element_ty), mask=walk)
+        tl.store(dest, tile_bits.to(out_ptr.dtype.element_ty), mask=walk_limbs)
 
 
 @triton.jit
