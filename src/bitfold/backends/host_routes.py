@@ -202,6 +202,8 @@ HOT_MIN_ROWS = 16
 #: ... as many of the largest as have a float64 sum a value of a row within this many bytes
 #: (the state one stream task adds into, kept in a core's L2 cache).
 HOT_STATE_BYTES = 1 << 18
+#: Hot buckets a task of the second pass merges and rounds.
+HOT_MERGE_TASK = 32
 #: Fixed tasks the position-order pass is cut into (never the thread count: each task keeps
 #: its own hot sums, merged exactly).
 STREAM_TASKS = 4
@@ -211,16 +213,19 @@ STREAM_TASKS = 4
 class StagedLayout:
     """What :func:`bitfold.kernels.buckets.fold_staged` reads of a plan for rows of D values.
 
-    ``hot``: the hot buckets (H, int64); ``route``: per position, its rank
+    ``hot``: the hot buckets (H, int64), ``is_hot`` (K booleans) marks them;
+    ``route``: per position, its rank
     among the cold positions in the plan's order (where its row is staged),
     or ``-1 - h`` for a row of hot bucket ``hot[h]``; ``bounds``: the
     :data:`STREAM_TASKS` position ranges; ``stage_order``: the identity over
     the cold positions and ``stage_offsets`` their buckets' ranges (hot
     buckets empty), in the dtypes of the plan's order and offsets; ``tasks``
-    and ``split``: :func:`bucket_tasks` of those ranges.
+    and ``split``: :func:`bucket_tasks` of those ranges, then the hot buckets' merges
+    ``(h0, h1, 0, 0, -2)``, :data:`HOT_MERGE_TASK` hot buckets each.
     """
 
     hot: np.ndarray
+    is_hot: np.ndarray
     route: np.ndarray
     bounds: np.ndarray
     stage_order: np.ndarray
@@ -276,7 +281,11 @@ def staged_layout(plan: Fold, D: int) -> StagedLayout:
         bounds = np.arange(STREAM_TASKS + 1, dtype=np.int64) * n // STREAM_TASKS
         parallel = cold_in_order.size * D >= cpu.PARALLEL_MIN_VALUES
         tasks, split = _task_table(stage_offsets, plan.K, parallel)
-        return StagedLayout(frozen(hot), frozen(route), frozen(bounds),
+        h0 = np.arange(0, hot.size, HOT_MERGE_TASK, dtype=np.int64)
+        merges = np.stack([h0, np.minimum(h0 + HOT_MERGE_TASK, hot.size), h0 * 0, h0 * 0,
+                           h0 * 0 - 2], axis=1)  # fmt: skip
+        tasks = frozen(np.concatenate([tasks, merges]))
+        return StagedLayout(frozen(hot), frozen(slot >= 0), frozen(route), frozen(bounds),
                             frozen(np.arange(cold_in_order.size, dtype=order.dtype)),
                             frozen(stage_offsets), tasks, split)  # fmt: skip
 
@@ -300,9 +309,9 @@ def fold_buckets(
     if init is None and _is_staged(plan, rows):
         lay = staged_layout(plan, rows.shape[1])
         stage = _line_aligned(plan, lay.stage_order.size, rows.shape[1])
-        if buckets.fold_staged(rows, lay.route, lay.bounds, lay.hot, stage, lay.stage_order,
-                               lay.stage_offsets, lay.tasks, lay.split, out_f, out_bits, goal,
-                               fast, fmt.limbs):  # fmt: skip
+        if buckets.fold_staged(rows, lay.route, lay.bounds, lay.hot, lay.is_hot, stage,
+                               lay.stage_order, lay.stage_offsets, lay.tasks, lay.split, out_f,
+                               out_bits, goal, fast, fmt.limbs):  # fmt: skip
             return out
     tasks, split = bucket_tasks(plan, rows.size)
     buckets.fold_buckets(rows, plan.order, plan.offsets, tasks, split, out_f, out_bits, goal,

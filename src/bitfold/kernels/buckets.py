@@ -659,24 +659,23 @@ def _stream_parallel(bits, route, bounds, stage, streaming, state, slot, pool, u
                                slot[s], pool[s], L, before)  # fmt: skip
 
 
-@njit(cache=True, parallel=True)
-def _merge_hot(state, slot, pool, hot, out_f, out_bits, target, fast):  # pragma: no cover
-    """Each hot bucket ``hot[h]``: its stream tasks' exact sums added, rounded once.
+@njit(cache=True, nogil=True)
+def _merge_hot(state, slot, pool, hot, h0, h1, out_f, out_bits, target, fast, row, mag):
+    # pragma: no cover - compiled
+    """Hot buckets ``hot[h0:h1]``: each one's stream tasks' exact sums added, rounded once.
 
     Where every task's float64 sum is exact, no value was spilled and their
     checked float64 sum is exact too, that sum is cast (``fast``) or rounded
     (:func:`_round_double`); otherwise the sums and the spilled limbs are
     added as integers (:func:`bitfold.kernels.ieee.add_exact_sum`) and the
-    limbs rounded once.
+    limbs rounded once. ``row`` (L + 5) and ``mag`` (L) are int64 scratch.
     """
-    S, H, D = state.shape
+    S, _, D = state.shape
     L = pool.shape[2] - 5
     unit_exp = target[0]
     tiny = _cast_tiny(target)
-    for h in prange(H):
+    for h in range(h0, h1):
         k = hot[h]
-        row = np.empty(L + 5, np.int64)
-        mag = np.empty(L, np.int64)
         for d in range(D):
             acc = -0.0
             spilled = False
@@ -702,8 +701,10 @@ def _merge_hot(state, slot, pool, hot, out_f, out_bits, target, fast):  # pragma
 
 @njit(cache=True, nogil=True)
 def _fold_staged_range(values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast, acc,
-                       column, mag):  # fmt: skip  # pragma: no cover - compiled
+                       column, mag, is_hot):  # fmt: skip  # pragma: no cover - compiled
     """Buckets ``k0 .. k1-1`` of staged float32 rows: rows ``offsets[k] .. offsets[k+1]-1``.
+
+    Hot buckets (``is_hot[k]``) are left alone: :func:`_merge_hot` writes them.
 
     The rows lie in order, one after the other, so no prefetch is needed and
     no test is saved by certifying: each value is added with
@@ -717,8 +718,9 @@ def _fold_staged_range(values, bits, order, offsets, k0, k1, out_f, out_bits, ta
         lo = np.int64(offsets[k])
         hi = np.int64(offsets[k + 1])
         if lo == hi:
-            for d in range(D):
-                out_bits[k, d] = 0
+            if not is_hot[k]:
+                for d in range(D):
+                    out_bits[k, d] = 0
             continue
         for d in range(D):
             acc[d] = -0.0
@@ -746,22 +748,37 @@ def _fold_staged_range(values, bits, order, offsets, k0, k1, out_f, out_bits, ta
 
 @njit(cache=True, parallel=True)
 def _fold_staged_parallel(values, bits, order, offsets, tasks, parts, out_f, out_bits, target,
-                          fast, L, chunk):  # fmt: skip  # pragma: no cover - compiled
-    """:func:`_fold_tasks_parallel` for staged rows: ranges by :func:`_fold_staged_range`."""
+                          fast, L, chunk, is_hot, state, slot, pool, hot):  # fmt: skip
+    # pragma: no cover - compiled
+    """The second pass of :func:`fold_staged`, one parallel loop over ``tasks``.
+
+    A task ``(k0, k1, -, -, -1)`` folds the staged buckets ``k0 .. k1-1``
+    (:func:`_fold_staged_range`); ``(k, k + 1, lo, hi, p)`` with ``p >= 0``
+    sums part ``p`` of a staged bucket into ``parts[p]``
+    (:func:`_rows_into_limbs`); ``(h0, h1, -, -, -2)`` merges and rounds the
+    hot buckets ``hot[h0:h1]`` (:func:`_merge_hot`). Every task writes
+    output rows no other task writes.
+    """
     D = values.shape[1]
     for c in prange(tasks.shape[0]):
         k0, k1, lo, hi, p = tasks[c, 0], tasks[c, 1], tasks[c, 2], tasks[c, 3], tasks[c, 4]
+        column = np.empty(L + 5, np.int64)
+        mag = np.empty(L, np.int64)
+        if p == -2:
+            _merge_hot(state, slot, pool, hot, k0, k1, out_f, out_bits, target, fast, column,
+                       mag)  # fmt: skip
+            continue
         acc = np.empty(D, np.float64)
         if p >= 0:
             _rows_into_limbs(values, bits, order, k0, lo, hi, hi - 1, parts[p], acc, False,
                              values[:1], bits[:1], False, chunk, target[0])  # fmt: skip
             continue
         _fold_staged_range(values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast,
-                           acc, np.empty(L + 5, np.int64), np.empty(L, np.int64))  # fmt: skip
+                           acc, column, mag, is_hot)  # fmt: skip
 
 
-def fold_staged(values, route, bounds, hot, stage, stage_order, stage_offsets, tasks, split, out,
-                out_bits, target, fast, L) -> bool:  # fmt: skip
+def fold_staged(values, route, bounds, hot, is_hot, stage, stage_order, stage_offsets, tasks,
+                split, out, out_bits, target, fast, L) -> bool:  # fmt: skip
     """Fold float32 rows ``values`` (N, D) into ``out`` (K, D) in two passes; False: not done.
 
     A plan-only layout (:func:`bitfold.backends.host_routes.staged_layout`)
@@ -774,9 +791,10 @@ def fold_staged(values, route, bounds, hot, stage, stage_order, stage_offsets, t
     order, so that the second pass reads it sequentially, bucket by bucket
     (``stage_offsets``, the cold buckets' ranges; ``stage_order``, the
     identity; ``tasks`` and ``split`` as in :func:`fold_buckets`, a bucket
-    past the split limit summed in parts into limbs). Last, each hot
-    bucket's task sums and spilled limbs are added exactly and rounded once
-    (:func:`_merge_hot`).
+    past the split limit summed in parts into limbs). In the same parallel
+    loop (``tasks`` holds tasks of both kinds), each hot bucket's task sums
+    and spilled limbs are added exactly and rounded once (:func:`_merge_hot`;
+    ``is_hot``, K booleans, marks the hot buckets).
     Every result is the correctly rounded sum, the bits of :func:`fold_buckets`;
     only where the rows are read from differs. Returns False, having written
     nothing usable, when a task spilled more than :data:`SPILL_ROWS` values
@@ -803,12 +821,10 @@ def fold_staged(values, route, bounds, hot, stage, stage_order, stage_offsets, t
     parts = np.empty((n_parts, D, L + 5), np.int64)
     with parallel_chunksize(1):
         _fold_staged_parallel(stage.view(np.float32), stage, stage_order, stage_offsets, tasks,
-                              parts, out, out_bits, target, fast, L, ROW_CHUNK)  # fmt: skip
+                              parts, out, out_bits, target, fast, L, ROW_CHUNK, is_hot, state,
+                              slot, pool, hot)  # fmt: skip
         if n_parts:
             _merge_parts(parts, split, out_bits, target)
-    if H:
-        with parallel_chunksize(1):
-            _merge_hot(state, slot, pool, hot, out, out_bits, target, fast)
     return True
 
 
