@@ -616,10 +616,13 @@ GUARDED = ("limbs",)
 
 
 def guarded_regions(code: Code, loops: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """For each :data:`GUARDED` loop: the largest span a forward branch jumps over that holds
-    it and no other value loop, and the straight-line instructions in that span (a program
-    without trips for the loop runs none of them)."""
+    """For each :data:`GUARDED` loop: the largest span a forward branch jumps over (or that
+    follows an ``EXIT``: ptxas turns a branch around the kernel's tail into a predicated
+    exit) that holds it and no other value loop, and the straight-line instructions in that
+    span (a program without trips for the loop runs none of them)."""
     out: dict[str, dict[str, int]] = {}
+    jumps = [(i, code.labels.get(target)) for i, target in code.branches.items()]
+    jumps += [(i, len(code.insts)) for i, x in enumerate(code.insts) if x.op == "EXIT"]
     for label in GUARDED:
         mine = [lp for lp in loops if lp["label"] == label]
         others = [lp for lp in loops if lp["label"] not in (label, "carry")
@@ -627,8 +630,7 @@ def guarded_regions(code: Code, loops: list[dict[str, Any]]) -> dict[str, dict[s
         if not mine:
             continue
         best: tuple[int, int] | None = None
-        for i, target in code.branches.items():
-            j = code.labels.get(target)
+        for i, j in jumps:
             if j is None or j <= i:
                 continue
             holds = all(i < lp["start"] and lp["end"] < j for lp in mine)

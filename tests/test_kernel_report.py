@@ -152,6 +152,41 @@ def test_loops_are_read_from_sass_with_their_source_and_unrolling(kr):
     assert summary["remainder"] == 5 and summary["load_depth"] == 2
 
 
+def test_the_limb_branch_is_skipped_by_programs_without_refused_lanes(kr):
+    """The straight-line code after a predicated exit that holds the limbs loop (and no other
+    value loop) is charged only to programs with limb trips."""
+    line = (kr.SRC / kr.KERNEL_FILES[0]).read_text().splitlines()
+    word = next(i + 1 for i, t in enumerate(line) if "signs = _add_float(" in t)
+    limbs = next(i + 1 for i, t in enumerate(line) if "n_ninf = _take(" in t)
+    src = '\t//## File "/x/src/{}", line {}'
+    op = "        /*{:04x}*/                   IADD3 R12, R12, R10, RZ ;"
+    text, addr = [], 0
+
+    def emit(lines):
+        nonlocal addr
+        for t in lines:
+            text.append(t.format(addr) if t.startswith(" ") else t)
+            addr += 16 if t.startswith(" ") else 0
+
+    emit([op] * 3 + [".L_x_1:", src.format(kr.KERNEL_FILES[0], word), op, op,
+                     "        /*{:04x}*/               @P0 BRA `(.L_x_1) ;", op,
+                     "        /*{:04x}*/               @!P1 EXIT ;", op, op, ".L_x_2:",
+                     src.format(kr.KERNEL_FILES[0], limbs), op,
+                     "        /*{:04x}*/               @P0 BRA `(.L_x_2) ;", op, op, op,
+                     "        /*{:04x}*/  EXIT ;"])  # fmt: skip
+    code = kr.read_sass("\n".join(text))
+    loops = kr.loops_of(code, {"BLOCK_K": 128, "BLOCK_D": 1}, 128, kr.source_loops())
+    assert [lp["label"] for lp in loops] == ["word", "limbs"]
+    guarded = kr.guarded_regions(code, loops)["limbs"]
+    assert guarded["straight_instructions"] == 6  # two before the loop, four after it
+    rec = {"straight": {"instructions": len(kr.straight_line(code, loops)), "load_depth": 0,
+                        "barriers": 0}, "guarded": {"limbs": guarded},
+           "machine_loops": loops}  # fmt: skip
+    costs = kr.program_costs(rec, {"word": [4, 4], "limbs": [0, 2]}, 2, {"L": 10})
+    assert rec["straight"]["instructions"] == 11 and [lp["instructions"] for lp in loops] == [3, 2]
+    assert list(costs["instructions"]) == [11 - 6 + 4 * 3, 11 + 4 * 3 + 2 * 2]
+
+
 def test_model_of_a_small_configuration(kr, rep):
     """The lanes launch of the GPU check's smoke configuration, modelled on the built code."""
     gpu_check = kr._module("gpu_check", ROOT / "scripts" / "gpu_check.py")
