@@ -321,9 +321,9 @@ def test_a_refused_shared_memory_opt_in_falls_back_or_is_named(monkeypatch):
     vals = _wide_values(rng, N_TINY)
     plan = bitfold.Fold(idx, K)
     _fold(plan, vals)  # uploads the plan
-    entry = plan._prepared[("numba-cuda", 0)]
+    entry = plan._prepared[gpu.UploadKey(0)]
     big = dataclasses.replace(entry.limits, shared_per_block=227 * 1024)
-    monkeypatch.setitem(plan._prepared, ("numba-cuda", 0), dataclasses.replace(entry, limits=big))
+    monkeypatch.setitem(plan._prepared, gpu.UploadKey(0), dataclasses.replace(entry, limits=big))
     kernel = kernels.exact_shared_kernel("float32")
     assert kernels.allow_dynamic_shared(kernel, (), kernels.SHARED_LIMIT_BYTES) is True
     # on the simulator the opt-in is refused: auto takes the bucket kernel, a forced shared path
@@ -344,8 +344,8 @@ def test_the_scratch_state_is_left_zeroed_and_a_dirty_one_is_cleaned_first():
     vals = _wide_values(rng, N_TINY)
     plan = bitfold.Fold(idx, K)
     first = _fold(plan, vals, exact_path="shared")
-    entry = plan._prepared[("numba-cuda", 0)]
-    (scratch,) = [b for key, b in entry.scratch.items() if key[0] == "exact-state"]
+    entry = plan._prepared[gpu.UploadKey(0)]
+    (scratch,) = [b for key, b in entry.scratch.items() if key.name == "exact-state"]
     assert not scratch.dirty
     assert not scratch.array.copy_to_host().any(), "the rounding kernel leaves the state zeroed"
     # a fold interrupted between its launches leaves a dirty state: the next one zeroes it first
@@ -600,8 +600,8 @@ def test_a_hot_state_is_left_zeroed_and_reused():
     vals = _wide_values(rng, 1000).reshape(500, 2)
     plan = bitfold.Fold(idx, 1)
     first = _fold(plan, vals, segment=16)
-    entry = plan._prepared[("numba-cuda", 0)]
-    (scratch,) = [b for key, b in entry.scratch.items() if key[0] == "hot-state"]
+    entry = plan._prepared[gpu.UploadKey(0)]
+    (scratch,) = [b for key, b in entry.scratch.items() if key.name == "hot-state"]
     assert scratch.array.shape[0] == 2 and not scratch.array.copy_to_host().any()
     scratch.array.copy_to_device(np.full(tuple(scratch.array.shape), 7, np.int64))
     scratch.dirty = True  # an interrupted fold: the next one zeroes the state first
@@ -696,7 +696,7 @@ def test_a_second_fold_on_another_stream_reuses_the_scratch_after_waiting(monkey
     first = cuda_fold(plan, cuda.to_device(vals).bind(a), exact_path=path, segment=16,
                       launch=LAUNCHES[0])  # fmt: skip
     _assert_bits_equal(first.copy_to_host(), want, "stream A")
-    entry = plan._prepared[("numba-cuda", 0)]
+    entry = plan._prepared[gpu.UploadKey(0)]
     (scratch,) = entry.scratch.values()
     uses, waits = scratch.uses, scratch.waits
     on_b = cuda.to_device(vals).bind(b)  # a numba array's stream is its own
@@ -793,7 +793,7 @@ def test_per_thread_default_streams_of_several_threads_share_one_ordered_scratch
     for t in threads:
         t.join()
     assert not errors, errors
-    entry = plan._prepared[("numba-cuda", 0)]
+    entry = plan._prepared[gpu.UploadKey(0)]
     (scratch,) = entry.scratch.values()
     assert scratch.uses == 5 and scratch.waits >= 4, "every fold after the first waited"
     for got in results:
@@ -864,10 +864,10 @@ def test_plan_data_is_uploaded_once_per_device():
     plan = bitfold.Fold(np.array([0, 1, 1]), 2)
     vals = cuda.to_device(np.ones(3, np.float32))
     cuda_fold(plan, vals)
-    entry = plan._prepared[("numba-cuda", 0)]
+    entry = plan._prepared[gpu.UploadKey(0)]
     cuda_fold(plan, vals, "ordered")
     cuda_fold(plan, vals, "atomic")
-    assert plan._prepared[("numba-cuda", 0)] is entry
+    assert plan._prepared[gpu.UploadKey(0)] is entry
     np.testing.assert_array_equal(entry.index.copy_to_host(), plan.index)
 
 
@@ -916,9 +916,9 @@ def test_a_state_or_cached_plan_on_another_device_is_refused(monkeypatch):
     )
     with pytest.raises(bitfold.DeviceError, match="state lives on CUDA device 1"):
         gpu.exact_state(plan, vals, state)
-    entry = plan._prepared[("numba-cuda", 0)]
+    entry = plan._prepared[gpu.UploadKey(0)]
     monkeypatch.setitem(
-        plan._prepared, ("numba-cuda", 0), dataclasses.replace(entry, device=1)
+        plan._prepared, gpu.UploadKey(0), dataclasses.replace(entry, device=1)
     )
     with pytest.raises(bitfold.DeviceError, match="cached for CUDA device 1"):
         cuda_fold(plan, vals)

@@ -30,3 +30,30 @@ def test_a_plan_reads_through_the_view():
     assert (plan.K, plan.size, plan.shape, plan.once) == (2, 3, (3,), False)
     assert plan.counts.tolist() == [1, 2] and plan.device_tensors is None
     assert plan.prepared("x", lambda: 7) == 7
+
+
+def test_cache_keys_of_two_caches_never_collide():
+    """Frozen dataclasses compare equal only within their class, unlike tuples or NamedTuples."""
+    from bitfold.backends import device_plan, host, host_buffers
+
+    assert device_plan.TensorsKey("cpu") != device_plan.IndexKey("cpu")
+    assert hash(device_plan.TensorsKey("cpu")) == hash(device_plan.TensorsKey("cpu"))
+    assert host_buffers.BuffersKey() == host_buffers.PREPARED_KEY != host.Index64Key()
+
+
+def test_a_cached_value_names_the_arrays_it_holds():
+    """``nbytes`` asks a value with ``held_arrays()``, whatever its key, each array once."""
+
+    class Held:
+        def __init__(self, *arrays: np.ndarray) -> None:
+            self.arrays = arrays
+
+        def held_arrays(self) -> tuple[np.ndarray, ...]:
+            return self.arrays
+
+    plan = bitfold.Fold(np.array([1, 0, 1]), 2)
+    before = plan.host_nbytes
+    block = np.zeros(1000)
+    plan.prepared("anything", lambda: Held(block, block))
+    plan.prepared("again", lambda: block)
+    assert plan.host_nbytes == before + block.nbytes and plan.device_nbytes == 0

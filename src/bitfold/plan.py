@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import dispatch
-from .backends import device_plan, host_buffers
+from .backends import device_plan
 from .errors import FoldError, FoldTypeError
 from .exact import ExactAccumulator
 from .kernels import planning
@@ -302,10 +302,8 @@ class Fold:
         A plan built on a device holds no host array until one is asked for.
         """
         held = [self._index, self._offsets, self._order, self._sorted_index, self._counts]
-        held += [a for key, value in self._prepared.items() if key != host_buffers.PREPARED_KEY
-                 for a in _held_arrays(value) if _on_host(a)]  # fmt: skip
-        kept = self._prepared.get(host_buffers.PREPARED_KEY)
-        return _distinct_nbytes(held) + (kept.nbytes if kept else 0)
+        held += [a for a in self._prepared_arrays() if _on_host(a)]
+        return _distinct_nbytes(held)
 
     @property
     def device_nbytes(self) -> int:
@@ -320,9 +318,11 @@ class Fold:
         under :func:`bitfold.backends.device_plan.forced_device_build` has,
         count in :attr:`host_nbytes`.)
         """
-        held = [a for key, value in self._prepared.items() if key != host_buffers.PREPARED_KEY
-                for a in _held_arrays(value) if not _on_host(a)]  # fmt: skip
-        return _distinct_nbytes(held)
+        return _distinct_nbytes([a for a in self._prepared_arrays() if not _on_host(a)])
+
+    def _prepared_arrays(self) -> list[Any]:
+        """The arrays of everything :meth:`prepared` keeps, as each value names them."""
+        return [a for value in list(self._prepared.values()) for a in _held_arrays(value)]
 
     @property
     def fingerprint(self) -> str:
@@ -365,9 +365,12 @@ class Fold:
         """What a backend or adapter derives once from this plan, built by ``build()`` on first use.
 
         Device copies of the index (per library and device), an int64 copy for
-        NumPy's scatter, and the like: ``key`` names the thing (say
-        ``("numba-cuda", 0)``), ``build`` makes it, and the plan keeps it for
-        its lifetime. This is the only way anything is cached on a plan.
+        NumPy's scatter, and the like: ``key`` names the thing (a frozen
+        dataclass of the module that owns the cache, say
+        ``device_plan.TensorsKey("cuda:0")``), ``build`` makes it, and the plan
+        keeps it for its lifetime. This is the only way anything is cached on
+        a plan; :attr:`nbytes` counts what the value holds
+        (:mod:`bitfold.plan_view`), whatever its key.
         """
         value = self._prepared.get(key)
         if value is None:
@@ -477,12 +480,16 @@ def offsets_bytes(K: int, n: int) -> int:
 def _held_arrays(value: Any) -> list[Any]:
     """The arrays ``value`` is or holds (in a tuple, list, dict or dataclass), each with ``nbytes``.
 
-    NumPy arrays, PyTorch tensors, JAX arrays, CuPy arrays and numba device
-    arrays (any library's only where it is already imported; any object with
+    A value with a ``held_arrays()`` method (:class:`bitfold.plan_view.HoldsArrays`,
+    as the host's reused buffers) names them itself. NumPy arrays, PyTorch
+    tensors, JAX arrays, CuPy arrays and numba device arrays (any library's
+    only where it is already imported; any object with
     ``__cuda_array_interface__`` and ``nbytes``).
     """
     if isinstance(value, np.ndarray):
         return [value]
+    if callable(getattr(type(value), "held_arrays", None)):
+        return list(value.held_arrays())
     if isinstance(value, (tuple, list)):
         return [a for item in value for a in _held_arrays(item)]
     if isinstance(value, dict):

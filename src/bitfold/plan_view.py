@@ -1,4 +1,4 @@
-"""What a backend may read of a plan: the :class:`PlanView` protocol.
+"""What a backend may read of a plan: the :class:`PlanView` protocol, and what a cache holds.
 
 :class:`bitfold.Fold` builds a plan; the backends, :mod:`bitfold.dispatch` and
 :mod:`bitfold.exact` sit below it and never import it, not even for their
@@ -10,15 +10,54 @@ A backend reads, never sets, the plan's sizes (``K``, ``size``, ``shape``), its 
 first use and read-only), whether it was built for one fold (``once``,
 ``unchecked_index``), the torch tensors of a plan built on a device
 (``device_tensors``), and keeps what it derives from the plan through
-``prepared(key, build)``. A backend writes nothing else on a plan.
+``prepared(key, build)``: one cache per thing, its key a frozen dataclass of the
+module that owns the cache (a :class:`PlanKey` or :class:`DeviceKey` subclass, or
+a dataclass of its own). Frozen dataclasses compare equal only to their own
+class, so two caches cannot collide on equal fields, as tuples or NamedTuples
+would. A backend writes nothing else on a plan.
+
+A cached value tells the plan what it holds: a value with a ``held_arrays()``
+method (:class:`HoldsArrays`) names its arrays itself; any other value is read
+as an array, or a tuple, list, dict or dataclass of them. The plan counts each
+array once in :attr:`bitfold.Fold.nbytes` (two caches may hold one tensor: the
+flat index on a device is its own cache and a field of the device's tensors),
+so no key is special to it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PlanKey:
+    """A key of :meth:`PlanView.prepared` for a thing a plan has one of: subclass it per cache.
+
+    Every instance of one subclass is equal; instances of two subclasses never are.
+    """
+
+
+@dataclass(frozen=True)
+class DeviceKey:
+    """A key for a thing a plan has one of per device: subclass it per cache.
+
+    Equal for one subclass and one ``device`` (a torch device's ``str``, a CUDA
+    ordinal); instances of two subclasses never are.
+    """
+
+    device: Hashable
+
+
+class HoldsArrays(Protocol):
+    """A cached value that names the arrays it holds (read by :attr:`bitfold.Fold.nbytes`)."""
+
+    def held_arrays(self) -> Iterable[Any]:
+        """The arrays this value holds now, each with ``nbytes`` (or a torch tensor)."""
+        ...
 
 
 class PlanView(Protocol):
@@ -93,4 +132,4 @@ class AccumulatorPlan(PlanView, Protocol):
         ...
 
 
-__all__ = ["AccumulatorPlan", "PlanView"]
+__all__ = ["AccumulatorPlan", "DeviceKey", "HoldsArrays", "PlanKey", "PlanView"]

@@ -14,7 +14,7 @@ the plan and allocates the scratch buffers).
 
 The plan's index data (index, counts, sorted order and offsets) is uploaded
 once per device, the first time the plan meets that device, through
-:meth:`bitfold.Fold.prepared` under the key ``("numba-cuda", device)``: the
+:meth:`bitfold.Fold.prepared` under the device's :class:`UploadKey`: the
 copies run on the values' stream and the host waits for them once, so every
 stream may use the arrays afterwards. Scratch buffers (the exact state of a
 scalar fold, the state of the hot buckets of a fold of rows, the gathered
@@ -55,7 +55,7 @@ import numpy as np
 from ..arrays import is_cuda_array, library_of, to_numpy
 from ..errors import DeviceError, FoldError, FoldTypeError, ShapeError
 from ..formats import LimbFormat, dtype_name, limb_format_for
-from ..plan_view import PlanView
+from ..plan_view import DeviceKey, PlanView
 from ..validate import Values
 from . import host_state, selftest
 from .device_plan import index_tensor
@@ -364,6 +364,15 @@ class Scratch:
                 self.uses += 1
 
 
+@dataclass(frozen=True)
+class ScratchKey:
+    """The key of a scratch buffer among a :class:`DevicePlan`'s: its name, shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
 @dataclass
 class DevicePlan:
     """A plan's index data on one CUDA device (numba device arrays), uploaded once."""
@@ -375,7 +384,7 @@ class DevicePlan:
     offsets: Any
     launch: Any  # kernels.LaunchShape sized for the device
     limits: Any  # kernels.DeviceLimits of the device
-    scratch: dict[Any, Scratch] = field(default_factory=dict)
+    scratch: dict[ScratchKey, Scratch] = field(default_factory=dict)
     hot: dict[int, Any] = field(default_factory=dict)  # segment length -> kernels.DeviceHotTable
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -389,7 +398,7 @@ class DevicePlan:
         by the first fold that needs it, which therefore cannot be inside a
         graph capture (refused with a clear error).
         """
-        key = (name, tuple(shape), np.dtype(dtype).str)
+        key = ScratchKey(name, tuple(shape), np.dtype(dtype).str)
         with self.lock:
             found = self.scratch.get(key)
             if found is None:
@@ -437,6 +446,10 @@ def _upload(stream: Any, *arrays: np.ndarray) -> tuple[Any, ...]:
     return out
 
 
+class UploadKey(DeviceKey):
+    """The key of a plan's index data uploaded to one CUDA device (a :class:`DevicePlan`)."""
+
+
 def device_plan(plan: PlanView, device: int, stream: Any = None) -> DevicePlan:
     """The plan's data on ``device``: uploaded the first time the plan meets it, then kept.
 
@@ -460,7 +473,7 @@ def device_plan(plan: PlanView, device: int, stream: Any = None) -> DevicePlan:
             kernels.LaunchShape(max_blocks=2 * limits.sms), limits,
         )  # fmt: skip
 
-    entry = plan.prepared(("numba-cuda", int(device)), upload)
+    entry = plan.prepared(UploadKey(int(device)), upload)
     if entry.device != int(device):
         raise DeviceError(
             f"the plan's index data cached for CUDA device {entry.device} cannot serve values "
@@ -682,6 +695,10 @@ def fold_atomic(
         return _shaped(out, dv.kind, K, spec)
 
 
+class CupyIndexKey(DeviceKey):
+    """The key of a plan's flat index as a CuPy array on one CUDA device (CuPy's gather)."""
+
+
 def expand(plan: PlanView, v: Any, trailing: tuple[int, ...] = ()) -> Any:
     """``v[index]`` in the index's shape (then ``trailing``), on ``v``'s device and library."""
     lib = library_of(v)
@@ -692,7 +709,8 @@ def expand(plan: PlanView, v: Any, trailing: tuple[int, ...] = ()) -> Any:
         import cupy
 
         with cupy.cuda.Device(v.device.id):
-            idx = plan.prepared(("cupy-index", int(v.device.id)), lambda: cupy.asarray(plan.index))
+            key = CupyIndexKey(int(v.device.id))
+            idx = plan.prepared(key, lambda: cupy.asarray(plan.index))
             return cupy.take(v, idx, axis=0).reshape(plan.shape + trailing)
     from ..arrays import to_numpy
 
@@ -972,8 +990,11 @@ __all__ = [
     "BACKEND",
     "KNOWN_ANSWERS",
     "NAME",
+    "CupyIndexKey",
     "DevicePlan",
     "DeviceValues",
+    "ScratchKey",
+    "UploadKey",
     "about",
     "add_to_state",
     "busy",

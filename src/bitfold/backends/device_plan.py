@@ -5,7 +5,7 @@ gather, the portable path's scatters) asks :func:`plan_tensors` (or, for the
 flat index alone, :func:`index_tensor`) for the arrays it needs instead of
 copying ``plan.index`` itself. The arrays are made once per plan and device
 and kept by the plan (:meth:`bitfold.Fold.prepared`, keys
-``("torch-plan", device)`` and ``("torch-index", device)``), so a static index
+:class:`TensorsKey` and :class:`IndexKey` of the device), so a static index
 is copied or built once, and there is one torch copy of the index per plan and
 device.
 
@@ -52,12 +52,9 @@ import numpy as np
 from ..arrays import NO_DATA_DEVICES, check_has_data
 from ..formats import dtype_name
 from ..kernels import planning
-from ..plan_view import PlanView
+from ..plan_view import DeviceKey, PlanView
 from ..validate import index_dtype_error, index_range_error
 
-PREPARED_KEY = "torch-plan"
-#: The key of a plan's int64 torch index on one device (the same tensor as PlanTensors.index).
-INDEX_KEY = "torch-index"
 #: The integer dtypes an index may have (by canonical name), as on the host.
 INDEX_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
@@ -214,8 +211,8 @@ def _device(device: Any) -> Any:
 def keep_built(plan: PlanView, tensors: PlanTensors) -> None:
     """Keep ``tensors``, built on their device from the plan's index, as the plan's there."""
     where = str(_device(tensors.device))
-    plan.prepared((INDEX_KEY, where), lambda: tensors.index)
-    plan.prepared((PREPARED_KEY, where), lambda: tensors)
+    plan.prepared(IndexKey(where), lambda: tensors.index)
+    plan.prepared(TensorsKey(where), lambda: tensors)
 
 
 def _from_host(plan: PlanView, device: Any) -> PlanTensors:
@@ -249,6 +246,10 @@ def _from_built(built: PlanTensors, plan: PlanView, device: Any) -> PlanTensors:
     )
 
 
+class TensorsKey(DeviceKey):
+    """The key of a plan's :class:`PlanTensors` on one torch device (``str`` of it)."""
+
+
 def plan_tensors(plan: PlanView, device: Any) -> PlanTensors:
     """The plan's index data on torch ``device``, made on first use and kept by the plan.
 
@@ -264,7 +265,11 @@ def plan_tensors(plan: PlanView, device: Any) -> PlanTensors:
             return _from_built(built, plan, device)
         return _from_host(plan, device)
 
-    return plan.prepared((PREPARED_KEY, str(device)), make)
+    return plan.prepared(TensorsKey(str(device)), make)
+
+
+class IndexKey(DeviceKey):
+    """The key of a plan's int64 torch index on one device (the tensor of ``PlanTensors.index``)."""
 
 
 def index_tensor(plan: PlanView, device: Any) -> Any:
@@ -285,14 +290,14 @@ def index_tensor(plan: PlanView, device: Any) -> Any:
             return built.index.to(device)
         return torch.from_numpy(plan.index.astype(np.int64)).to(device)
 
-    return plan.prepared((INDEX_KEY, str(device)), make)
+    return plan.prepared(IndexKey(str(device)), make)
 
 
 __all__ = [
     "INDEX_DTYPES",
-    "INDEX_KEY",
-    "PREPARED_KEY",
+    "IndexKey",
     "PlanTensors",
+    "TensorsKey",
     "build",
     "builds_on_device",
     "forced_device_build",

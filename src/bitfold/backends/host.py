@@ -27,7 +27,7 @@ import numpy as np
 from ..arrays import family_of, from_numpy, to_numpy
 from ..formats import limb_format_for
 from ..kernels import cpu
-from ..plan_view import PlanView
+from ..plan_view import PlanKey, PlanView
 from ..validate import Values
 from . import device_plan, host_routes
 from .host_arrays import canonicalise_nans, frozen, host_rows, host_values, result
@@ -153,8 +153,12 @@ def _start(plan: PlanView, spec: Values, dtype: np.dtype, init: Any) -> np.ndarr
     return host_values(init).reshape(plan.K, spec.row_size).astype(dtype, copy=True)
 
 
+class Index64Key(PlanKey):
+    """The key of a plan's int64 copy of its index (NumPy's and PyTorch's CPU scatters)."""
+
+
 def _index64(plan: PlanView) -> np.ndarray:
-    return plan.prepared("index64", lambda: frozen(plan.index.astype(np.int64)))
+    return plan.prepared(Index64Key(), lambda: frozen(plan.index.astype(np.int64)))
 
 
 def expand(plan: PlanView, v: Any, trailing: tuple[int, ...] = ()) -> Any:

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..plan_view import PlanView
+from ..plan_view import PlanKey, PlanView
 
 P = TypeVar("P", bound=PlanView)
 
@@ -40,10 +40,19 @@ P = TypeVar("P", bound=PlanView)
 MIN_BYTES = 1 << 20
 #: At most this many arrays of one shape and dtype are kept by a plan.
 KEEP = 2
-#: The key of a plan's :class:`HostBuffers` among what it keeps (:meth:`bitfold.Fold.prepared`).
-PREPARED_KEY = "host-buffers"
 #: Shapes (with dtypes) whose arrays the one-shot folds' shared buffers keep at once.
 ONE_SHOT_SHAPES = 8
+
+
+class BuffersKey(PlanKey):
+    """The key of a plan's :class:`HostBuffers` among what it keeps (:meth:`bitfold.Fold.prepared`).
+
+    One a plan: every ``BuffersKey()`` is equal, and equal to no other cache's key.
+    """
+
+
+#: The key of a plan's :class:`HostBuffers`.
+PREPARED_KEY = BuffersKey()
 
 
 def _count_of_unreferenced() -> int | None:
@@ -91,8 +100,12 @@ class HostBuffers:
     @property
     def nbytes(self) -> int:
         """Bytes of the arrays kept, held by a caller or not."""
+        return sum(a.nbytes for a in self.held_arrays())
+
+    def held_arrays(self) -> list[np.ndarray]:
+        """The arrays kept, held by a caller or not (what the plan counts in its ``nbytes``)."""
         with self._lock:
-            return sum(a.nbytes for kept in self._kept.values() for a in kept)
+            return [a for kept in self._kept.values() for a in kept]
 
 
 def buffers_of(plan: PlanView) -> HostBuffers:
@@ -121,6 +134,7 @@ __all__ = [
     "ONE_SHOT",
     "ONE_SHOT_SHAPES",
     "PREPARED_KEY",
+    "BuffersKey",
     "HostBuffers",
     "buffers_of",
     "reused_empty",

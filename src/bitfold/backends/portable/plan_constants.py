@@ -8,6 +8,7 @@ never through the host.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,18 @@ import numpy as np
 from ...arrays import ArrayFamily
 from ...plan_view import PlanView
 from .. import device_plan
+
+
+@dataclass(frozen=True)
+class ConstantKey:
+    """The key of one of a plan's device constants: what it is, and where (``cache_key``).
+
+    ``place`` is the family's :meth:`bitfold.arrays.ArrayFamily.cache_key` of the
+    values beside which it lives (None for a Python number, the same everywhere).
+    """
+
+    what: str
+    place: Any = None
 
 
 def _constant(plan: PlanView, ops: ArrayFamily, like: Any, what: str, build: Any) -> Any:
@@ -27,7 +40,7 @@ def _constant(plan: PlanView, ops: ArrayFamily, like: Any, what: str, build: Any
     key = ops.cache_key(like)
     if key is None:
         return ops.constant(like, build())
-    return plan.prepared(("portable", what, key), lambda: ops.constant(like, build()))
+    return plan.prepared(ConstantKey(what, key), lambda: ops.constant(like, build()))
 
 
 def max_count(plan: PlanView) -> int:
@@ -37,8 +50,8 @@ def max_count(plan: PlanView) -> int:
     """
     built = plan.device_tensors
     if built is not None:
-        return plan.prepared(("portable", "max-count"), lambda: int(built.counts.max()))
-    return plan.prepared(("portable", "max-count"), lambda: int(plan.counts.max()))
+        return plan.prepared(ConstantKey("max-count"), lambda: int(built.counts.max()))
+    return plan.prepared(ConstantKey("max-count"), lambda: int(plan.counts.max()))
 
 
 def _torch_on_device(plan: PlanView, ops: ArrayFamily, like: Any) -> bool:
@@ -62,7 +75,7 @@ def plan_array(plan: PlanView, ops: ArrayFamily, like: Any, what: str, word: str
             src = {"order": t.order, "starts": t.offsets[:-1], "counts": t.counts}[what]
             return src.to(getattr(torch, word))
 
-        return plan.prepared(("portable", f"{what}-{word}", ops.cache_key(like)), derived)
+        return plan.prepared(ConstantKey(f"{what}-{word}", ops.cache_key(like)), derived)
     host = {"order": lambda: plan.order, "starts": lambda: plan.offsets[:-1],
             "counts": lambda: plan.counts}[what]  # fmt: skip
     return _constant(plan, ops, like, f"{what}-{word}", lambda: host().astype(word))
@@ -73,7 +86,7 @@ def counts_rows(plan: PlanView, ops: ArrayFamily, like: Any, D: int, extra: int,
     what = f"counts-rows-{word}-{D}-{bool(extra)}"
     if _torch_on_device(plan, ops, like):
         counts = plan_array(plan, ops, like, "counts", word)
-        return plan.prepared(("portable", what, ops.cache_key(like)),
+        return plan.prepared(ConstantKey(what, ops.cache_key(like)),
                              lambda: (counts + extra).repeat_interleave(D))  # fmt: skip
     return _constant(plan, ops, like, what,
                      lambda: np.repeat(plan.counts + extra, D).astype(word))  # fmt: skip
