@@ -6,10 +6,10 @@ rounding, so the bits do not depend on the order of the contributions,
 the thread count or the device, where torch's scatter-adds add in whatever
 order their threads or atomics finish.
 
-* ``exact_mode()`` (:mod:`bitfold.torch.mode`): a ``TorchDispatchMode``
-  inside which every fold that reaches ATen — ``scatter_add``,
-  ``index_add``, ``index_put(accumulate=True)`` (the backward of
-  ``x[idx]``), the embedding-bag forward and the embedding and embedding-bag
+* ``exact_mode()`` (:mod:`bitfold.torch.mode`): a context manager (Python
+  kernels for the fold ops alone) inside which every fold that reaches
+  ATen — ``scatter_add``, ``index_add``, ``index_put(accumulate=True)``
+  (the backward of ``x[idx]``), the embedding-bag forward and the embedding and embedding-bag
   backwards, ``scatter_reduce`` and ``segment_reduce`` sum/mean, weighted
   ``bincount`` and histograms, max-pooling gradients, products with a sparse
   COO/CSR/CSC factor, and the sums of ``torch_scatter``, ``torch_sparse`` and

@@ -31,7 +31,12 @@ products above autograd as exact autograd functions. A product whose sparse
 factor requires a gradient and which the mode met before it turned full (its
 factor made outside the mode) keeps torch's gradient for that factor, recorded
 in ``passed``. ``exact_mode(full=True)`` is full from the start;
-``full=False`` never turns full.
+``full=False`` never turns full. Dense ``mm`` and ``addmm`` get kernels only
+once the process has made a sparse tensor (importing ``bitfold.torch`` installs
+kernels for torch's sparse constructors, which are otherwise torch's own, to
+notice it), so that dense products never enter Python; a sparse tensor made
+before that import and first used inside a mode in a product is not seen:
+use ``full=True`` there.
 
 Every op it makes exact is one row of :data:`bitfold.torch.rules.RULES` (a
 rule's ``description`` says what is exact): that table is the one list, and
@@ -307,9 +312,23 @@ _FAST_KEY = "BackendSelect"
 _BELOW = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
 _AUTOGRAD_KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradXPU", "AutogradMPS")
 _TLS_KEY = "bitfold.exact_modes"
-#: ops that make a sparse tensor from dense ones: seeing one, a mode takes the full path
-_SPARSE_FACTORIES = ("_sparse_coo_tensor_with_dims_and_tensors",)
-_kernels: dict[str, Any] = {"libraries": [], "extension": set(), "calls": 0}
+#: the constructors of sparse tensors (overloads with a BackendSelect kernel of torch's): seeing
+#: one, a mode turns full, and the products get their kernels
+_SPARSE_FACTORIES = (
+    ("_sparse_coo_tensor_with_dims_and_tensors", "default"),
+    ("sparse_compressed_tensor", "comp_plain_value_size"),
+    ("sparse_compressed_tensor", "comp_plain_value"),
+)
+#: dense products are not folds: mm and addmm get their kernels only once this process has made
+#: a sparse tensor (seen by the constructors' kernels, installed on import, or by a fold kernel)
+_PRODUCTS = ("mm", "addmm")
+_kernels: dict[str, Any] = {
+    "libraries": [],
+    "products": [],
+    "sparse_seen": False,
+    "extension": set(),
+    "calls": 0,
+}
 _registry_lock = threading.Lock()
 _local = threading.local()  # .inside: a handler (or ATen's kernel for a left fold) runs here
 
@@ -374,17 +393,17 @@ def _product_kernel(op: Any) -> Callable[..., Any]:
 
 def _sparse_factory_kernel(op: Any) -> Callable[..., Any]:
     """Torch's BackendSelect kernel of a sparse constructor (the backend of its layout and
-    device), after telling the thread's mode that a sparse tensor appeared."""
+    device, with its tensors'), after noting that a sparse tensor appeared."""
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        _kernels["calls"] += 1
+        _sparse_seen()
         mode = _handling()
         if mode is not None:
             mode._saw_sparse()
         device = torch.device(kwargs.get("device") or "cpu")
         prefix = "Sparse" if kwargs.get("layout") in (None, torch.sparse_coo) else "SparseCsr"
         key = getattr(torch._C.DispatchKey, prefix + torch._C._dispatch_key_for_device(device.type))
-        return op.redispatch(torch._C.DispatchKeySet(key), *args, **kwargs)
+        return op.redispatch(torch._C.DispatchKeySet(key) | (keyset & _BELOW), *args, **kwargs)
 
     return kernel
 
@@ -419,6 +438,39 @@ def _rule_overloads() -> Iterator[Any]:
                 yield getattr(packet, name)
 
 
+def _install_factory_kernels() -> None:
+    """The sparse constructors' kernels (on import: a sparse tensor made any time is seen)."""
+    library = torch.library.Library("aten", "IMPL")
+    for packet, overload in _SPARSE_FACTORIES:
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        name = packet if overload == "default" else f"{packet}.{overload}"
+        with warnings.catch_warnings():  # in place of torch's kernel, which it repeats
+            warnings.simplefilter("ignore", UserWarning)
+            library.impl(name, _sparse_factory_kernel(op), _FAST_KEY, with_keyset=True)
+    _kernels["factories"] = library
+
+
+def _sparse_seen() -> None:
+    """A sparse tensor exists: the products get their kernels (once)."""
+    if not _kernels["sparse_seen"]:
+        _kernels["sparse_seen"] = True
+        if _kernels["libraries"]:
+            with _registry_lock:
+                _install_product_kernels()
+
+
+def _install_product_kernels() -> None:
+    if _kernels["products"] or not _kernels["sparse_seen"]:
+        return
+    library = torch.library.Library("aten", "IMPL")
+    for packet in _PRODUCTS:
+        for name in getattr(torch.ops.aten, packet).overloads():
+            op = getattr(getattr(torch.ops.aten, packet), name)
+            full = _full_name(op)
+            library.impl(full.split("::")[1], _product_kernel(op), _FAST_KEY, with_keyset=True)
+    _kernels["products"].append(library)
+
+
 def _install_kernels() -> None:
     """Install the fold kernels (once) and those of extension ops registered since."""
     with _registry_lock:
@@ -426,25 +478,28 @@ def _install_kernels() -> None:
             library = torch.library.Library("aten", "IMPL")
             for op in _rule_overloads():
                 full = _full_name(op)
+                packet = op._schema.name.split("::")[1]
                 try:
                     taken = torch._C._dispatch_has_kernel_for_dispatch_key(full, _FAST_KEY)
                 except RuntimeError:  # an overload torch keeps out of the dispatcher
                     continue
-                if taken:
+                if taken or packet in _PRODUCTS:
                     continue
-                packet = op._schema.name.split("::")[1]
-                make = _product_kernel if packet in ("mm", "addmm") else _fold_kernel
-                library.impl(full.split("::")[1], make(op), _FAST_KEY, with_keyset=True)
-            for packet in _SPARSE_FACTORIES:
-                op = getattr(torch.ops.aten, packet).default
-                with warnings.catch_warnings():  # in place of torch's kernel, which it repeats
-                    warnings.simplefilter("ignore", UserWarning)
-                    library.impl(packet, _sparse_factory_kernel(op), _FAST_KEY, with_keyset=True)
+                library.impl(full.split("::")[1], _fold_kernel(op), _FAST_KEY, with_keyset=True)
             _kernels["libraries"].append(library)
+        _install_product_kernels()
         _install_extension_kernels()
 
 
 def _install_extension_kernels() -> None:
+    """Kernels for the extension ops registered since the last look: their packages register
+    them on import (a new module) or through ``torch.library`` (a new definition)."""
+    import sys
+
+    seen = (len(sys.modules), len(getattr(torch.library, "_defs", ())))
+    if _kernels.get("ops_seen") == seen:
+        return
+    _kernels["ops_seen"] = seen
     for full in torch._C._dispatch_get_all_op_names():
         namespace = full.split("::")[0]
         if namespace not in extension_ops.NAMESPACES or full in _kernels["extension"]:
@@ -466,10 +521,11 @@ def _install_extension_kernels() -> None:
 def _uninstall_kernels() -> None:
     """Remove every kernel (for a fair "plain" timing; the next mode installs them again)."""
     with _registry_lock:
-        for library in _kernels["libraries"]:
+        for library in _kernels["libraries"] + _kernels["products"]:
             library._destroy()
-        _kernels["libraries"] = []
+        _kernels["libraries"], _kernels["products"] = [], []
         _kernels["extension"] = set()
+        _kernels.pop("ops_seen", None)
 
 
 # -- while a mode is active: Dynamo compiles nothing, a compiled backward is refused --------------
@@ -707,6 +763,7 @@ class ExactMode(TorchDispatchMode):
         tensors = [v for v in bound.values() if isinstance(v, torch.Tensor)]
         if not any(sparse.is_sparse(t) for t in tensors):
             return
+        _sparse_seen()
         if self.full is None:
             self._go_full(seen=True)
         if (
@@ -792,6 +849,16 @@ def exact_mode(
     ``"exact"``: the exact dot product, each product exact, one rounding
     (more accurate, other bits).
 
+    ``full``: how the mode sees the ops. Only the fold ops enter Python (their
+    kernels; the other ops run as in plain PyTorch) until the mode meets a
+    sparse tensor, where it turns full until it exits: every op through
+    Python (a dispatch mode) and sparse products run above autograd, so that
+    their sparse factor's gradient is exact too (``None``, the default).
+    ``True``: full from the start (a sparse factor made outside the mode that
+    requires a gradient); ``False``: never full (a sparse factor's gradient
+    stays torch's, recorded in ``passed``). The bits of every fold made exact
+    are the same either way.
+
     >>> import torch, bitfold.torch as bt
     >>> w = torch.zeros(3, requires_grad=True)
     >>> with bt.exact_mode() as mode:
@@ -807,6 +874,8 @@ def active_exact_mode() -> ExactMode | None:
     modes = active_modes()
     return modes[-1] if modes else None
 
+
+_install_factory_kernels()
 
 __all__ = [
     "COMPILED_NODE",
