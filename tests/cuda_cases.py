@@ -582,7 +582,7 @@ def test_hot_buckets_split_into_segments_equal_the_cpu_and_the_oracle(case, dtyp
     want = plan(vals)
     if D == 1:
         _assert_bits_equal(want, exact_fold_oracle(idx, vals, K, want.dtype.name), "CPU vs oracle")
-    table = kernels.hot_table(plan.offsets, 16)
+    table = kernels.hot_segment_table(plan.offsets, 16)
     assert table.hot >= 1 and table.segments > table.hot, "the case must have split buckets"
     for segment in (16, 37, n):  # split (two lengths) and whole (one thread a bucket)
         got = _fold(plan, vals, exact_path="buckets", segment=segment)
@@ -620,7 +620,7 @@ def test_segment_lengths_balance_the_work_and_bound_the_state():
     n = 10**9
     length = kernels.segment_length(n, 64, W, threads)
     assert (n // length) * 64 * W * 8 <= kernels.HOT_STATE_BYTES
-    table = kernels.hot_table(np.array([0, 100, 100, 1100]), 64)
+    table = kernels.hot_segment_table(np.array([0, 100, 100, 1100]), 64)
     assert table.buckets.tolist() == [0, 2] and table.starts.tolist() == [0, 2, 18]
     assert table.segment_bucket.tolist() == [0] * 2 + [1] * 16
 

@@ -210,7 +210,7 @@ def test_triton_on_cpu_tensors_says_they_run_only_in_the_interpreter(monkeypatch
 def test_cuda_backend_on_the_cpu_is_refused_before_any_work(monkeypatch):
     from bitfold.backends import cuda
 
-    _forbid(monkeypatch, cuda, "numba_cuda_loads", "device_plan", "device_values")
+    _forbid(monkeypatch, cuda, "numba_cuda_loads", "uploaded_plan", "device_values")
     plan = bitfold.Fold([0, 1, 0, 2, 1, 0], 3)
     values = [np.ones(6, np.float32)]
     if importlib.util.find_spec("torch") is not None:

@@ -366,7 +366,7 @@ class Scratch:
 
 @dataclass(frozen=True)
 class ScratchKey:
-    """The key of a scratch buffer among a :class:`DevicePlan`'s: its name, shape and dtype."""
+    """The key of a scratch buffer among a :class:`UploadedPlan`'s: its name, shape and dtype."""
 
     name: str
     shape: tuple[int, ...]
@@ -374,7 +374,7 @@ class ScratchKey:
 
 
 @dataclass
-class DevicePlan:
+class UploadedPlan:
     """A plan's index data on one CUDA device (numba device arrays), uploaded once."""
 
     device: int
@@ -385,7 +385,8 @@ class DevicePlan:
     launch: Any  # kernels.LaunchShape sized for the device
     limits: Any  # kernels.DeviceLimits of the device
     scratch: dict[ScratchKey, Scratch] = field(default_factory=dict)
-    hot: dict[int, Any] = field(default_factory=dict)  # segment length -> kernels.DeviceHotTable
+    # segment length -> kernels.DeviceHotSegmentTable
+    hot: dict[int, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def buffer(
@@ -415,19 +416,19 @@ class DevicePlan:
                     found.used = True
             return found
 
-    def hot_table(self, dv: DeviceValues, plan: PlanView, length: int) -> Any:
+    def hot_segment_table(self, dv: DeviceValues, plan: PlanView, length: int) -> Any:
         """The hot buckets of the plan for segments of ``length`` positions, on the device."""
         with self.lock:
             found = self.hot.get(length)
             if found is None:
                 kernels = _kernels()
-                table = kernels.hot_table(plan.offsets, length)
+                table = kernels.hot_segment_table(plan.offsets, length)
                 if table.hot:
                     _refuse_in_capture(dv.stream, "the first GPU fold of rows with hot buckets")
                     arrays = _upload(dv.stream, table.buckets, table.starts, table.segment_bucket)
                 else:
                     arrays = (None, None, None)
-                found = self.hot[length] = kernels.DeviceHotTable(
+                found = self.hot[length] = kernels.DeviceHotSegmentTable(
                     table.length, table.hot, table.segments, *arrays
                 )
             return found
@@ -447,10 +448,10 @@ def _upload(stream: Any, *arrays: np.ndarray) -> tuple[Any, ...]:
 
 
 class UploadKey(DeviceKey):
-    """The key of a plan's index data uploaded to one CUDA device (a :class:`DevicePlan`)."""
+    """The key of a plan's index data uploaded to one CUDA device (a :class:`UploadedPlan`)."""
 
 
-def device_plan(plan: PlanView, device: int, stream: Any = None) -> DevicePlan:
+def uploaded_plan(plan: PlanView, device: int, stream: Any = None) -> UploadedPlan:
     """The plan's data on ``device``: uploaded the first time the plan meets it, then kept.
 
     Must be called with ``device``'s context current. The upload runs on
@@ -459,7 +460,7 @@ def device_plan(plan: PlanView, device: int, stream: Any = None) -> DevicePlan:
     a graph capture (refused with a clear error).
     """
 
-    def upload() -> DevicePlan:
+    def upload() -> UploadedPlan:
         cuda = _cuda()
         kernels = _kernels()
         on = stream if stream is not None else cuda.default_stream()
@@ -468,7 +469,7 @@ def device_plan(plan: PlanView, device: int, stream: Any = None) -> DevicePlan:
         index, counts, order, offsets = _upload(
             on, plan.index, plan.counts, plan.order, plan.offsets
         )
-        return DevicePlan(
+        return UploadedPlan(
             int(device), index, counts, order, offsets,
             kernels.LaunchShape(max_blocks=2 * limits.sms), limits,
         )  # fmt: skip
@@ -483,11 +484,11 @@ def device_plan(plan: PlanView, device: int, stream: Any = None) -> DevicePlan:
 
 
 @contextmanager
-def _on_device(plan: PlanView, values: Any) -> Iterator[tuple[DeviceValues, DevicePlan, Any]]:
+def _on_device(plan: PlanView, values: Any) -> Iterator[tuple[DeviceValues, UploadedPlan, Any]]:
     """The wrapped values, the plan's data on their device and the kernels, in its context."""
     dv = device_values(values)
     with _cuda().gpus[dv.device]:
-        yield dv, device_plan(plan, dv.device, dv.stream), _kernels()
+        yield dv, uploaded_plan(plan, dv.device, dv.stream), _kernels()
 
 
 # -- the strategies ----------------------------------------------------------------------------
@@ -598,8 +599,8 @@ def explain_route(
 
 
 def _fold_buckets(
-    plan: PlanView, kernels: Any, entry: DevicePlan, dv: DeviceValues, spec: Values, out_name: str,
-    out_bits: Any, widen: bool, init: Any, segment: int | None,
+    plan: PlanView, kernels: Any, entry: UploadedPlan, dv: DeviceValues, spec: Values,
+    out_name: str, out_bits: Any, widen: bool, init: Any, segment: int | None,
 ) -> None:  # fmt: skip
     """The ``"buckets"`` path: a thread an output element sums its bucket and rounds it.
 
@@ -622,7 +623,7 @@ def _fold_buckets(
     length = segment or kernels.segment_length(
         spec.positions, D, fmt.width, entry.limits.sms * entry.limits.threads_per_sm
     )
-    hot = entry.hot_table(dv, plan, int(length))
+    hot = entry.hot_segment_table(dv, plan, int(length))
     if not hot.hot:
         kernels.launch_buckets(
             rows, bits, entry.order, entry.offsets, dv.dtype, out_name, out_bits, dv.stream,
@@ -741,7 +742,7 @@ def exact_state(
     width = fmt.width
     n = int(dv.array.shape[0])
     with cuda.gpus[dv.device]:
-        entry = device_plan(plan, dv.device, dv.stream)
+        entry = uploaded_plan(plan, dv.device, dv.stream)
         shape = launch or entry.launch
         if start == 0 and n == plan.size:
             index, counts = entry.index, entry.counts
@@ -991,15 +992,14 @@ __all__ = [
     "KNOWN_ANSWERS",
     "NAME",
     "CupyIndexKey",
-    "DevicePlan",
     "DeviceValues",
     "ScratchKey",
     "UploadKey",
+    "UploadedPlan",
     "about",
     "add_to_state",
     "busy",
     "device_of",
-    "device_plan",
     "device_values",
     "device_values_of_state",
     "exact_state",
@@ -1011,4 +1011,5 @@ __all__ = [
     "new_state",
     "place",
     "round_state",
+    "uploaded_plan",
 ]

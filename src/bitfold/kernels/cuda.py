@@ -488,7 +488,7 @@ def segment_length(positions: int, row_size: int, width: int, threads: int) -> i
 
 
 @dataclass(frozen=True)
-class HotTable:
+class HotSegmentTable:
     """The hot buckets of a plan for one segment length (host arrays; built once per plan).
 
     ``buckets[h]`` is the h-th bucket with more than ``length`` positions;
@@ -513,15 +513,15 @@ class HotTable:
         return int(self.segment_bucket.shape[0])
 
 
-def hot_table(offsets: np.ndarray, length: int) -> HotTable:
-    """The :class:`HotTable` of a plan's bucket ``offsets`` for segments of ``length`` positions."""
+def hot_segment_table(offsets: np.ndarray, length: int) -> HotSegmentTable:
+    """The :class:`HotSegmentTable` of bucket ``offsets`` for segments of ``length`` positions."""
     counts = np.diff(np.asarray(offsets, np.int64))
     buckets = np.flatnonzero(counts > length).astype(np.int64)
     per = -(-counts[buckets] // length)
     starts = np.zeros(buckets.size + 1, np.int64)
     np.cumsum(per, out=starts[1:])
     segment_bucket = np.repeat(np.arange(buckets.size, dtype=np.int32), per)
-    return HotTable(int(length), buckets, starts, segment_bucket)
+    return HotSegmentTable(int(length), buckets, starts, segment_bucket)
 
 
 @cache
@@ -990,13 +990,13 @@ def launch_atomic(
 def launch_buckets(
     values: Any, bits: Any, order: Any, offsets: Any, source: str, out_name: str, out_bits: Any,
     stream: Any, *, widen_bfloat16: bool = False, init: Any = None, init_bits: Any = None,
-    hot: DeviceHotTable | None = None, hot_state: Any = None,
+    hot: DeviceHotSegmentTable | None = None, hot_state: Any = None,
 ) -> None:  # fmt: skip
     """The exact fold of rows ``values`` (N, D), bucket by bucket, into ``out_bits`` (K, D).
 
     ``init`` (K, D) in the values' dtype, and its bit view, add one term a
     bucket. For bfloat16 ``values`` and ``init`` may be the bits themselves.
-    With ``hot`` (a :class:`DeviceHotTable` with hot buckets) the buckets of
+    With ``hot`` (a :class:`DeviceHotSegmentTable` with hot buckets) the buckets of
     more than ``hot.length`` positions are split into segments summed by
     many threads (:func:`launch_hot`) into ``hot_state`` ((H * D, L + 5)
     int64, zero on entry, left zero); the others take one thread an element.
@@ -1019,8 +1019,8 @@ def launch_buckets(
 
 
 @dataclass(frozen=True)
-class DeviceHotTable:
-    """A :class:`HotTable` on one device: its three arrays uploaded, its sizes kept."""
+class DeviceHotSegmentTable:
+    """A :class:`HotSegmentTable` on one device: its three arrays uploaded, its sizes kept."""
 
     length: int
     hot: int
@@ -1036,7 +1036,7 @@ _HOT_SETTLE_EVERY = 1 << 29
 
 def launch_hot(
     values: Any, bits: Any, order: Any, offsets: Any, source: str, out_name: str, out_bits: Any,
-    stream: Any, hot: DeviceHotTable, state: Any, *, widen_bfloat16: bool = False,
+    stream: Any, hot: DeviceHotSegmentTable, state: Any, *, widen_bfloat16: bool = False,
     init_bits: Any = None, has_init: bool = False, threads: int = 256,
 ) -> None:  # fmt: skip
     """Sum the hot buckets' segments into ``state`` and round them into ``out_bits``.

@@ -102,7 +102,7 @@ def _pieces(value_dtype: str, w: int) -> int:
 
 
 # -- steps 1 and 2: decode a value into digit pieces --------------------------------------------
-def _terms(
+def _digit_additions(
     ops: ArrayFamily, values: Any, rows: Any, dtype: str, fmt: LimbFormat, words: Words
 ) -> tuple[list[Any], list[Any]]:
     """(flat table positions, signed additions) of every piece of every value (flat arrays)."""
@@ -214,7 +214,7 @@ def table_of(
             if min(load + min(m, bound), cap) > words.chunk:
                 table = ops.scatter_add(table, ops.concat(index), ops.concat(adds))
                 table, index, adds, load = carried_table(ops, table, words, R), [], [], 0
-            more = _terms(ops, values[lo : lo + m], rows[lo : lo + m], dtype, fmt, words)
+            more = _digit_additions(ops, values[lo : lo + m], rows[lo : lo + m], dtype, fmt, words)
             index, adds = index + more[0], adds + more[1]
             load = min(load + min(m, bound), cap)
     return ops.scatter_add(table, ops.concat(index), ops.concat(adds))
