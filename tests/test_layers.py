@@ -101,9 +101,9 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
     assert _strongly_connected(graph) == [["cyclic_pkg.a", "cyclic_pkg.b"]]
 
 
-#: Modules below the plan that still name ``Fold`` in a type-checking import: the Triton
-#: driver and the host routes, whose annotations move to ``PlanView`` later.
-PLAN_ANNOTATIONS_LEFT = {"bitfold.backends.triton", "bitfold.backends.host_routes"}
+#: Modules below the plan that still name ``Fold`` in a type-checking import: the host
+#: routes, whose annotations move to ``PlanView`` later.
+PLAN_ANNOTATIONS_LEFT = {"bitfold.backends.host_routes"}
 
 
 def test_no_type_checking_import_points_up_to_the_plan(monkeypatch):

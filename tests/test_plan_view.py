@@ -34,9 +34,12 @@ def test_a_plan_reads_through_the_view():
 
 def test_cache_keys_of_two_caches_never_collide():
     """Frozen dataclasses compare equal only within their class, unlike tuples or NamedTuples."""
-    from bitfold.backends import device_plan, host, host_buffers
+    from bitfold.backends import device_plan, host, host_buffers, triton
 
     assert device_plan.TensorsKey("cpu") != device_plan.IndexKey("cpu")
+    assert triton.HotChunksKey("cpu", 64, 50) == triton.HotChunksKey("cpu", 64, 50)
+    assert triton.HotChunksKey("cpu", 64, 50) != triton.HotChunksKey("cpu", 64, 10)
+    assert triton.HotChunksKey("cpu", 64, 50) != device_plan.TensorsKey("cpu")
     assert hash(device_plan.TensorsKey("cpu")) == hash(device_plan.TensorsKey("cpu"))
     assert host_buffers.BuffersKey() == host_buffers.PREPARED_KEY != host.Index64Key()
 

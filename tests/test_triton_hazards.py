@@ -12,7 +12,7 @@ can afford 2^31 elements in it. These tests reach the hazards by other means:
 * 64-bit offsets: every program id is widened to int64 before it is
   multiplied (the kernels' source; ``tests/test_triton_compile.py`` checks
   the sm_90 PTX);
-* the hot table is made with operations every supported torch has (no
+* the hot chunk table is made with operations every supported torch has (no
   ``torch.nonzero_static``), reading its sizes back once, and a warm fold
   reads nothing back;
 * tuning options past the limbs' carry bound are refused by name, and rows
@@ -200,7 +200,7 @@ def test_every_program_id_is_widened_to_int64_before_it_is_multiplied(module):
     assert not narrow, f"{module.__name__}: program ids used in int32: {narrow}"
 
 
-# -- 3. the hot table with what every supported torch has ----------------------------------------
+# -- 3. the hot chunk table with what every supported torch has ----------------------------------
 class _Reads:
     """Counts the reads of tensors back to the host (``tolist``, ``item``, ``int``, ``bool``)."""
 
@@ -218,7 +218,7 @@ class _Reads:
 
 
 @interpreted
-def test_the_hot_table_needs_no_nonzero_static_and_reads_back_once(monkeypatch):
+def test_the_hot_chunk_table_needs_no_nonzero_static_and_reads_back_once(monkeypatch):
     monkeypatch.delattr(torch, "nonzero_static", raising=False)
     rng = np.random.default_rng(4)
     K = 40
@@ -227,7 +227,7 @@ def test_the_hot_table_needs_no_nonzero_static_and_reads_back_once(monkeypatch):
     plan = bitfold.Fold(index, K)
     counts = np.bincount(index, minlength=K)
     reads = _Reads(monkeypatch)
-    table = triton_backend.hot_table(plan, torch.device("cpu"), 64, 50)
+    table = triton_backend.hot_chunk_table(plan, torch.device("cpu"), 64, 50)
     assert reads.count == 1  # the table's two sizes, read once together
     hot = np.flatnonzero(counts >= 64)
     assert table.count == len(hot) and table.buckets.tolist() == hot.tolist()

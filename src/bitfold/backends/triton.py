@@ -11,8 +11,10 @@ stream; nothing waits for the host inside a fold, and every buffer comes from
 torch's caching allocator, so a warm fold can be captured in a CUDA graph.
 The plan's data on the device (sorted order, offsets, counts; built on the
 device for a device index) comes from :func:`bitfold.backends.device_plan.plan_tensors`;
-the table of hot buckets (those with more positions than a lane walks) is
-made once per plan, device and tuning, and kept by the plan.
+the table of hot buckets (those with more positions than a lane walks, cut in
+chunks: :class:`HotChunkTable`) is made once per plan, device and tuning, and
+kept by the plan under a :class:`HotChunksKey`; what an exact fold launches, under
+a :class:`LaunchKey`.
 
 Numeric contracts: :mod:`bitfold.kernels.triton`. ``exact`` gives the host's
 bits (the correctly rounded sum), ``ordered`` the host ``ordered`` bits (NaN
@@ -27,20 +29,18 @@ import importlib.util
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..arrays import library_of, to_numpy
 from ..errors import DeviceError, FoldTypeError
 from ..formats import FLOATS, N_NOT_NEGZERO, N_TERMS, LimbFormat, decoding, limb_format_for
+from ..plan_view import DeviceKey, PlanView
 from ..validate import Values, positive_int_or_none
 from . import host_state, selftest
 from .device_plan import plan_tensors
 from .registry import Backend, InitRule
-
-if TYPE_CHECKING:
-    from ..plan import Fold
 
 NAME = "triton"
 #: torch device types Triton compiles for (ROCm tensors are "cuda" in torch).
@@ -213,8 +213,14 @@ def _target(out_name: str, fmt: LimbFormat) -> dict[str, Any]:
 
 # -- hot buckets ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class HotTable:
-    """The hot buckets of a plan on one device: which, and their chunks of the sorted order."""
+class HotChunkTable:
+    """The hot buckets of a plan on one device: which, and their chunks of the sorted order.
+
+    Each hot bucket's run of the sorted order is cut in contiguous chunks of
+    ``chunk`` positions (the last one shorter), one hot program a chunk; the
+    numba-cuda kernels' :class:`bitfold.kernels.cuda.HotSegmentTable` interleaves
+    its segments instead.
+    """
 
     buckets: Any  # (H,) int64: the hot buckets, increasing
     chunks: Any  # (C, 3) int64: (rank among the hot buckets, start, end) a chunk
@@ -222,15 +228,23 @@ class HotTable:
     nchunks: int  # C
 
 
-def hot_table(plan: Fold, device: Any, hot_min: int, chunk: int) -> HotTable:
-    """The hot table (buckets of ``hot_min`` positions or more, cut in chunks of ``chunk``).
+@dataclass(frozen=True)
+class HotChunksKey(DeviceKey):
+    """The key of a plan's :class:`HotChunkTable` on one torch device (``str`` of it) and tuning."""
+
+    hot_min: int
+    chunk: int
+
+
+def hot_chunk_table(plan: PlanView, device: Any, hot_min: int, chunk: int) -> HotChunkTable:
+    """The hot chunk table (buckets of ``hot_min`` positions or more, cut in chunks of ``chunk``).
 
     Built once per plan, device and tuning with torch operations on the
     device; its two sizes are read once (one wait for the device), when it is built.
     """
     torch = _torch()
 
-    def build() -> HotTable:
+    def build() -> HotChunkTable:
         pt = plan_tensors(plan, device)
         counts = pt.counts.to(torch.int64)
         hot = counts >= hot_min
@@ -239,16 +253,16 @@ def hot_table(plan: Fold, device: Any, hot_min: int, chunk: int) -> HotTable:
         buckets = _first_true(hot, H)
         if H == 0:
             empty = torch.zeros((0, 3), dtype=torch.int64, device=device)
-            return HotTable(buckets, empty, 0, 0)
+            return HotChunkTable(buckets, empty, 0, 0)
         per = (counts[buckets] + chunk - 1) // chunk
         rank = torch.repeat_interleave(torch.arange(H, device=device), per, output_size=C)
         first = torch.cumsum(per, 0) - per
         within = torch.arange(C, device=device) - first[rank]
         start = pt.offsets[buckets][rank] + within * chunk
         end = torch.minimum(start + chunk, pt.offsets[buckets + 1][rank])
-        return HotTable(buckets, torch.stack([rank, start, end], 1).contiguous(), H, C)
+        return HotChunkTable(buckets, torch.stack([rank, start, end], 1).contiguous(), H, C)
 
-    return plan.prepared((NAME, "hot", str(device), hot_min, chunk), build)
+    return plan.prepared(HotChunksKey(str(device), hot_min, chunk), build)
 
 
 def _first_true(mask: Any, count: int) -> Any:
@@ -273,7 +287,7 @@ def _first_true(mask: Any, count: int) -> Any:
 class ExactLaunch:
     """Everything an exact fold launches, worked out once per plan, device and shape of call.
 
-    The plan's tensors, the hot table, the grids and the kernels' constexpr
+    The plan's tensors, the hot chunk table, the grids and the kernels' constexpr
     arguments: a warm fold only allocates its result (and the hot buckets'
     state) and launches.
     """
@@ -281,7 +295,7 @@ class ExactLaunch:
     tensors: Any
     lanes_grid: tuple[int, ...]
     lanes: dict[str, Any]
-    hot: HotTable | None
+    hot: HotChunkTable | None
     hot_grid: tuple[int, ...]
     hot_args: dict[str, Any]
     round_grid: tuple[int, ...]
@@ -289,8 +303,21 @@ class ExactLaunch:
     state_shape: tuple[int, int]
 
 
+@dataclass(frozen=True)
+class LaunchKey(DeviceKey):
+    """The key of a plan's :class:`ExactLaunch` on one torch device (``str`` of it), per
+    values' dtype, result dtype, row length, init and tuning."""
+
+    dtype: str
+    out_name: str
+    D: int
+    has_init: bool
+    hot_min: int
+    chunk: int
+
+
 def exact_launch(
-    plan: Fold, device: Any, dtype: str, out_name: str, D: int, has_init: bool, hot_min: int,
+    plan: PlanView, device: Any, dtype: str, out_name: str, D: int, has_init: bool, hot_min: int,
     chunk: int,
 ) -> ExactLaunch:  # fmt: skip
     """The :class:`ExactLaunch` of a fold (made on first use, kept by the plan)."""
@@ -302,7 +329,7 @@ def exact_launch(
         limbs, target = _limbs(fmt), _target(out_name, fmt)
         block_d = min(kernels.next_power_of_2(D), 64)
         block_k = max(1, LANES[fmt.name] // block_d)
-        hot = hot_table(plan, device, hot_min, chunk) if plan.size >= hot_min else None
+        hot = hot_chunk_table(plan, device, hot_min, chunk) if plan.size >= hot_min else None
         hot = hot if hot is not None and hot.count else None
         block_n = max(1, min(kernels.next_power_of_2(chunk), HOT_TILE // block_d))
         rows = hot.count * D if hot is not None else 0
@@ -321,7 +348,7 @@ def exact_launch(
             state_shape=(rows, fmt.width),
         )
 
-    key = (NAME, "exact", str(device), dtype, out_name, D, has_init, hot_min, chunk)
+    key = LaunchKey(str(device), dtype, out_name, D, has_init, hot_min, chunk)
     return plan.prepared(key, build)
 
 
@@ -342,7 +369,7 @@ def _tuning(hot_min: Any, chunk: Any, D: int) -> tuple[int, int]:
 
 
 def fold_exact(
-    plan: Fold,
+    plan: PlanView,
     values: Any,
     spec: Values,
     out_name: str,
@@ -420,7 +447,7 @@ def _same_place(it: Any, t: Any, dtype: str) -> None:
         )
 
 
-def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
+def fold_ordered(plan: PlanView, values: Any, spec: Values, out_name: str) -> Any:
     """The ``ordered`` fold on the device: the host ``ordered`` bits."""
     t, lib = _as_torch(values)
     _check_device(t)
@@ -448,7 +475,7 @@ def fold_ordered(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
     return _back(out.reshape((K, *spec.trailing)), lib)
 
 
-def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
+def fold_atomic(plan: PlanView, values: Any, spec: Values, out_name: str) -> Any:
     """torch's float ``index_add_`` (float32, float64 for float64 output), rounded once after."""
     torch = _torch()
     t, lib = _as_torch(values)
@@ -460,7 +487,7 @@ def fold_atomic(plan: Fold, values: Any, spec: Values, out_name: str) -> Any:
     return _back(total.to(getattr(torch, out_name)).reshape((K, *spec.trailing)), lib)
 
 
-def expand(plan: Fold, v: Any, trailing: tuple[int, ...] = ()) -> Any:
+def expand(plan: PlanView, v: Any, trailing: tuple[int, ...] = ()) -> Any:
     """``v[index]`` in the index's shape (then ``trailing``), on ``v``'s device."""
     t, lib = _as_torch(v)
     idx = plan_tensors(plan, t.device).index
@@ -477,7 +504,7 @@ def new_state(K: int, fmt: LimbFormat, trailing: tuple[int, ...] = (), like: Any
     return torch.zeros((K, *trailing, fmt.width), dtype=torch.int64, device=t.device)
 
 
-def exact_state(plan: Fold, values: Any, spec: Values, fmt: LimbFormat) -> Any:
+def exact_state(plan: PlanView, values: Any, spec: Values, fmt: LimbFormat) -> Any:
     """The state of ``values`` (plan positions ``spec.start ..``), carried, on their device."""
     torch = _torch()
     t, lib = _as_torch(values)
@@ -516,7 +543,7 @@ def _carried(state: Any, fmt: LimbFormat) -> Any:
 
 
 def add_to_state(
-    state: Any, plan: Fold, values: Any, spec: Values, fmt: LimbFormat, **options: Any
+    state: Any, plan: PlanView, values: Any, spec: Values, fmt: LimbFormat, **options: Any
 ) -> Any:
     """Add ``values`` into ``state`` exactly; the new state.
 
@@ -557,7 +584,7 @@ def round_state(state: Any, fmt: LimbFormat, out_name: str) -> Any:
     return out.reshape(shape)
 
 
-def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tuple[str, str]:
+def explain_route(plan: PlanView, values: Any, spec: Values, **options: Any) -> tuple[str, str]:
     """``plan.route``'s answer: lanes, and the hot buckets' chunks when there are any."""
     hot_min, _ = _tuning(options.get("hot_min"), options.get("chunk"), spec.row_size)
     built = plan.device_tensors  # a plan built on a device: counted there, not copied here
@@ -573,7 +600,7 @@ def explain_route(plan: Fold, values: Any, spec: Values, **options: Any) -> tupl
     )
 
 
-def _lane_paths(plan: Fold, values: Any, spec: Values, hot_min: int, has_init: bool) -> str:
+def _lane_paths(plan: PlanView, values: Any, spec: Values, hot_min: int, has_init: bool) -> str:
     """``"; of N lanes with terms, W sum one word a value, L the limbs"`` for these values.
 
     The lanes' own certificate (:func:`bitfold.kernels.triton.lanes_kernel`), evaluated on a
@@ -713,7 +740,9 @@ __all__ = [
     "KNOWN_ANSWERS",
     "NAME",
     "ExactLaunch",
-    "HotTable",
+    "HotChunkTable",
+    "HotChunksKey",
+    "LaunchKey",
     "about",
     "add_to_state",
     "busy",
@@ -724,7 +753,7 @@ __all__ = [
     "fold_atomic",
     "fold_exact",
     "fold_ordered",
-    "hot_table",
+    "hot_chunk_table",
     "interpreting",
     "launching",
     "merge_states",
