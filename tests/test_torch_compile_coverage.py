@@ -113,6 +113,11 @@ CASES = {
     "addmm": lambda: (
         lambda C, A, x: ([torch.addmm(C, A, x, beta=0.5)], [x]),
         (wide((4, D), 18), _coo(False), *_grad(wide((6, D), 17)))),
+    "mv": lambda: (lambda A, x: ([torch.mv(A, x)], [x]),
+                   (_coo(False).to_sparse_csr(), *_grad(wide((6,), 23)))),
+    "addmv": lambda: (
+        lambda b, A, x: ([torch.addmv(b, A, x, beta=0.5)], [x]),
+        (wide((4,), 24), _coo(False).to_sparse_csr(), *_grad(wide((6,), 25)))),
     "_sparse_mm": lambda: (
         lambda A, x: ([torch.sparse.mm(A, x)], [x]), (_coo(False), *_grad(wide((6, D), 19)))),
     "_sparse_mm_reduce_impl": lambda: (

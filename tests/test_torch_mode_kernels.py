@@ -26,6 +26,13 @@ def _calls() -> int:
     return mode_module._kernels["calls"]
 
 
+@pytest.fixture(autouse=True)
+def no_sparse_tensor_yet(monkeypatch):
+    """Each test starts as a process that has made no sparse tensor (another test file's, in
+    the same worker, would make every mode start full)."""
+    monkeypatch.setitem(mode_module._kernels, "sparse_seen", False)
+
+
 class Net(torch.nn.Module):
     """An embedding, a linear layer, a nonlinearity and a scatter-add: one fold each way."""
 
@@ -116,6 +123,35 @@ def test_a_sparse_tensor_turns_the_mode_full():
         torch.sparse_coo_tensor(i, torch.ones(3), (2, 3))
         assert not _get_current_dispatch_mode_stack()
     assert not fast.counts
+
+
+CSR_ROW = "torch.sparse_csr_tensor(torch.tensor([0, 3, 3]), torch.tensor([0, 1, 2]), " \
+    "torch.tensor([1e8, 1.0, -1e8]), (2, 3))"
+
+
+def test_a_sparse_tensor_made_outside_the_mode_makes_the_next_mode_full():
+    """A CSR matrix from a conversion (built inside ATen, no constructor's kernel) times a
+    vector or a matrix reaches no fold kernel: the mode must start full to see it."""
+    A = torch.tensor([[1e8, 1.0, -1e8], [0.0, 0.0, 0.0]]).to_sparse_csr()
+    assert mode_module._kernels["sparse_seen"]
+    for product in (lambda: A @ torch.ones(3), lambda: torch.matmul(A, torch.ones(3, 1))):
+        with bt.exact_mode(strict=True) as mode:
+            assert mode in _get_current_dispatch_mode_stack()
+            y = product()
+        assert y.flatten().tolist() == [1.0, 0.0] and mode.counts == {"sparse_mm": 1}
+
+
+def test_a_sparse_tensor_made_before_the_import_is_found():
+    import subprocess
+    import sys
+
+    code = (f"import torch\nA = {CSR_ROW}\nimport bitfold.torch as bt\n"
+            "with bt.exact_mode() as m:\n    y = A @ torch.ones(3, 1)\n"
+            "print(y.flatten().tolist(), dict(m.counts))\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[1.0, 0.0] {'sparse_mm': 1}", done.stdout
 
 
 def test_code_compiled_outside_the_mode_does_not_run_inside_it():

@@ -2,7 +2,8 @@
 
 A graph layer can send ``w * x[src]`` into ``dst`` through an ``edge_index`` fold
 (``index_add``, ``scatter_add``, ``scatter_reduce``), a ``torch_sparse`` product, a
-``torch.sparse`` matrix (COO, CSR, CSC; ``mm``, ``addmm``, the reduce kernel), sorted
+``torch.sparse`` matrix (COO, CSR, CSC; ``mm``, ``addmm``, ``mv``, ``addmv``, the reduce
+kernel), sorted
 segments (``segment_reduce``) or an embedding bag with per-sample weights. Under
 ``exact_mode()`` and ``bitfold.torch.compile`` every path gives the Fraction oracle's
 rounding of the sum of the **rounded** products (each ``w * x`` rounded to float32, as torch
@@ -98,6 +99,12 @@ PATHS = {
                                False) for layout in ("coo", "csr", "csc")},
     **{f"addmm {layout}": ((lambda x, layout=layout: torch.addmm(
         torch.zeros(NODES, FEATURES), _matrix(layout), x)), False) for layout in ("coo", "csr")},
+    **{f"mv {layout}": ((lambda x, layout=layout: torch.stack([torch.mv(
+        _matrix(layout), x[:, j]) for j in range(FEATURES)], 1)), False)
+       for layout in ("coo", "csr", "csc")},
+    "addmv csr": (lambda x: torch.stack([torch.addmv(torch.zeros(NODES), _matrix("csr"),
+                                                     x[:, j]) for j in range(FEATURES)], 1),
+                  False),
     "sparse.mm csr mean": (lambda x: torch.sparse.mm(_matrix("csr"), x, "mean"), True),
     "_sparse_mm_reduce_impl csr": (lambda x: torch.ops.aten._sparse_mm_reduce_impl(
         _matrix("csr"), x, "sum")[0], False),

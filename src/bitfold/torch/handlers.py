@@ -535,6 +535,27 @@ def addmm(a: dict[str, Any]) -> torch.Tensor | Leave:
     return sparse_product(x, mat1, mat2, a["beta"], a["alpha"])
 
 
+def mv(a: dict[str, Any]) -> torch.Tensor | Leave:
+    """A sparse matrix times a vector: the one-column product, exact as ``mm``."""
+    A, x = a["self"], a["vec"]
+    if not sparse.is_sparse(A) or x.dim() != 1:
+        return UNTOUCHED
+    out = sparse_product(None, A, x.unsqueeze(1))
+    return out if isinstance(out, Leave) else out.squeeze(1)
+
+
+def addmv(a: dict[str, Any]) -> torch.Tensor | Leave:
+    """``beta * b + alpha * (A @ x)`` with a sparse ``A``, one rounding, as ``addmm``."""
+    b, A, x = a["self"], a["mat"], a["vec"]
+    if not sparse.is_sparse(A) or x.dim() != 1 or A.dim() != 2:
+        return UNTOUCHED
+    if b.dim() > 1 or (b.numel() != 1 and b.shape != (A.shape[0],)):
+        return Leave("addmv whose added tensor is not a vector of the rows or a scalar")
+    column = b.reshape(-1, 1).expand(A.shape[0], 1)
+    out = sparse_product(column, A, x.unsqueeze(1), a["beta"], a["alpha"])
+    return out if isinstance(out, Leave) else out.squeeze(1)
+
+
 def sparse_mm(a: dict[str, Any]) -> torch.Tensor | Leave:
     return sparse_product(None, a["sparse"], a["dense"], reduce=a.get("reduce", "sum"))
 

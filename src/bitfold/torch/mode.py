@@ -31,12 +31,17 @@ products above autograd as exact autograd functions. A product whose sparse
 factor requires a gradient and which the mode met before it turned full (its
 factor made outside the mode) keeps torch's gradient for that factor, recorded
 in ``passed``. ``exact_mode(full=True)`` is full from the start;
-``full=False`` never turns full. Dense ``mm`` and ``addmm`` get kernels only
-once the process has made a sparse tensor (importing ``bitfold.torch`` installs
-kernels for torch's sparse constructors, which are otherwise torch's own, to
-notice it), so that dense products never enter Python; a sparse tensor made
-before that import and first used inside a mode in a product is not seen:
-use ``full=True`` there.
+``full=False`` never turns full (for code without sparse tensors: a product
+with a sparse factor that reaches no kernel of the mode, such as a CSR
+matrix times a vector, is then torch's). Once the process has made a sparse
+tensor, every mode starts full, and dense ``mm``, ``addmm``, ``mv`` and
+``addmv`` get kernels;
+until then dense products never enter Python. To notice sparse tensors,
+importing ``bitfold.torch`` installs kernels for torch's sparse constructors
+and dense-to-sparse conversions (otherwise torch's own) and looks once among
+the live tensors for a sparse one made before the import; a sparse tensor held
+only by C++ (an extension's) and made before that import is not seen: use
+``full=True`` there.
 
 Every op it makes exact is one row of :data:`bitfold.torch.rules.RULES` (a
 rule's ``description`` says what is exact): that table is the one list, and
@@ -319,9 +324,12 @@ _SPARSE_FACTORIES = (
     ("sparse_compressed_tensor", "comp_plain_value_size"),
     ("sparse_compressed_tensor", "comp_plain_value"),
 )
+#: the conversions of dense tensors to sparse layouts, which build their results in ATen
+_SPARSE_CONVERSIONS = ("_to_sparse", "_to_sparse_csr", "_to_sparse_csc", "_to_sparse_bsr",
+                       "_to_sparse_bsc")  # fmt: skip
 #: dense products are not folds: mm and addmm get their kernels only once this process has made
 #: a sparse tensor (seen by the constructors' kernels, installed on import, or by a fold kernel)
-_PRODUCTS = ("mm", "addmm")
+_PRODUCTS = ("mm", "addmm", "mv", "addmv")
 _kernels: dict[str, Any] = {
     "libraries": [],
     "products": [],
@@ -408,6 +416,30 @@ def _sparse_factory_kernel(op: Any) -> Callable[..., Any]:
     return kernel
 
 
+def _sparse_conversion_kernel(op: Any) -> Callable[..., Any]:
+    """A dense-to-sparse conversion (``to_sparse_csr()`` ...), after noting that a sparse tensor
+    appeared: ATen builds its result without passing a constructor's kernel."""
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        _sparse_seen()
+        mode = _handling()
+        if mode is not None:
+            mode._saw_sparse()
+        return op.redispatch(keyset & _BELOW, *args, **kwargs)
+
+    return kernel
+
+
+def _sparse_tensors_alive() -> bool:
+    """Whether a sparse tensor made before ``bitfold.torch`` was imported is still alive
+    (held by Python: the garbage collector's objects; read once, on import)."""
+    import gc
+
+    tensor = torch.Tensor
+    return any(issubclass(type(o), tensor) and o.layout != torch.strided
+               for o in gc.get_objects())  # fmt: skip
+
+
 def _extension_fold_kernel(op: Any, name: str) -> Callable[..., Any]:
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         _kernels["calls"] += 1
@@ -447,7 +479,14 @@ def _install_factory_kernels() -> None:
         with warnings.catch_warnings():  # in place of torch's kernel, which it repeats
             warnings.simplefilter("ignore", UserWarning)
             library.impl(name, _sparse_factory_kernel(op), _FAST_KEY, with_keyset=True)
+    for packet in _SPARSE_CONVERSIONS:
+        for overload in getattr(torch.ops.aten, packet).overloads():
+            op = getattr(getattr(torch.ops.aten, packet), overload)
+            name = packet if overload == "default" else f"{packet}.{overload}"
+            library.impl(name, _sparse_conversion_kernel(op), _FAST_KEY, with_keyset=True)
     _kernels["factories"] = library
+    if _sparse_tensors_alive():
+        _sparse_seen()
 
 
 def _sparse_seen() -> None:
@@ -665,8 +704,8 @@ class ExactMode(TorchDispatchMode):
         self._products_tokens.append(sparse.PRODUCTS.set(self.products))
         _set_modes((*active_modes(), self))
         self._entries.append((threading.get_ident(), False))
-        if self.full:
-            self._go_full()
+        if self.full or (self.full is None and _kernels["sparse_seen"]):
+            self._go_full()  # a sparse tensor exists: its products may reach no kernel of ours
         return self
 
     def _go_full(self, *, seen: bool = False) -> None:

@@ -166,6 +166,9 @@ RULES: tuple[Rule, ...] = (
     Rule("sparse_mm", (aten.addmm, aten._sparse_addmm), h.addmm,
          "beta * C + alpha * (A @ B) with a sparse factor, one rounding"),
     Rule("sparse_mm", (aten._sparse_mm,), h.sparse_mm, "exact with a sparse factor, as mm"),
+    Rule("sparse_mm", (aten.mv,), h.mv, "a COO, CSR or CSC matrix times a vector, as mm"),
+    Rule("sparse_mm", (aten.addmv,), h.addmv, "beta * b + alpha * (A @ x) with a sparse A, "
+         "one rounding"),
     Rule("sparse_mm", (aten._sparse_mm_reduce_impl,), h.sparse_mm_reduce,
          '"sum" and "mean" exact'),
     Rule("sparse_sampled_addmm", (aten.sparse_sampled_addmm,), h.sampled_addmm,
