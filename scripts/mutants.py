@@ -45,6 +45,31 @@ class Mutation:
 
 MUTATIONS = (
     Mutation(
+        "mode: a process with a sparse tensor still starts its modes on the fold kernels",
+        "torch/mode.py",
+        '        if self.full or (self.full is None and _kernels["sparse_seen"]):\n',
+        "        if self.full:\n",
+        ("tests/test_torch_mode_kernels.py", "-k", "made_outside_the_mode"),
+        "a CSR matrix from to_sparse_csr() times a vector reached no kernel: 0.0 for 1.0, "
+        "nothing counted or passed",
+    ),
+    Mutation(
+        "mode: the import does not look for sparse tensors made before it",
+        "torch/mode.py",
+        "    if _sparse_tensors_alive():\n        _sparse_seen()\n",
+        "    pass\n",
+        ("tests/test_torch_mode_kernels.py", "-k", "before_the_import"),
+        "a sparse tensor made before importing bitfold.torch left its products unseen",
+    ),
+    Mutation(
+        "rules: a sparse matrix times a vector left to torch",
+        "torch/handlers.py",
+        "    out = sparse_product(None, A, x.unsqueeze(1))\n",
+        "    return UNTOUCHED\n    out = sparse_product(None, A, x.unsqueeze(1))\n",
+        ("tests/test_torch_one_answer.py", "-k", "mv and exact_mode"),
+        "torch.mv of a CSR matrix gave torch's sum in every mode, nothing counted or passed",
+    ),
+    Mutation(
         "mode: put returns ATen's inexact sum (still counted)",
         "torch/handlers.py",
         "    return folds.put(x, index, source)\n",
