@@ -10,8 +10,9 @@ repeats (the first round warms up):
 * ``float32``: ``dist.reduce_scatter_tensor`` of the gradient into this
   rank's shard (SUM) — what FSDP does with the gradients;
 * ``exact``: :func:`bitfold.distributed.exact_reduce_scatter` of the tensor —
-  the metadata check (a small all-reduce), every shard's block bounds (MAX),
-  one ``reduce_scatter_tensor`` of the int64 words (SUM), this rank's shard
+  one all-reduce (MAX) of the metadata check and every shard's block bounds
+  (after the warm-up call: the group's previous call had the same size), one
+  ``reduce_scatter_tensor`` of the int64 words (SUM), this rank's shard
   rounded once.
 
 Each rank runs one thread (torch and Numba): the ranks share the machine's

@@ -33,11 +33,11 @@ within it, never a silent hang or a partial result. Parameter lists that
 differ between ranks are refused before any reduction.
 
 Sharded data parallelism (FSDP's gradient reduce-scatter): :func:`exact_reduce_scatter`
-sends the same words — the bounds of every shard's blocks (MAX), then one
-``reduce_scatter_tensor`` (SUM) of the int64 words — and each rank rounds only
-its shard: the bits of the all-reduce's elements, on any number of ranks. With a
-``replicate_group`` (HSDP) the shard's words are also all-reduced over the replicas before
-the rounding. :func:`exact_fsdp` plugs it into FSDP2 (``fully_shard``, 1-D or HSDP meshes).
+sends the same words — the bounds of every shard's blocks (MAX, in the all-reduce that checks
+what the ranks pass), then one ``reduce_scatter_tensor`` (SUM) of the int64 words — and each
+rank rounds only its shard: the bits of the all-reduce's elements, on any number of ranks.
+With a ``replicate_group`` (HSDP) the shard's words are also all-reduced over the replicas
+before the rounding. :func:`exact_fsdp` plugs it into FSDP2 (``fully_shard``, 1-D or HSDP meshes).
 
 For ``DistributedDataParallel``: :func:`exact_allreduce_hook` (register it
 with ``model.register_comm_hook(None, exact_allreduce_hook)``) makes each
@@ -52,6 +52,7 @@ import hashlib
 import math
 import numbers
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
@@ -824,6 +825,63 @@ class _SumShare:
         return self.s.negzero(start=self.start, stop=self.stop)
 
 
+#: Per process group: the length (int32) of the check all-reduce its last exact
+#: reduce-scatter agreed on — the metadata table, then every shard's block bounds of the
+#: input size the ranks passed. The next call on the group makes one of that length: with its
+#: bounds where its input has that size (one collective before the words, as long as the
+#: size stays), else the table only, padded, and the bounds after (a size that changed).
+#: Every rank of a group sees the same checks, so each computes the same length.
+_AGREED: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+#: Where a rank's slot of the check holds nothing: below every metadata and bounds value.
+_NONE = np.iinfo(np.int32).min
+
+
+def _check_length(ranks: int, numel: int) -> int:
+    """The int32 of a check all-reduce over ``ranks`` ranks: the metadata table, then three a
+    block of every shard of ``numel`` elements (cut into ``ranks``)."""
+    return 2 * ranks * _META + ranks * -(-(numel // ranks) // BLOCK) * 3
+
+
+def _check_with_bounds(
+    row: np.ndarray, bounds: Callable[[], Any] | None, group: Any, timeout: float
+) -> tuple[list[str], Any]:
+    """What the ranks' metadata rows (``row`` is this rank's) refuse (:func:`_meta_problems`,
+    the same on every rank) and, where the group's last check agreed on this input size,
+    every shard's block bounds reduced (MAX) in the same all-reduce; None for them otherwise.
+
+    ``bounds`` makes this rank's bounds (a NumPy array or a tensor, int32) — None where its
+    input is refused here already. The table travels as int32 halves, each rank's in its own
+    slot and :data:`_NONE` in the others': MAX gives every rank's values exactly. The length
+    of the all-reduce is the group's agreed one (:data:`_AGREED`), whatever this rank passes,
+    so ranks that pass different sizes meet in a collective of one size and are refused by the
+    table; a rank sends its bounds only where they fill that length, and they are used only
+    where the table shows that every rank's do.
+    """
+    ranks, me = dist.get_world_size(group), dist.get_rank(group)
+    key = group if group is not None else dist.group.WORLD
+    head, length = _check_length(ranks, 0), _AGREED.get(key, _check_length(ranks, 0))
+    size = _check_length(ranks, int(row[1]))
+    table = np.full((ranks, 2 * _META), _NONE, np.int32)
+    table[me] = row.view(np.int32)
+    message = torch.full((length,), _NONE, dtype=torch.int32)
+    message[:head] = torch.from_numpy(table.reshape(-1))
+    mine = bounds() if bounds is not None and size == length > head else None
+    message = _on_group_device(message, group)
+    if mine is not None:
+        mine = mine if isinstance(mine, torch.Tensor) else torch.from_numpy(mine)
+        message[head:] = mine.reshape(-1).to(message.device)
+    _collective(message, dist.ReduceOp.MAX, group, timeout, "the reduce-scatter's check")
+    table = message[:head].cpu().numpy().view(np.int64).reshape(ranks, _META)
+    problems = _meta_problems(table)
+    if problems:
+        return problems, None  # refused on every rank; the agreed length stays
+    agreed = _check_length(ranks, int(table[0, 1]))
+    _AGREED[key] = agreed
+    if agreed != length or agreed == head:
+        return problems, None
+    return problems, message[head:].view(-1, 3)
+
+
 def _shard_layouts(
     bounds: np.ndarray, size: int, shards: int, ranks: int, limbs: int
 ) -> list[WireLayout]:
@@ -853,10 +911,9 @@ def _scatter(words: torch.Tensor, group: Any, timeout: float, replicate: Any = N
     return got
 
 
-def _max_bounds(bounds: Any, group: Any, replicate: Any, timeout: float) -> Any:
-    """Block bounds (a NumPy array, or a tensor reduced in place) reduced (MAX) over ``group``
-    and, where there is one of more than one rank, over ``replicate``."""
-    groups = [group] + ([replicate] if _size(replicate) > 1 else [])
+def _max_bounds(bounds: Any, groups: list[Any], timeout: float) -> Any:
+    """Block bounds (a NumPy array, or a tensor reduced in place) reduced (MAX) over each of
+    ``groups``."""
     for g in groups:
         if isinstance(bounds, torch.Tensor):
             _collective(bounds, dist.ReduceOp.MAX, g, timeout, "the bounds all-reduce")
@@ -908,28 +965,29 @@ def _scatter_words(
     return s.decode(got[: layout.words], layout, negzero, out_name, mean_over=mean_over)
 
 
-def _reduce_scatter_host(
-    x: Any, group: Any, timeout: float, out_name: str, mean_over: int, replicate: Any = None
-) -> np.ndarray:
-    """:func:`exact_reduce_scatter` of ``x`` (an array or a :class:`DenseSum`) with its words
-    made and read on the host."""
-    ranks = dist.get_world_size(group)  # the shards
-    shares: list[Any]
+def _host_shares(x: Any, ranks: int) -> tuple[list[Any], str, int]:
+    """``x`` (an array or a :class:`DenseSum`) cut into ``ranks`` shards as the host's words
+    read them: the shares, their family, the size of each."""
     if isinstance(x, DenseSum):
         family, size = x.format.value_dtypes[-1], x.size // ranks
-        shares = [_SumShare(x, r * size, (r + 1) * size) for r in range(ranks)]
-    else:
-        flat = _host_flat(x)
-        family, size = ("float64" if flat.dtype == np.float64 else "float32"), flat.size // ranks
-        shares = [_ArrayShare(flat[r * size : (r + 1) * size], family) for r in range(ranks)]
-    bounds = _max_bounds(np.concatenate([share.bounds() for share in shares]), group,
-                         replicate, timeout)  # fmt: skip
-    return _scatter_words(shares, bounds, size, family, group, timeout, out_name, mean_over,
-                          replicate)  # fmt: skip
+        return [_SumShare(x, r * size, (r + 1) * size) for r in range(ranks)], family, size
+    flat = _host_flat(x)
+    family, size = ("float64" if flat.dtype == np.float64 else "float32"), flat.size // ranks
+    shares = [_ArrayShare(flat[r * size : (r + 1) * size], family) for r in range(ranks)]
+    return shares, family, size
+
+
+def _device_bounds(flat: torch.Tensor, shards: int, group: Any) -> torch.Tensor:
+    """Every shard's block bounds of ``flat`` (float32 or float64) made on its device, where
+    the group's collectives take them."""
+    pieces = flat.view(shards, flat.numel() // shards)
+    return _on_group_device(torch.cat([dense_device.array_bounds(pieces[r], BLOCK)
+                                       for r in range(shards)]), group)  # fmt: skip
 
 
 def _reduce_scatter_on_device(
     flat: torch.Tensor,
+    bounds: torch.Tensor,
     group: Any,
     timeout: float,
     out_name: str,
@@ -938,16 +996,15 @@ def _reduce_scatter_on_device(
 ) -> torch.Tensor:
     """:func:`exact_reduce_scatter` of ``flat`` (float32 or float64) with its words made and
     read on its device (:mod:`bitfold.dense_device`; one host read of every shard's layout
-    totals); a layout with a wide, wider or full block goes to the host, as the all-reduce's."""
+    totals; ``bounds``: every shard's block bounds, reduced); a layout with a wide, wider or
+    full block goes to the host, as the all-reduce's."""
     shards, me = dist.get_world_size(group), dist.get_rank(group)
     ranks = shards * _size(replicate)  # every rank whose terms meet in a sum
     size = flat.numel() // shards
     family = "float64" if flat.dtype == torch.float64 else "float32"
     limbs = DenseSum((1,), family).format.limbs
     pieces = flat.view(shards, size)
-    bounds = _on_group_device(torch.cat([dense_device.array_bounds(pieces[r], BLOCK)
-                                         for r in range(shards)]), group)  # fmt: skip
-    bounds = _max_bounds(bounds, group, replicate, timeout).to(flat.device)
+    bounds = bounds.to(flat.device)
     nb = -(-size // BLOCK)
     layouts = [dense_device.device_layout(bounds[r * nb : (r + 1) * nb], size, ranks, BLOCK,
                                           ranks <= WIDE_MAX_RANKS, limbs)
@@ -1017,8 +1074,11 @@ def exact_reduce_scatter(
     and each rank decodes and rounds only its shard.
 
     Refusals come on every rank, before any collective on the values and
-    before ``output`` is written: the ranks first all-reduce a small table of
-    what each passes (dtypes, shapes, output size, ``op``, ``mean_over``), and
+    before ``output`` is written: the ranks first all-reduce (MAX) a small table
+    of what each passes (dtypes, shapes, output size, ``op``, ``mean_over``) —
+    with every shard's block bounds in the same all-reduce where the group's
+    previous exact reduce-scatter had an input of this size (so a run of calls
+    of one size makes two collectives, the check and the words) — and
     an input of another dtype, inputs of different shapes or dtypes, an output
     whose size is not ``input.numel() / world_size``, an ``op`` other than
     ``ReduceOp.SUM`` or ``ReduceOp.AVG`` (or AVG with ``mean_over``) raise the
@@ -1039,10 +1099,21 @@ def exact_reduce_scatter(
     ranks = dist.get_world_size(group)
     copies = _size(replicate_group)
     row = _meta_row(output, input, op, mean_over, words)
-    table = np.zeros((ranks, _META), np.int64)
-    table[dist.get_rank(group)] = row
-    table = _reduce(table, dist.ReduceOp.SUM, group, timeout, "the reduce-scatter's check")
-    problems = _meta_problems(table)
+    numel, floats = int(row[1]), len(VALUE_DTYPES)
+    prepared: Any = None  # this rank's input ready for its words, where it looks right here
+    if 1 <= row[0] <= floats and row[14] != _BAD and numel and not numel % ranks:
+        if WORDS[row[14]] == "device":
+            prepared = dense_device.widened(input)
+        else:
+            prepared = _host_shares(input, ranks)
+
+    def bounds() -> Any:
+        if isinstance(prepared, torch.Tensor):
+            return _device_bounds(prepared, ranks, group)
+        return np.concatenate([share.bounds() for share in prepared[0]])
+
+    problems, reduced = _check_with_bounds(row, None if prepared is None else bounds, group,
+                                           timeout)  # fmt: skip
     if copies > 1:  # the replicas pass the same: checked on every rank before any raises
         replicas = np.zeros((copies, _META), np.int64)
         replicas[dist.get_rank(replicate_group)] = row
@@ -1056,17 +1127,22 @@ def exact_reduce_scatter(
             f"exact_reduce_scatter refused on every rank of the group ({ranks} ranks{also}): "
             + "; ".join(problems)
         )
-    if int(table[0, 1]) == 0:
+    if numel == 0:
         return output  # every rank knows: nothing to sum
     mean = ranks * copies if _op_code(op) == _AVG else _check_mean_over(mean_over)
     out_name = dtype_name(output)
     replicate = replicate_group if copies > 1 else None
-    if _check_words(words, [input]) == "device":
-        result = _reduce_scatter_on_device(dense_device.widened(input), group, timeout,
-                                           out_name, mean, replicate)  # fmt: skip
-    else:
-        got = _reduce_scatter_host(input, group, timeout, out_name, mean, replicate)
-        result = _host_tensor(got, out_name) if isinstance(output, torch.Tensor) else got
+    pending = ([] if reduced is not None else [group]) + ([replicate] if replicate else [])
+    got = _max_bounds(bounds() if reduced is None else reduced, pending, timeout)
+    if isinstance(prepared, torch.Tensor):
+        result = _reduce_scatter_on_device(prepared, got, group, timeout, out_name, mean,
+                                           replicate)  # fmt: skip
+    else:  # the host's words
+        shares, family, size = prepared
+        got = got.cpu().numpy() if isinstance(got, torch.Tensor) else got
+        host = _scatter_words(shares, got, size, family, group, timeout, out_name, mean,
+                              replicate)  # fmt: skip
+        result = _host_tensor(host, out_name) if isinstance(output, torch.Tensor) else host
     if isinstance(output, torch.Tensor):
         output.copy_(result.reshape(output.shape))
     else:
