@@ -67,7 +67,7 @@ def _rank(rank: int, world: int, init: str, n: int, repeats: int, out: str) -> N
     bounds = torch.from_numpy(np.concatenate([array_bounds(flat[r * m : (r + 1) * m])
                                               for r in range(world)]))  # fmt: skip
     dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
-    layouts = _shard_layouts(bounds.numpy(), m, world, DenseSum(1).format.limbs)
+    layouts = _shard_layouts(bounds.numpy(), m, world, world, DenseSum(1).format.limbs)
     width = max(layout.words + layout.sign_elements().size for layout in layouts)
     codes = {name: getattr(wire, name.upper()) for name in CLASSES}
     counts = np.bincount(np.concatenate([layout.classes for layout in layouts]),
