@@ -198,3 +198,49 @@ def test_a_device_index_is_checked_against_its_kept_copy():
     changed = idx.clone()
     changed[-1] = (changed[-1] + 1) % K
     assert not plan_cache.PlanCache._matches(entry, changed)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("width", [(), (1,), (5,), (3, 4)])
+@pytest.mark.parametrize("with_init", [False, True])
+def test_small_cpu_folds_take_the_direct_way_with_the_engine_bits(
+    dtype, width, with_init, monkeypatch
+):
+    """Below MIN_POSITIONS a CPU fold skips the plan and the dispatch: the same bits as the
+    engine's (a NumPy plan), zeros, NaN, infinities and far-apart magnitudes included."""
+    from bitfold.torch import folds
+
+    rng = np.random.default_rng([len(dtype), len(width), int(with_init)])
+    n, k = 300, 29
+    idx = rng.integers(0, k - 3, n)  # the last buckets stay empty
+    shape = (n, *width)
+    vals = rng.standard_normal(shape) * 2.0 ** rng.integers(-60, 60, shape)
+    flat = vals.reshape(-1)
+    flat[:12] = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e300, -1e300, 3e-310, 2.0**-1074,
+                 -0.0, 5e-324, 1e38]  # fmt: skip
+    with np.errstate(over="ignore"):  # float32: the float64 extremes become infinities
+        vals = vals.astype(dtype)
+    init = (rng.standard_normal((k, *width)) * 1e8).astype(dtype) if with_init else None
+    if init is not None:
+        init.reshape(-1)[:3] = [-0.0, np.nan, np.inf]
+    taken = []
+    direct = folds._small_host_fold
+    monkeypatch.setattr(folds, "_small_host_fold", lambda *a: taken.append(direct(*a)) or taken[-1])
+    start = None if init is None else torch.from_numpy(init)
+    got = fold_rows(torch.from_numpy(idx), torch.from_numpy(vals), k, init=start)
+    assert len(taken) == 1 and taken[0] is not None  # the direct way folded it
+    want = bitfold.Fold(idx, k)(vals, init=init)
+    bits = np.uint32 if dtype == "float32" else np.uint64
+    assert got.shape == (k, *width) and got.dtype == getattr(torch, dtype)
+    np.testing.assert_array_equal(got.numpy().view(bits), want.view(bits))
+
+
+def test_small_cpu_folds_refuse_a_bad_index_in_the_usual_words():
+    vals = torch.ones(5, 2)
+    for bad, k, said in (
+        (torch.tensor([0, 1, 7, 2, 0]), 5, r"index\[2\] = 7"),
+        (torch.tensor([0, -1, 2, 2, 0], dtype=torch.int32), 7, r"index\[1\] = -1"),
+    ):
+        with pytest.raises(bitfold.IndexRangeError, match=said):
+            fold_rows(bad, vals, k)
+    assert len(plan_cache.PLANS) == 0

@@ -53,14 +53,39 @@ UNTOUCHED = Leave()
 def bind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The op's arguments by schema name, defaults filled in."""
     bound: dict[str, Any] = {}
-    for i, arg in enumerate(func._schema.arguments):
-        if i < len(args) and not arg.kwarg_only:
-            bound[arg.name] = args[i]
-        elif arg.name in kwargs:
-            bound[arg.name] = kwargs[arg.name]
-        elif arg.has_default_value():
-            bound[arg.name] = arg.default_value
+    for i, (name, kwarg_only, has_default, default) in enumerate(_arguments(func)):
+        if i < len(args) and not kwarg_only:
+            bound[name] = args[i]
+        elif name in kwargs:
+            bound[name] = kwargs[name]
+        elif has_default:
+            bound[name] = list(default) if isinstance(default, list) else default
     return bound
+
+
+#: an op's schema arguments as (name, kwarg_only, has a default, the default), by op: reading
+#: a schema makes new Python objects for every argument (about 5 us an op call)
+_ARGUMENTS: dict[Any, tuple[tuple[str, bool, bool, Any], ...]] = {}
+_WRITTEN: dict[Any, tuple[str, ...]] = {}
+
+
+def _arguments(func: Any) -> tuple[tuple[str, bool, bool, Any], ...]:
+    try:
+        return _ARGUMENTS[func]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable: read each time
+        return _read_arguments(func)
+    found = _ARGUMENTS[func] = _read_arguments(func)
+    return found
+
+
+def _read_arguments(func: Any) -> tuple[tuple[str, bool, bool, Any], ...]:
+    return tuple(
+        (str(arg.name), bool(arg.kwarg_only), arg.has_default_value(),
+         arg.default_value if arg.has_default_value() else None)
+        for arg in func._schema.arguments
+    )  # fmt: skip
 
 
 def plain_index(t: Any) -> Any:
@@ -68,6 +93,8 @@ def plain_index(t: Any) -> Any:
     ``Index`` and ``EdgeIndex``, through the ``__tensor_flatten__`` protocol), as that tensor;
     anything else as it is. Ids are integers: the wrapper changes no sum.
     """
+    if type(t) is torch.Tensor:
+        return t
     if isinstance(t, list | tuple):
         return type(t)(plain_index(x) for x in t)
     if not isinstance(t, torch.Tensor) or type(t) in PLAIN or t.dtype not in INTEGER:
@@ -90,11 +117,20 @@ def plain_index(t: Any) -> Any:
 def written(func: Any) -> tuple[str, ...]:
     """The arguments an in-place or ``out=`` overload writes (``self``; ``out``; ``hist`` and
     ``bin_edges``, ...), in the order of its results; empty for a functional overload."""
-    return tuple(
+    try:
+        return _WRITTEN[func]
+    except (KeyError, TypeError):
+        pass
+    names = tuple(
         str(arg.name)
         for arg in func._schema.arguments
         if arg.alias_info is not None and arg.alias_info.is_write
     )
+    try:
+        _WRITTEN[func] = names
+    except TypeError:  # an unhashable callable
+        pass
+    return names
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -108,11 +144,12 @@ def check_fold(target: torch.Tensor, *tensors: Any) -> Leave | None:
         return UNTOUCHED  # integer sums are exact in any order
     if target.dtype not in FLOATING:
         return Leave(f"{dtype_name(target.dtype)}: bitfold folds float16 .. float64 only")
+    served = target.device  # asked of the registry once a device
     for t in (target, *tensors):
         if isinstance(t, torch.Tensor) and (
             not (type(t) in PLAIN or isinstance(t, FakeTensor))
             or t.layout != torch.strided
-            or not folds_on(t.device)
+            or ((t is target or t.device != served) and not folds_on(t.device))
         ):
             return Leave(
                 f"a {type(t).__name__} on {t.device} ({t.layout}): bitfold folds plain dense "

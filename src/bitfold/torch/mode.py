@@ -775,7 +775,10 @@ class ExactMode(TorchDispatchMode):
         """A fold op: its rule's exact result, or ``aten()`` (ATen's own kernel)."""
         rule = rule_for(func)
         kind = rule.kind
-        with _inside():
+        local = _local
+        before = getattr(local, "inside", False)
+        local.inside = True  # as _inside(), without a generator: this runs for every fold
+        try:
             bound = {k: plain_index(v) for k, v in bind(func, args, kwargs).items()}
             if kind in _SPARSE_KINDS and not self._entries[-1][1]:
                 self._sparse_seen_below(func, kind, bound)
@@ -795,6 +798,8 @@ class ExactMode(TorchDispatchMode):
                     target.resize_(value.shape)
                 target.copy_(value)
             return targets if isinstance(result, tuple) else targets[0]
+        finally:
+            local.inside = before
 
     def _sparse_seen_below(self, func: Any, kind: str, bound: dict[str, Any]) -> None:
         """A sparse op reached the kernels: the mode turns full (when allowed) for what follows;

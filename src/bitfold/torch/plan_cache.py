@@ -22,7 +22,8 @@ An index changed in place by any means (torch ops, a NumPy view, DLPack) is
 therefore never folded with a stale plan: its comparison fails and a new plan
 is built. The result is the same bits with or without the cache; only the
 time differs. Small indices (below :data:`MIN_POSITIONS`) are not cached:
-their plans cost less than the check.
+their plans cost less than the check (a small CPU fold does not build a plan
+at all: :func:`bitfold.torch.folds.fold_rows`).
 """
 
 from __future__ import annotations
