@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,17 +22,15 @@ import torch
 
 import bitfold.torch as bt
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plan_cache import median_ms  # the benchmarks' folder, put on the path above
+
 
 def median_us(f: Callable[[], object], n: int = 3000) -> float:
+    """Median microseconds of ``n`` calls of ``f``, after 100 untimed ones."""
     for _ in range(100):
         f()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return round(times[n // 2] * 1e6, 1)
+    return round(1e3 * median_ms(f, n), 1)
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
