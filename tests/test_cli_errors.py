@@ -23,6 +23,16 @@ from bitfold import cli
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture
+def ctrl_c_as_a_terminal_gives_it():
+    """Ctrl-C raises KeyboardInterrupt here and in the processes started from here, as in a
+    shell. A library run earlier in this test process (a compile worker's initialiser) may
+    have left SIGINT ignored, which started processes inherit; the test sets it itself."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
@@ -62,6 +72,7 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path):
     assert "Traceback" not in err and "BrokenPipeError" not in err
 
 
+@pytest.mark.usefixtures("ctrl_c_as_a_terminal_gives_it")
 def test_ctrl_c_ends_a_command_with_one_line(tmp_path):
     """SIGINT to the whole process group, as a terminal's Ctrl-C sends it, in mid-training."""
     argv = [sys.executable, "-m", "bitfold", "probe", "--D", "8", "--hid", "16", "--K", "5",
@@ -77,6 +88,7 @@ def test_ctrl_c_ends_a_command_with_one_line(tmp_path):
     assert "Traceback" not in text
 
 
+@pytest.mark.usefixtures("ctrl_c_as_a_terminal_gives_it")
 def test_an_interrupt_dropped_in_a_c_callback_is_raised_again():
     """Numba's compiler calls Python back through ctypes; a Ctrl-C there must still stop us."""
 
