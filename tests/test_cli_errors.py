@@ -79,9 +79,14 @@ def test_ctrl_c_ends_a_command_with_one_line(tmp_path):
             "--reps", "1", "--steps", "100000000", "--batch", "4", "--no-torch"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
                             start_new_session=True)  # fmt: skip
-    time.sleep(6)  # past the imports: the training runs of question 4 are under way
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        time.sleep(6)  # past the imports: the training runs of question 4 are under way
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:  # not interrupted: its 10^8 steps must not outlive the test
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     text = (out + err).decode()
     assert proc.returncode == 130, text[-2000:]
     assert err.decode().strip().splitlines()[-1] == "bitfold probe: interrupted"
