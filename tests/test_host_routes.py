@@ -219,3 +219,29 @@ def test_the_float_stream_checks_an_unchecked_index_entry_by_entry(n, K, slots):
         wrong = idx.copy()
         wrong[n // 3] = bad
         assert stream.float_sums(wrong, vals, sums, checked, bounded=True) == -1
+
+
+def test_the_routes_key_what_they_keep_on_a_plan_with_key_classes():
+    """Every cache a route keeps on a plan has a key class (``PlanKey``/``DeviceKey``), never a
+    tuple or a string, and a second call reads the kept value."""
+    from bitfold.plan_view import DeviceKey, PlanKey
+
+    rng = np.random.default_rng(7)
+    n, K = 600, 9
+    idx = rng.integers(0, K, n)
+    plan = bitfold.Fold(idx, K)
+    for route in TABLE:
+        vals = rng.standard_normal((n, 2) if not route.scalars_only else n)
+        dtype = "float32" if route.dtypes is None or "float32" in route.dtypes else "float16"
+        dispatch.fold(plan, vals.astype(dtype), route=route.name)
+    kept = {
+        "bucket_bounds": lambda: host_routes.bucket_bounds(plan, n),
+        "bucket_tasks": lambda: host_routes.bucket_tasks(plan, n),
+        "staged_layout": lambda: host_routes.staged_layout(plan, 2),
+        "partition_layout": lambda: host_routes.partition_layout(plan),
+    }
+    for name, get in kept.items():
+        assert get() is get(), name
+    assert plan._prepared
+    assert all(isinstance(key, PlanKey | DeviceKey) for key in plan._prepared), list(plan._prepared)
+    assert host_routes.BucketBoundsKey(4) != host_routes.SortedStartsKey(4)

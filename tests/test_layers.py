@@ -101,11 +101,6 @@ def test_the_cycle_check_finds_a_cycle(tmp_path, monkeypatch):
     assert _strongly_connected(graph) == [["cyclic_pkg.a", "cyclic_pkg.b"]]
 
 
-#: Modules below the plan that still name ``Fold`` in a type-checking import: the host
-#: routes, whose annotations move to ``PlanView`` later.
-PLAN_ANNOTATIONS_LEFT = {"bitfold.backends.host_routes"}
-
-
 def test_no_type_checking_import_points_up_to_the_plan(monkeypatch):
     """Below ``bitfold.plan`` the plan is read through ``bitfold.plan_view.PlanView``.
 
@@ -118,5 +113,5 @@ def test_no_type_checking_import_points_up_to_the_plan(monkeypatch):
              "bitfold.arrays", "bitfold.formats", "bitfold.errors", "bitfold.plan_view"}
     below |= {m for m in graph.modules if m.startswith(("bitfold.backends.", "bitfold.kernels."))}
     importers = graph.find_modules_that_directly_import("bitfold.plan")
-    assert sorted((importers & below) - PLAN_ANNOTATIONS_LEFT) == []
+    assert sorted(importers & below) == []
     assert graph.find_modules_directly_imported_by("bitfold.plan_view") & graph.modules == set()

@@ -32,14 +32,18 @@ before the first route). The sections follow the table's order:
    values past the limbs): checked float64 sums in the plan's sorted order.
 
 Rows of one element are scalars here. :func:`choose` names the route;
-:func:`explain` says why; :func:`run` folds with a given route.
+:func:`explain` says why; :func:`run` folds with a given route. The routes
+read a plan as :class:`bitfold.plan_view.PlanView` and keep what they derive
+from it through ``plan.prepared``, each cache under a key class of its own
+(:class:`BucketBoundsKey`, :class:`BucketTasksKey`, :class:`StagedLayoutKey`,
+:class:`PartitionLayoutKey`, :class:`SortedStartsKey`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -47,13 +51,11 @@ from ..errors import FoldError
 from ..formats import FLOATS, LimbFormat, limb_format_for
 from ..kernels import buckets, cpu, planning, stream
 from ..kernels.compiling import first_use
+from ..plan_view import PlanKey, PlanView
 from ..validate import Values
 from .host_arrays import empty_out, frozen, host_rows, host_values, target
 from .host_buffers import reused_empty
 from .host_state import add_to_state, new_state, round_state, slots_for
-
-if TYPE_CHECKING:
-    from ..plan import Fold
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,14 @@ def stream_slots(n: int, K: int) -> int:
     return slots_for(n, K, 8, most=most, bytes_per_value=STREAM_SLOT_BYTES_PER_VALUE)
 
 
-def bucket_bounds(plan: Fold, n_values: int) -> np.ndarray:
+@dataclass(frozen=True)
+class BucketBoundsKey(PlanKey):
+    """The key of a plan's :func:`bucket_bounds` cut into ``chunks`` ranges."""
+
+    chunks: int
+
+
+def bucket_bounds(plan: PlanView, n_values: int) -> np.ndarray:
     """Bucket ranges of about equal numbers of positions (a bucket is never split), cached."""
     chunks = BUCKET_CHUNKS if n_values >= cpu.PARALLEL_MIN_VALUES else 1
 
@@ -128,7 +137,7 @@ def bucket_bounds(plan: Fold, n_values: int) -> np.ndarray:
         bounds[0], bounds[-1] = 0, plan.K
         return frozen(np.maximum.accumulate(bounds))
 
-    return plan.prepared(("bucket-bounds", chunks), build)
+    return plan.prepared(BucketBoundsKey(chunks), build)
 
 
 # -- 1. buckets ---------------------------------------------------------------------------------
@@ -146,7 +155,14 @@ def split_limit(n_positions: int) -> int:
     return max(buckets.ROW_CHUNK, -(-n_positions // ROW_TASKS))
 
 
-def bucket_tasks(plan: Fold, n_values: int) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class BucketTasksKey(PlanKey):
+    """The key of a plan's :func:`bucket_tasks`, for a ``parallel`` fold or a serial one."""
+
+    parallel: bool
+
+
+def bucket_tasks(plan: PlanView, n_values: int) -> tuple[np.ndarray, np.ndarray]:
     """The tasks and split buckets of :func:`bitfold.kernels.buckets.fold_buckets`, cached.
 
     Bucket ranges of about ``N / ROW_TASKS`` positions; a bucket of more than
@@ -156,7 +172,7 @@ def bucket_tasks(plan: Fold, n_values: int) -> tuple[np.ndarray, np.ndarray]:
     either (each part's sum is exact).
     """
     parallel = n_values >= cpu.PARALLEL_MIN_VALUES
-    return plan.prepared(("bucket-tasks", parallel),
+    return plan.prepared(BucketTasksKey(parallel),
                          lambda: _task_table(plan.offsets, plan.K, parallel))  # fmt: skip
 
 
@@ -234,14 +250,14 @@ class StagedLayout:
     split: np.ndarray
 
 
-def _is_staged(plan: Fold, rows: np.ndarray) -> bool:
+def _is_staged(plan: PlanView, rows: np.ndarray) -> bool:
     """float32 rows past :data:`STAGED_MIN_VALUES` into a plan kept for more folds, each stream
     task at most 2^29 positions (a spilled element's limbs take 2^29 values unnormalised)."""
     return (rows.dtype == np.float32 and rows.size >= STAGED_MIN_VALUES and not plan.once
             and rows.shape[1] > 1 and plan.size <= (1 << 29) * STREAM_TASKS)  # fmt: skip
 
 
-def _line_aligned(plan: Fold, n: int, D: int) -> np.ndarray:
+def _line_aligned(plan: PlanView, n: int, D: int) -> np.ndarray:
     """An uninitialised (n, D) uint32 array starting at a multiple of 64 bytes (whole cache
     lines for non-temporal stores), in memory the plan reuses (:func:`reused_empty`)."""
     nbytes = n * D * 4
@@ -250,7 +266,14 @@ def _line_aligned(plan: Fold, n: int, D: int) -> np.ndarray:
     return block[skip : skip + nbytes].view(np.uint32).reshape(n, D)
 
 
-def staged_layout(plan: Fold, D: int) -> StagedLayout:
+@dataclass(frozen=True)
+class StagedLayoutKey(PlanKey):
+    """The key of a plan's :class:`StagedLayout` for rows of ``D`` values."""
+
+    D: int
+
+
+def staged_layout(plan: PlanView, D: int) -> StagedLayout:
     """The plan's :class:`StagedLayout` for rows of ``D`` values (built once, cached).
 
     Hot buckets: those of at least :data:`HOT_MIN_ROWS` positions, the largest
@@ -289,11 +312,11 @@ def staged_layout(plan: Fold, D: int) -> StagedLayout:
                             frozen(np.arange(cold_in_order.size, dtype=order.dtype)),
                             frozen(stage_offsets), tasks, split)  # fmt: skip
 
-    return plan.prepared(("staged-layout", D), build)
+    return plan.prepared(StagedLayoutKey(D), build)
 
 
 def fold_buckets(
-    plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str, init: np.ndarray | None = None
+    plan: PlanView, rows: np.ndarray, fmt: LimbFormat, out_name: str, init: np.ndarray | None = None
 ) -> np.ndarray:
     """The exact fold of ``rows`` (positions, D) bucket by bucket: a (K, D) array of ``out_name``.
 
@@ -319,7 +342,7 @@ def fold_buckets(
     return out
 
 
-def _run_buckets(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
+def _run_buckets(plan: PlanView, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
                  **_: Any) -> np.ndarray:  # fmt: skip
     return fold_buckets(plan, host_rows(values, spec), fmt, out_name)
 
@@ -335,7 +358,7 @@ def _is_half_stream(s: Shape) -> bool:
     return s.dtype == "float16" and s.n < HALF_STREAM_MAX_VALUES and s.K <= HALF_STREAM_MAX_K
 
 
-def _run_half_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
+def _run_half_stream(plan: PlanView, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
                      **_: Any) -> np.ndarray:  # fmt: skip
     bits = host_values(values).view(np.uint16)
     sums = np.zeros((stream_slots(bits.shape[0], plan.K), plan.K), np.int64)
@@ -358,7 +381,7 @@ def _is_limbs(s: Shape) -> bool:
     return s.K <= LIMBS_MAX_K or (s.dtype == "float64" and s.K <= LIMBS_FLOAT64_MAX_K)
 
 
-def _run_limbs(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
+def _run_limbs(plan: PlanView, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
                **options: Any) -> np.ndarray:  # fmt: skip
     state = new_state(plan.K, fmt)
     add_to_state(state, plan, values, spec, fmt, **options)
@@ -379,7 +402,11 @@ def _is_partitioned_stream(s: Shape) -> bool:
     return s.dtype != "float64" and PARTITIONED_MIN_K < s.K <= FLOAT_STREAM_MAX_K and not s.once
 
 
-def partition_layout(plan: Fold) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+class PartitionLayoutKey(PlanKey):
+    """The key of a plan's :func:`partition_layout` (one a plan)."""
+
+
+def partition_layout(plan: PlanView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dest, local, starts): the plan's positions grouped by partition, built once, kept."""
 
     def build() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -388,10 +415,10 @@ def partition_layout(plan: Fold) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         starts = planning.partition_layout(plan.index, plan.K, dest, local)
         return frozen(dest), frozen(local), frozen(starts)
 
-    return plan.prepared("partition-layout", build)
+    return plan.prepared(PartitionLayoutKey(), build)
 
 
-def _run_partitioned_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat,
+def _run_partitioned_stream(plan: PlanView, values: Any, spec: Values, fmt: LimbFormat,
                             out_name: str, **_: Any) -> np.ndarray:  # fmt: skip
     rows = host_rows(values, spec)
     dest, local, starts = partition_layout(plan)
@@ -419,7 +446,7 @@ def _is_float_stream(s: Shape) -> bool:
     return s.dtype != "float64" and (s.K <= FLOAT_STREAM_MAX_K or (s.once and s.K <= s.n))
 
 
-def _run_float_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
+def _run_float_stream(plan: PlanView, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
                       **_: Any) -> np.ndarray:  # fmt: skip
     rows = host_rows(values, spec)
     slots = stream_slots(rows.shape[0], plan.K)
@@ -442,11 +469,18 @@ def _always(s: Shape) -> bool:
     return True
 
 
-def _run_sorted_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
+@dataclass(frozen=True)
+class SortedStartsKey(PlanKey):
+    """The key of a plan's :func:`sorted_starts` cut into ``chunks`` ranges."""
+
+    chunks: int
+
+
+def _run_sorted_stream(plan: PlanView, values: Any, spec: Values, fmt: LimbFormat, out_name: str,
                        **_: Any) -> np.ndarray:  # fmt: skip
     rows = host_rows(values, spec)
     chunks = BUCKET_CHUNKS if rows.shape[0] >= cpu.PARALLEL_MIN_VALUES else 1
-    starts = plan.prepared(("sorted-starts", chunks), lambda: sorted_starts(plan, chunks))
+    starts = plan.prepared(SortedStartsKey(chunks), lambda: sorted_starts(plan, chunks))
 
     def fill(out: np.ndarray) -> None:  # the buckets left NaN are looked for
         out.fill(0.0)  # empty buckets (and every page touched once, here, in order)
@@ -455,7 +489,7 @@ def _run_sorted_stream(plan: Fold, values: Any, spec: Values, fmt: LimbFormat, o
     return _cast_or_redo(plan, rows, fmt, out_name, fill)
 
 
-def sorted_starts(plan: Fold, chunks: int) -> np.ndarray:
+def sorted_starts(plan: PlanView, chunks: int) -> np.ndarray:
     """``chunks + 1`` cuts of the sorted positions at bucket boundaries, about equal ranges.
 
     Cut c is the first bucket start at or after position ``ceil(N c / chunks)``
@@ -473,7 +507,7 @@ def sorted_starts(plan: Fold, chunks: int) -> np.ndarray:
     return frozen(np.maximum.accumulate(cuts))
 
 
-def _cast_or_redo(plan: Fold, rows: np.ndarray, fmt: LimbFormat, out_name: str,
+def _cast_or_redo(plan: PlanView, rows: np.ndarray, fmt: LimbFormat, out_name: str,
                   fill: Callable[[np.ndarray], int | None]) -> np.ndarray:  # fmt: skip
     """The output of a streaming kernel ``fill`` that writes each bucket's exact sum, or NaN.
 
@@ -541,7 +575,7 @@ TABLE: tuple[Route, ...] = (
 ROUTES: tuple[str, ...] = tuple(r.name for r in TABLE)
 
 
-def shape_of(plan: Fold, spec: Values) -> Shape:
+def shape_of(plan: PlanView, spec: Values) -> Shape:
     """The :class:`Shape` a route is chosen from."""
     return Shape(plan.K, spec.positions, spec.dtype, spec.row_size, plan.once)
 
@@ -554,13 +588,13 @@ def get(name: str) -> Route:
     raise FoldError(f"unknown exact route {name!r}; choose 'auto' or one of {ROUTES}")
 
 
-def choose(plan: Fold, spec: Values) -> Route:
+def choose(plan: PlanView, spec: Values) -> Route:
     """The first route of :data:`TABLE` whose test holds for this fold's shape."""
     shape = shape_of(plan, spec)
     return next(route for route in TABLE if route.when(shape))
 
 
-def explain(route: Route, plan: Fold, spec: Values) -> str:
+def explain(route: Route, plan: PlanView, spec: Values) -> str:
     """Why ``route`` serves this fold: its reason, filled with the shape and the constants."""
     return route.reason.format(**vars(shape_of(plan, spec)), **_constants())
 
@@ -572,7 +606,7 @@ def _constants() -> dict[str, int]:
                               "PARTITIONED_MIN_K", "STAGED_MIN_VALUES")}  # fmt: skip
 
 
-def run(route: Route, plan: Fold, values: Any, spec: Values, out_name: str,
+def run(route: Route, plan: PlanView, values: Any, spec: Values, out_name: str,
         **options: Any) -> np.ndarray:  # fmt: skip
     """Fold with ``route`` (refused when it cannot fold these values); ``spec`` of scalars for
     rows of one element. ``options`` (``kernel=``, ``carry_every=``) tune the ``limbs`` route.
