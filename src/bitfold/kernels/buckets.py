@@ -149,6 +149,37 @@ def _segment(values, bits, order, lo, hi, d, target, wide, row, mag, has_init, i
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _round_row(values, bits, order, lo, hi, k, acc, out_f, out_bits, target, tiny, fast, wide,
+               column, mag, init, init_bits, has_init):  # fmt: skip  # pragma: no cover
+    """Row ``k`` of the output from ``acc``, the float64 sums of its columns (rows ``lo .. hi-1``).
+
+    With ``fast`` every column is cast first (the common case), then any whose
+    sum may not be cast is mended: a column whose sum is exact (not NaN) is
+    rounded from it once (:func:`_round_double`); any other one is summed
+    exactly from its bits (:func:`_segment`, with ``init[k, d]`` when
+    ``has_init``).
+    """
+    D = bits.shape[1]
+    inexact = 0
+    if fast:
+        for d in range(D):
+            out_f[k, d] = acc[d]
+            inexact += not castable(acc[d], tiny)
+    else:
+        inexact = D
+    if inexact:
+        for d in range(D):
+            if fast and castable(acc[d], tiny):
+                continue
+            if acc[d] == acc[d]:
+                out_bits[k, d] = _round_double(acc[d], target)
+            else:
+                out_bits[k, d] = _segment(values, bits, order, lo, hi, d, target, wide, column,
+                                          mag, has_init, init[k % init.shape[0], d],
+                                          init_bits[k % init.shape[0], d])  # fmt: skip
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _add_narrow(acc, raw):  # pragma: no cover - compiled
     """:func:`checked_add` of ``acc`` and the float32 of bits ``raw``: NaN unless exact.
 
@@ -411,23 +442,8 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
                 row_bits = bits[order[t]]
                 for d in range(D):
                     acc[d] = _add_narrow(acc[d], row_bits[d])
-        inexact = 0
-        if fast:  # the common case: cast every column, then mend the others
-            for d in range(D):
-                out_f[k, d] = acc[d]
-                inexact += not castable(acc[d], tiny)
-        else:
-            inexact = D
-        if inexact:
-            for d in range(D):
-                if fast and castable(acc[d], tiny):
-                    continue
-                if acc[d] == acc[d]:
-                    out_bits[k, d] = _round_double(acc[d], target)
-                else:
-                    out_bits[k, d] = _segment(values, bits, order, lo, hi, d, target, wide,
-                                              column, mag, has_init, init[k % init.shape[0], d],
-                                              init_bits[k % init.shape[0], d])  # fmt: skip
+        _round_row(values, bits, order, lo, hi, k, acc, out_f, out_bits, target, tiny, fast,
+                   wide, column, mag, init, init_bits, has_init)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
@@ -727,23 +743,9 @@ def _fold_staged_range(values, bits, order, offsets, k0, k1, out_f, out_bits, ta
         for t in range(lo, hi):  # no row view: see _stream_task
             for d in range(D):
                 acc[d] = _add_narrow(acc[d], bits[t, d])
-        inexact = 0
-        if fast:
-            for d in range(D):
-                out_f[k, d] = acc[d]
-                inexact += not castable(acc[d], tiny)
-        else:
-            inexact = D
-        if inexact:
-            for d in range(D):
-                if fast and castable(acc[d], tiny):
-                    continue
-                if acc[d] == acc[d]:
-                    out_bits[k, d] = _round_double(acc[d], target)
-                else:
-                    out_bits[k, d] = _segment(values, bits, order, lo, hi, d, target, False,
-                                              column, mag, False, values[0, 0],
-                                              bits[0, 0])  # fmt: skip
+        # no init: the values stand in for its arrays, which are then not read
+        _round_row(values, bits, order, lo, hi, k, acc, out_f, out_bits, target, tiny, fast,
+                   False, column, mag, values, bits, False)  # fmt: skip
 
 
 @njit(cache=True, parallel=True)
