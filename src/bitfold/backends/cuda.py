@@ -960,12 +960,9 @@ def busy(values: Any) -> bool:
 
 #: How the known-answer test runs here: scalars by the shared-memory path and by the buckets
 #: path with the hot bucket cut in segments; rows by the buckets path, the hot bucket cut too.
-KNOWN_ANSWERS = selftest.KnownAnswers(
+KNOWN_ANSWERS = selftest.KnownAnswers.from_functions(
+    globals(),
     family="numba-cuda",
-    device=device_of,
-    place=place,
-    about=about,
-    busy=busy,
     options={"scalars": ({}, {"exact_path": "buckets", "segment": 10}), "rows": ({"segment": 6},)},
 )
 

@@ -111,6 +111,16 @@ class KnownAnswers:
     busy: Callable[[Any], bool] = lambda values: False
     dtypes: tuple[str, ...] = VALUE_DTYPES
 
+    @classmethod
+    def from_functions(cls, functions: Mapping[str, Any], **entry: Any) -> KnownAnswers:
+        """Hooks that are the functions of ``functions`` (a backend module's ``globals()``)
+        named ``device_of``, ``place``, ``about`` and ``busy`` (this one optional), as
+        :meth:`bitfold.backends.registry.Backend.from_functions` takes a module's folds;
+        ``entry`` holds the other fields."""
+        hooks = {"device": "device_of", "place": "place", "about": "about", "busy": "busy"}
+        found = {hook: functions[name] for hook, name in hooks.items() if name in functions}
+        return cls(**found, **entry)
+
 
 @dataclass
 class Verdict:

@@ -707,12 +707,9 @@ def busy(values: Any) -> bool:
 
 
 #: How the known-answer test runs here: the problem set's folds with a hot bucket cut in chunks.
-KNOWN_ANSWERS = selftest.KnownAnswers(
+KNOWN_ANSWERS = selftest.KnownAnswers.from_functions(
+    globals(),
     family="Triton",
-    device=device_of,
-    place=place,
-    about=about,
-    busy=busy,
     options={"scalars": ({"hot_min": 8, "chunk": 10},), "rows": ({"hot_min": 8, "chunk": 6},)},
 )
 
