@@ -2,13 +2,14 @@
 """``make kernel-report``: the Triton kernels' performance budget, read from their machine code.
 
 No GPU is needed. Every kernel variant the folds and the all-reduce launch
-(``compile_targets()`` of :mod:`bitfold.kernels.triton` and
-:mod:`bitfold.kernels.triton_words`), the lanes kernel also with ``WORD=False``
-(its limb path alone), and the launch shapes the backend picks for scalar
-folds and rows of 64 (``BLOCK_K``/``BLOCK_D``/``BLOCK_N`` differ from
-``compile_targets()``'s there) is built with ``triton.compile(ASTSource(...),
-target=GPUTarget(...))`` in worker processes (as ``tests/triton_machine_code.py``
-does) for sm_90, and for AMD gfx942 where Triton's wheel builds it. For each:
+(``triton_all()`` of ``tests/kernel_targets.py``: the variants of
+:mod:`bitfold.kernels.triton` and :mod:`bitfold.kernels.triton_words`), the
+lanes kernel also with ``WORD=False`` (its limb path alone), and the launch
+shapes the backend picks for scalar folds and rows of 64
+(``BLOCK_K``/``BLOCK_D``/``BLOCK_N`` differ from those variants' there) is
+built with ``triton.compile(ASTSource(...), target=GPUTarget(...))`` in worker
+processes (as ``tests/triton_machine_code.py`` does) for sm_90, and for AMD
+gfx942 where Triton's wheel builds it. For each:
 
 * registers, spill stores and loads (``ptxas -arch=sm_90a -v`` on the PTX: the
   ptxas in Triton's wheel, with the flags Triton builds the cubin with, and the
@@ -95,13 +96,17 @@ def _machine_code() -> Any:
     return _module("machine_code", ROOT / "tests" / "machine_code.py")
 
 
+def _kernel_targets() -> Any:
+    return _module("kernel_targets", ROOT / "tests" / "kernel_targets.py")
+
+
 def _src_on_path() -> None:
     if str(SRC) not in sys.path:
         sys.path.insert(0, str(SRC))
 
 
 # -- the variants -----------------------------------------------------------------------------
-#: Row sizes whose launch shapes are built beside compile_targets(): scalar folds and rows of 64
+#: Row sizes whose launch shapes are built beside the listed variants: scalar folds and rows of 64
 #: (the GPU check's configurations), and for float32 the hot kernel's other shapes.
 SHAPE_DS = (1, 64)
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -171,29 +176,26 @@ def _next_pow2(n: int) -> int:
 def targets() -> list[tuple[Variant, Any, dict[str, str]]]:
     """Every variant: ``(Variant, kernel function, signature)``."""
     _src_on_path()
-    from bitfold.kernels import triton as kernels
-    from bitfold.kernels import triton_words
-
     out: list[tuple[Variant, Any, dict[str, str]]] = []
     seen: set[tuple[str, str]] = set()
 
     def add(name: str, fn: Any, sig: dict[str, str], const: dict[str, Any],
             launched: bool) -> None:  # fmt: skip
         key = (name.split("[")[0], json.dumps({k: const[k] for k in sorted(const)}, default=str))
-        if key in seen:  # a launch shape compile_targets() already builds
+        if key in seen:  # a launch shape triton_all() already builds
             return
         seen.add(key)
         kernel, values, o, init, _ = parse(name)
         out.append((Variant(name, kernel, values, o, init, dict(const), launched), fn, sig))
 
-    listed = kernels.compile_targets() + triton_words.compile_targets()
+    listed = _kernel_targets().triton_all()
     for name, fn, sig, const in listed:
         add(name, fn, sig, const, True)
     for name, fn, sig, const in listed:
         if name.startswith("lanes["):
             add(_named(name, {"WORD": False}), fn, sig, {**const, "WORD": False}, False)
     by_name = {name: (fn, sig, const) for name, fn, sig, const in listed}
-    wanted: list[tuple[str, dict[str, int], int]] = []  # (compile_targets name, shape, D)
+    wanted: list[tuple[str, dict[str, int], int]] = []  # (triton_all() name, shape, D)
     for dtype in DTYPES:
         for D in SHAPE_DS:
             wanted.append((f"lanes[{dtype}->{dtype}, init=False]", lanes_shape(dtype, D), D))
@@ -211,7 +213,7 @@ def targets() -> list[tuple[Variant, Any, dict[str, str]]]:
 
 def variant_for(variants: list[tuple[Variant, Any, dict[str, str]]] | list[Variant], base: str,
                 shape: dict[str, int]) -> str | None:  # fmt: skip
-    """The name of the variant built for ``base`` (a compile_targets() name) at ``shape``."""
+    """The name of the variant built for ``base`` (a triton_all() name) at ``shape``."""
     vs = [v[0] if isinstance(v, tuple) else v for v in variants]
     const = next((v.const for v in vs if v.name == base), None)
     if const is None:

@@ -81,9 +81,9 @@ EXPECTED = [
 def _targets():
     if WHY_NOT:
         return [pytest.param(None, marks=pytest.mark.skip(reason=WHY_NOT), id="no-numba-cuda")]
-    from bitfold.kernels import cuda as kernels
+    from kernel_targets import cuda_targets
 
-    return [pytest.param(t, id=t[0]) for t in kernels.compile_targets()]
+    return [pytest.param(t, id=t[0]) for t in cuda_targets()]
 
 
 _PTX: dict[tuple[object, tuple], str] = {}  # one compile a kernel, for both checks
@@ -202,12 +202,12 @@ if hasattr(np, "row_stack"):  # a NumPy that still has it (below 2.5): take it a
     np.__all__ = [name for name in np.__all__ if name != "row_stack"]
 from numba import cuda
 from numba.cuda import dispatcher
-from bitfold.kernels import cuda as kernels
+from kernel_targets import cuda_targets
 
 class CC90:
     compute_capability = (9, 0)
 
-name, fn, sig = kernels.compile_targets()[0]
+name, fn, sig = cuda_targets()[0]
 with mock.patch.object(dispatcher, "get_current_device", lambda: CC90()):
     ptx = cuda.compile_ptx(fn, sig, cc=(9, 0))[0]
 assert ".target sm_90" in ptx, ptx[:500]
@@ -223,8 +223,9 @@ def test_kernels_compile_under_a_numpy_without_row_stack():
     stand-in and takes it away again (``bitfold.kernels.numba_cuda_compat``)."""
     if DEVICE:
         pytest.skip("on the device its own NumPy decides; this simulates one without row_stack")
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    paths = [src, os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [src]
+    here = Path(__file__).resolve().parent
+    paths = [str(here.parent / "src"), str(here)]  # bitfold, and kernel_targets beside this file
+    paths += [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     done = subprocess.run([sys.executable, "-c", _WITHOUT_ROW_STACK], capture_output=True,
                           text=True, env=env, timeout=300)  # fmt: skip
@@ -238,9 +239,9 @@ def test_cuda_backend_loads_when_required():
         pytest.skip("set BITFOLD_REQUIRE_CUDA=1 to require the CUDA backend (CI and gpu_check do)")
     assert HAVE_NUMBA_CUDA, "BITFOLD_REQUIRE_CUDA=1 but numba-cuda is not installed"
     assert not SIM, "BITFOLD_REQUIRE_CUDA=1 needs the real numba.cuda, not the simulator"
-    from bitfold.kernels import cuda as kernels
+    from kernel_targets import cuda_targets
 
-    _name, fn, sig = kernels.compile_targets()[0]
+    _name, fn, sig = cuda_targets()[0]
     assert "atom.shared.add.u32" in _compile_ptx(fn, sig)
     if DEVICE:
         from numba import cuda

@@ -6,7 +6,7 @@ them: whether a kernel compiles at all, what its atomics become, whether float
 arithmetic flushes subnormals to zero or a multiply-add is fused. The module
 docstring of :mod:`bitfold.kernels.triton` lists these blind spots and how the
 code closes them; this module checks the closing in the machine code. Each
-kernel variant of ``compile_targets()`` is built with
+kernel variant of ``kernel_targets.triton_all()`` is built with
 ``triton.compile(ASTSource(...), target=GPUTarget(...))`` in worker processes
 without ``TRITON_INTERPRET`` (see ``triton_machine_code.py``) and read:
 
@@ -99,10 +99,9 @@ SELECTED = [
 
 
 def _all_names() -> list[str]:
-    from bitfold.kernels import triton as kernels
-    from bitfold.kernels import triton_words
+    from kernel_targets import triton_all
 
-    return [t[0] for t in kernels.compile_targets() + triton_words.compile_targets()]
+    return [t[0] for t in triton_all()]
 
 
 NAMES = _all_names() if ALL and HAVE_TRITON else SELECTED

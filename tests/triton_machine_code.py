@@ -1,7 +1,7 @@
 """Build bitfold's Triton kernels for GPUs that are not here, in worker processes.
 
 ``triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget(...))``
-builds a kernel variant (from :func:`bitfold.kernels.triton.compile_targets`)
+builds a kernel variant (from ``kernel_targets.triton_all()``, beside this file)
 for a named GPU without one: ``cuda`` is compute capability 9.0 (PTX and an
 sm_90a cubin, assembled by the ``ptxas`` in Triton's wheel), ``hip`` is AMD's
 gfx942 (AMDGCN assembly; the wheel links the code object itself, no ROCm needed).
@@ -177,19 +177,16 @@ def _trivial_kernel():
 
 def _worker(out: Path, arch: str, share: list[tuple[int, str]]) -> None:
     import triton
+    from kernel_targets import triton_all
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
-    from bitfold.kernels import triton as kernels
-    from bitfold.kernels import triton_words
 
     why = _probe(arch)
     if why:
         (out / "unavailable.txt").write_text(why)
         return
     args, kinds = ARCHES[arch]
-    variants = {name: (kernel, sig, const) for name, kernel, sig, const in
-                kernels.compile_targets() + triton_words.compile_targets()}  # fmt: skip
+    variants = {name: (kernel, sig, const) for name, kernel, sig, const in triton_all()}
     for i, name in share:
         t0 = time.perf_counter()
         error = None

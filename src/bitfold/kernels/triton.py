@@ -105,8 +105,6 @@ not by running them where they matter:
 
 from __future__ import annotations
 
-from typing import Any
-
 import triton
 import triton.language as tl
 
@@ -875,7 +873,6 @@ def next_power_of_2(n: int) -> int:
 
 __all__ = [
     "MAX_RUN",
-    "compile_targets",
     "hot_kernel",
     "lanes_kernel",
     "next_power_of_2",
@@ -883,82 +880,3 @@ __all__ = [
     "round_rows_kernel",
     "scatter_kernel",
 ]
-
-
-# -- every kernel variant, for a build without a device ------------------------------------------
-_POINTER = {"float16": "*i16", "bfloat16": "*i16", "float32": "*i32", "float64": "*i64"}
-
-
-def compile_targets() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
-    """``(name, kernel, signature, constexprs)`` of every kernel variant the backend launches.
-
-    What ``triton.compile(ASTSource(kernel, signature, constexprs), target=...)``
-    needs to build each one for a GPU without a GPU
-    (``tests/test_triton_compile.py`` builds them all for sm_90 and reads the
-    machine code).
-    """
-    from ..formats import FLOATS, decoding, limb_format_for
-
-    def decode(dtype: str) -> dict[str, Any]:
-        exp_bits, frac_bits, shift = decoding(dtype)
-        mask = {2: 0xFFFF, 4: 0xFFFFFFFF, 8: -1}[FLOATS[dtype].width // 8]
-        return dict(BITS_MASK=mask, EXP_BITS=exp_bits, FRAC_BITS=frac_bits, SHIFT=shift,
-                    WIDE=dtype == "float64")  # fmt: skip
-
-    def target(out: str, unit: int) -> dict[str, Any]:
-        t = FLOATS[out]
-        return dict(UNIT=unit, PREC=t.precision, TEXP=t.exponent_bits, SUBEXP=t.subnormal_exp,
-                    NAN_BITS=t.canonical_nan)  # fmt: skip
-
-    def typed(pointers: dict[str, str], scalars: tuple[str, ...], const: dict[str, Any]) -> tuple[
-            dict[str, str], dict[str, Any]]:  # fmt: skip
-        sig = {**pointers, **dict.fromkeys(scalars, "i32"), **dict.fromkeys(const, "constexpr")}
-        return sig, const
-
-    out: list[tuple[str, Any, dict[str, str], dict[str, Any]]] = []
-    for dtype in ("float16", "bfloat16", "float32", "float64"):
-        fmt = limb_format_for(dtype)
-        limbs = dict(L=fmt.limbs, L_PAD=next_power_of_2(fmt.limbs))
-        vp = _POINTER[dtype]
-        outs = ("float32", "float16", "bfloat16", "float64") if dtype != "float64" else (
-            "float64", "float32", "float16", "bfloat16")  # fmt: skip
-        for out_name in outs:
-            op = _POINTER[out_name]
-            for has_init in (False, True):
-                sig, const = typed(
-                    {"bits_ptr": vp, "order_ptr": "*i32", "offsets_ptr": "*i64", "init_ptr": vp,
-                     "out_ptr": op}, ("K", "D", "hot_min"),
-                    {**decode(dtype), "HAS_INIT": has_init, **limbs,
-                     **target(out_name, fmt.unit_exp), "BLOCK_K": 128 if fmt.limbs < 16 else 32,
-                     "BLOCK_D": 1, "WORD": True})  # fmt: skip
-                out.append((f"lanes[{dtype}->{out_name}, init={has_init}]", lanes_kernel, sig,
-                            const))  # fmt: skip
-                sig, const = typed(
-                    {"state_ptr": "*i64", "out_ptr": op, "target_ptr": "*i64",
-                     "terms_ptr": "*i32", "init_ptr": vp}, ("R", "D"),
-                    {**decode(dtype), "HAS_TARGET": True, "HAS_TERMS": True,
-                     "HAS_INIT": has_init, **limbs, "W": fmt.width,
-                     **target(out_name, fmt.unit_exp), "BLOCK": 128 if fmt.limbs < 16 else 32})
-                out.append((f"round_rows[{dtype}->{out_name}, init={has_init}]",
-                            round_rows_kernel, sig, const))  # fmt: skip
-        sig, const = typed(
-            {"bits_ptr": vp, "order_ptr": "*i32", "chunk_ptr": "*i64", "state_ptr": "*i64"},
-            ("D",), {**decode(dtype), **limbs, "W": fmt.width, "BLOCK_N": 32, "BLOCK_D": 64})
-        out.append((f"hot[{dtype}]", hot_kernel, sig, const))
-        sig, const = typed(
-            {"bits_ptr": vp, "index_ptr": "*i64", "state_ptr": "*i64"}, ("N", "D"),
-            {**decode(dtype), "L": fmt.limbs, "W": fmt.width, "BLOCK_N": 16, "BLOCK_D": 64})
-        out.append((f"scatter[{dtype}]", scatter_kernel, sig, const))
-    for values in ("float32", "float64"):
-        for out_name in ("float16", "bfloat16", "float32", "float64"):
-            t = FLOATS[out_name]
-            sig, const = typed(
-                {"values_ptr": "*fp32" if values == "float32" else "*fp64", "order_ptr": "*i32",
-                 "offsets_ptr": "*i64", "out_ptr": _POINTER[out_name]}, ("K", "D"),
-                {"NARROW": out_name in ("float16", "bfloat16"),
-                 "WIDE_ACC": out_name == "float64",
-                 "VAL_NARROW": values == "float64" and out_name != "float64",
-                 "PREC": t.precision, "TEXP": t.exponent_bits, "SUBEXP": t.subnormal_exp,
-                 "NAN_BITS": t.canonical_nan, "BLOCK_K": 128, "BLOCK_D": 1})  # fmt: skip
-            out.append((f"ordered[{values}->{out_name}]", ordered_kernel, sig, const))
-    return out

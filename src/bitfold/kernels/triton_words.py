@@ -20,12 +20,10 @@ bit, and :func:`decode_kernel` rounds each element's exact sum ``S·2^lo``
 
 from __future__ import annotations
 
-from typing import Any
-
 import triton
 import triton.language as tl
 
-from .triton import _POINTER, _bit_length, _shl, _shr
+from .triton import _bit_length, _shl, _shr
 
 #: Codes of the wire's block classes (:mod:`bitfold.kernels.dense`).
 _NARROW = tl.constexpr(0)
@@ -260,43 +258,4 @@ def decode_kernel(
         tl.store(out_ptr + at, bits.to(tl.int16), mask=live & (b[:, None] < blocks))
 
 
-def compile_targets() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
-    """``(name, kernel, signature, constexprs)`` of every word kernel variant, as
-    :func:`bitfold.kernels.triton.compile_targets` lists the folds'; a decode's ``init=`` in
-    its name says whether zero signs travel (``HAS_SIGNS``)."""
-    from ..formats import FLOATS
-    from .dense import NO_HI, NO_LO, SPECIAL_HI
-
-    def typed(pointers: dict[str, str], scalars: tuple[str, ...], const: dict[str, Any]) -> tuple[
-            dict[str, str], dict[str, Any]]:  # fmt: skip
-        sig = {**pointers, **dict.fromkeys(scalars, "i32"), **dict.fromkeys(const, "constexpr")}
-        return sig, const
-
-    out: list[tuple[str, Any, dict[str, str], dict[str, Any]]] = []
-    for values in ("float32", "float64"):
-        f = FLOATS[values]
-        reading = {"EXP_BITS": f.exponent_bits, "FRAC_BITS": f.fraction_bits,
-                   "BITS_MASK": -1 if values == "float64" else 0xFFFFFFFF}  # fmt: skip
-        sig, const = typed({"bits_ptr": _POINTER[values], "out_ptr": "*i32"}, ("n", "blocks"),
-                           {**reading, "NO_LO": NO_LO, "NO_HI": NO_HI, "SPECIAL_HI": SPECIAL_HI,
-                            "BLOCK": 64, "BLOCKS": 16})  # fmt: skip
-        out.append((f"bounds[{values}]", bounds_kernel, sig, const))
-        sig, const = typed({"bits_ptr": _POINTER[values], "classes_ptr": "*i64", "lo_ptr": "*i64",
-                            "offsets_ptr": "*i64", "words_ptr": "*i64"},
-                           ("n", "blocks", "split"), {**reading, "BLOCK": 64, "BLOCKS": 16})
-        out.append((f"words[{values}]", words_kernel, sig, const))
-    for out_name in ("float16", "bfloat16", "float32", "float64"):
-        t = FLOATS[out_name]
-        for signs in (False, True):
-            sig, const = typed(
-                {"words_ptr": "*i64", "classes_ptr": "*i64", "lo_ptr": "*i64",
-                 "offsets_ptr": "*i64", "negzero_ptr": "*i32", "out_ptr": _POINTER[out_name]},
-                ("n", "blocks", "split", "mean"),
-                {"HAS_SIGNS": signs, "PREC": t.precision, "TEXP": t.exponent_bits,
-                 "SUBEXP": t.subnormal_exp, "BLOCK": 64, "BLOCKS": 16})  # fmt: skip
-            out.append((f"decode[int64->{out_name}, init={signs}]", decode_kernel,
-                        sig, const))  # fmt: skip
-    return out
-
-
-__all__ = ["bounds_kernel", "compile_targets", "decode_kernel", "words_kernel"]
+__all__ = ["bounds_kernel", "decode_kernel", "words_kernel"]
