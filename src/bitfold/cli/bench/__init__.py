@@ -2,8 +2,7 @@
 
 * :mod:`.command`: the command (options, checks, the run, the outputs);
 * :mod:`.cases`: the sweeps and the inputs of each case;
-* :mod:`.contenders`: every fold it compares (also the baselines of ``bitfold probe``
-  and ``scripts/gpu_check.py``);
+* :mod:`.contenders`: every fold it compares (also the baselines of ``bitfold probe``);
 * :mod:`.measure`: timing the contenders of one case in this process;
 * :mod:`.worker`: peak memory and thread-count digests in fresh processes
   (``python -m bitfold.cli.bench.worker SPEC``);

@@ -1,7 +1,7 @@
 """The contenders: every way to fold values into K buckets that bitfold's tools compare.
 
 The one list of baselines: ``bitfold bench`` runs all of them, ``bitfold
-probe`` and ``scripts/gpu_check.py`` take theirs from :data:`CONTENDERS`.
+probe`` takes its own from :data:`CONTENDERS` (``scripts/gpu_check.py`` times its own).
 Each contender is a :class:`Contender` whose ``make(inputs)`` converts the
 inputs to its own library and device (not timed) and returns a
 :class:`Runner`: ``build()`` builds whatever depends on the index only (a
