@@ -361,10 +361,11 @@ def _handling() -> ExactMode | None:
 
 
 @contextlib.contextmanager
-def _inside() -> Iterator[None]:
-    """Ops run here go to ATen's kernels (a handler's own ops, a fold left to torch)."""
+def _inside(inside: bool) -> Iterator[None]:
+    """With ``inside``, ops run here go to ATen's kernels (a handler's own ops, a fold left to
+    torch); without, they reach the modes' kernels (an extension op's translation)."""
     before = getattr(_local, "inside", False)
-    _local.inside = True
+    _local.inside = inside
     try:
         yield
     finally:
@@ -777,7 +778,7 @@ class ExactMode(TorchDispatchMode):
         kind = rule.kind
         local = _local
         before = getattr(local, "inside", False)
-        local.inside = True  # as _inside(), without a generator: this runs for every fold
+        local.inside = True  # as _inside(True), without a generator: this runs for every fold
         try:
             bound = {k: plain_index(v) for k, v in bind(func, args, kwargs).items()}
             if kind in _SPARSE_KINDS and not self._entries[-1][1]:
@@ -831,7 +832,7 @@ class ExactMode(TorchDispatchMode):
         """
         if self._extension_running():
             return func(*args, **kwargs)
-        with _outside():
+        with _inside(False):
             result = extension_ops.run(name, func, args, kwargs)
         if isinstance(result, Leave):
             if result.reason is not None:
@@ -855,17 +856,6 @@ class ExactMode(TorchDispatchMode):
 
 
 _SPARSE_KINDS = frozenset({"sparse_mm", "sparse_sampled_addmm", "coalesce", "sparse_sum"})
-
-
-@contextlib.contextmanager
-def _outside() -> Iterator[None]:
-    """Ops run here reach the modes' kernels (an extension op's translation)."""
-    before = getattr(_local, "inside", False)
-    _local.inside = False
-    try:
-        yield
-    finally:
-        _local.inside = before
 
 
 @checked_options
