@@ -37,6 +37,20 @@ def test_backend_names_lists_the_registry():
     assert bitfold.backends.__name__ == "bitfold.backends"  # the subpackage, not a function
 
 
+def test_the_registry_names_the_device_type_of_each_collective_library(monkeypatch):
+    """Which device's tensors a ``torch.distributed`` backend's collectives take is a table
+    of the registry, one row a library; one it does not list takes CPU tensors."""
+    assert registry.collective_device_type("gloo") == "cpu"
+    assert registry.collective_device_type("nccl") == "cuda"
+    assert registry.collective_device_type("xccl") == "xpu"
+    assert registry.collective_device_type("mpi") == "cpu"
+    assert registry.collective_device_type("cpu:gloo,cuda:nccl") == "cpu"
+    monkeypatch.setattr(registry, "_COLLECTIVES", registry.collective_libraries())
+    registry.register_collective("toyccl", "toy")  # a new device type's library: one row
+    assert registry.collective_device_type("toyccl") == "toy"
+    assert registry.collective_libraries()["toyccl"] == "toy"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", bitfold.backend_names())
 def test_every_backend_agrees_with_the_oracle_and_the_host(name):

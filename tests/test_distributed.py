@@ -147,6 +147,29 @@ def digests(tmp_path_factory):
     return got
 
 
+@pytest.mark.parametrize(("library", "current", "want"), [
+    ("gloo", None, "cpu"), ("nccl", 2, "cuda:2"), ("xccl", 1, "xpu:1"), ("mpi", None, "cpu"),
+    ("cpu:gloo,cuda:nccl", None, "cpu"), ("toyccl", 3, "cuda:3"),
+])  # fmt: skip
+def test_a_groups_collectives_take_the_device_the_registry_names(monkeypatch, library,
+                                                                 current, want):  # fmt: skip
+    """Where a group's tensors go is the registry's answer for its library (a library a
+    backend adds, ``toyccl``, is one row), on the current device of that type."""
+    from bitfold import distributed
+    from bitfold.backends import registry
+
+    monkeypatch.setattr(registry, "_COLLECTIVES", registry.collective_libraries())
+    registry.register_collective("toyccl", "cuda")
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: library)
+    kind = registry.collective_device_type(library)
+    if current is not None:
+        monkeypatch.setattr(getattr(torch, kind), "current_device", lambda: current)
+    assert distributed._device_of(None) == torch.device(want)
+    t = torch.zeros(2)
+    if want == "cpu":  # a library taking CPU tensors takes them where they are
+        assert distributed._on_group_device(t, None) is t
+
+
 @pytest.mark.slow
 def test_device_words_train_the_host_words_bits(digests):
     """Four micro-batches a step: one a rank on 4 ranks (kept on the device, its words made

@@ -3,9 +3,11 @@
 The toy backend is the portable backend's functions under a new name, listing the CPU (so
 the table's CPU tensors reach it) and a device type of its own, ``toy``. Registered, it is
 tested by the backend table like any built-in backend, and ``bitfold probe`` offers its
-device; unregistered, it is gone from both. This is what a new backend (Metal for Apple's
-GPUs, say) goes through: its module, its kernels, one ``register`` line and one ``Target``
-(docs/architecture.md, "Adding a backend").
+device; unregistered, it is gone from both. Its collective library's row names its device
+until it is removed. This is what a new backend (Metal for Apple's GPUs, say) goes through:
+its module, its kernels, one ``register`` line (and a ``register_collective`` line for a
+device with collectives of its own) and one ``Target`` (docs/architecture.md, "Adding a
+backend").
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from bitfold.backends import registry
 from bitfold.cli import probe
 
 NAME, DEVICE = "toy", "toy"
+#: The toy device's own collective library (``torch.distributed`` backend), one registry row.
+COLLECTIVE = "toyccl"
 PROBLEMS = {p.name: p for p in table()}
 
 
@@ -30,10 +34,12 @@ def toy(monkeypatch):
     portable = registry.get_backend("portable")
     entry = dataclasses.replace(portable, name=NAME, devices=("cpu", DEVICE), priority=-1000)
     registry.register(entry)
+    registry.register_collective(COLLECTIVE, DEVICE)
     monkeypatch.setitem(TARGETS, NAME, dataclasses.replace(
         TARGETS["portable"], options=lambda: {"backend": NAME}))  # fmt: skip
     yield entry
     registry.unregister(NAME)
+    registry.unregister_collective(COLLECTIVE)
 
 
 @pytest.mark.parametrize("problem", list(PROBLEMS))
@@ -62,6 +68,15 @@ def test_the_probe_offers_the_toy_device_while_it_is_registered(toy, capsys):
     assert f"--device {DEVICE} cannot fold here: torch sees no {DEVICE!r} device" in (
         capsys.readouterr().err
     )
+
+
+def test_the_toy_devices_collectives_are_one_row_of_the_registry(toy):
+    """A group whose library is the toy's takes its tensors on the toy device; removed, the
+    library is one the registry does not list: CPU tensors."""
+    assert registry.collective_device_type(COLLECTIVE) == DEVICE
+    assert registry.collective_device_type("nccl") == "cuda"
+    registry.unregister_collective(COLLECTIVE)
+    assert registry.collective_device_type(COLLECTIVE) == "cpu"
 
 
 def test_unregistering_the_toy_backend_removes_its_device(toy, capsys):

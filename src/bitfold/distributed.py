@@ -63,6 +63,7 @@ import torch.distributed as dist
 
 from . import dense_device
 from .arrays import from_numpy, to_numpy
+from .backends import registry
 from .dense import (
     BLOCK,
     WIDE_MAX_RANKS,
@@ -99,11 +100,13 @@ _SPARE = threading.local()
 
 
 def _device_of(group: Any) -> torch.device:
-    """Where a group's collectives want their tensors: CUDA for NCCL, the CPU otherwise."""
-    backend = dist.get_backend(group)
-    if backend == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    """Where a group's collectives want their tensors: the current device of the type the
+    registry names for the group's library (:func:`registry.collective_device_type`: CUDA for
+    NCCL, the CPU for gloo and any library it does not list)."""
+    kind = registry.collective_device_type(str(dist.get_backend(group)))
+    current = getattr(getattr(torch, kind, None), "current_device", None)
+    index = current() if current is not None else None  # torch.cpu's says "cpu": no index
+    return torch.device(kind, index) if isinstance(index, int) else torch.device(kind)
 
 
 def _collective(tensor: torch.Tensor, op: Any, group: Any, timeout: float, what: str) -> None:
@@ -312,7 +315,8 @@ def _negative_zeros(flat: Any) -> Any:
 
 
 def _on_group_device(t: torch.Tensor, group: Any) -> torch.Tensor:
-    """``t`` where the group's collectives take it (a CUDA device for NCCL; else where it is)."""
+    """``t`` where the group's collectives take it (:func:`_device_of`: a CUDA device for
+    NCCL; where it is for a library that takes CPU tensors, gloo)."""
     device = _device_of(group)
     return t if device.type == "cpu" else t.to(device)
 

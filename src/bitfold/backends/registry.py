@@ -67,6 +67,12 @@ serve them is refused with a :class:`bitfold.DeviceError` saying why, before
 anything is imported or run for them);
 :func:`check_options` refuses an option the backend does not take for an
 operation, listing the ones it does.
+
+Beside the backends, the registry answers the other "which one runs this, here"
+questions from tables: :func:`device_types` (the device types backends name,
+what a tool offers) and :func:`collective_device_type` (which device type's
+tensors a ``torch.distributed`` backend's collectives take: gloo the CPU's,
+NCCL CUDA's; :func:`register_collective` adds a row).
 """
 
 from __future__ import annotations
@@ -247,6 +253,38 @@ def device_types(family: str | None = None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(d for devices in listed for d in devices if d != "*"))
 
 
+#: The collective libraries of ``torch.distributed`` (a process group's backend) and the
+#: device type whose tensors each one's collectives take: gloo the CPU's, NCCL CUDA's, XCCL
+#: (Intel's GPUs) XPU's. A library not listed takes CPU tensors. A device type whose
+#: collectives come from a library of its own adds a row (:func:`register_collective`, from
+#: its backend's module), not a case in :mod:`bitfold.distributed`; a row naming a library
+#: this torch does not know is never asked.
+_COLLECTIVES: dict[str, str] = {"gloo": "cpu", "nccl": "cuda", "xccl": "xpu"}
+
+
+def register_collective(library: str, device_type: str) -> None:
+    """Say that the collectives of ``torch.distributed`` backend ``library`` take tensors of
+    ``device_type`` (a row of the table :func:`collective_device_type` reads)."""
+    _COLLECTIVES[library] = device_type
+
+
+def unregister_collective(library: str) -> None:
+    """Remove the row of ``library`` (for tests of the registry); it then takes CPU tensors."""
+    _COLLECTIVES.pop(library, None)
+
+
+def collective_device_type(library: str) -> str:
+    """The device type whose tensors the collectives of ``torch.distributed`` backend
+    ``library`` take (``"cuda"`` for ``"nccl"``); ``"cpu"`` for a library the table does not
+    list (a mixed ``"cpu:gloo,cuda:nccl"`` group takes CPU tensors through gloo)."""
+    return _COLLECTIVES.get(library, "cpu")
+
+
+def collective_libraries() -> dict[str, str]:
+    """The table :func:`collective_device_type` reads: library -> device type (a copy)."""
+    return dict(_COLLECTIVES)
+
+
 def backend_for(
     family: str,
     device: str,
@@ -341,9 +379,13 @@ __all__ = [
     "backend_names",
     "backends",
     "check_options",
+    "collective_device_type",
+    "collective_libraries",
     "device_types",
     "get_backend",
     "known_options",
     "register",
+    "register_collective",
     "unregister",
+    "unregister_collective",
 ]
