@@ -40,24 +40,30 @@ def _prefetch(builder: ir.IRBuilder, ptr: ir.Value, write: bool) -> None:
     builder.call(fn, [ptr, i32(int(write)), i32(3), i32(1)])
 
 
+def _row_pointer(context, builder, signature, args, at: int) -> tuple[ir.Value, ir.Value]:
+    """In an intrinsic's codegen, ``(pointer to arr[row, 0], row length)`` of the argument pair
+    ``arr, row`` at ``at`` in ``args`` (``arr`` a 2-D array, ``row`` an integer)."""
+    aty, ity = signature.args[at], signature.args[at + 1]
+    ary = context.make_array(aty)(context, builder, args[at])
+    shape = cgutils.unpack_tuple(builder, ary.shape)
+    strides = cgutils.unpack_tuple(builder, ary.strides)
+    row = context.cast(builder, args[at + 1], ity, types.intp)
+    ptr = cgutils.get_item_pointer2(
+        context, builder, data=ary.data, shape=shape, strides=strides,
+        layout=aty.layout, inds=[row, context.get_constant(types.intp, 0)], wraparound=False,
+    )  # fmt: skip
+    return ptr, shape[1]
+
+
 @intrinsic
 def prefetch_row(typingctx, arr, row):  # pragma: no cover - compiled
     """Prefetch (for reading) the first cache lines of ``arr[row]``; ``arr`` is C-contiguous 2-D."""
     sig = types.void(arr, row)
 
     def codegen(context, builder, signature, args):
-        aryty, rowty = signature.args
-        ary = context.make_array(aryty)(context, builder, args[0])
-        shape = cgutils.unpack_tuple(builder, ary.shape)
-        strides = cgutils.unpack_tuple(builder, ary.strides)
-        index = context.cast(builder, args[1], rowty, types.intp)
-        start = cgutils.get_item_pointer2(
-            context, builder, data=ary.data, shape=shape, strides=strides,
-            layout=aryty.layout, inds=[index, context.get_constant(types.intp, 0)],
-            wraparound=False,
-        )  # fmt: skip
-        itemsize = context.get_constant(types.intp, aryty.dtype.bitwidth // 8)
-        row_bytes = builder.mul(shape[1], itemsize)
+        start, width = _row_pointer(context, builder, signature, args, 0)
+        itemsize = context.get_constant(types.intp, signature.args[0].dtype.bitwidth // 8)
+        row_bytes = builder.mul(width, itemsize)
         base = builder.ptrtoint(start, ir.IntType(64))
         for offset in range(0, MAX_LINES * LINE_BYTES, LINE_BYTES):
             off = context.get_constant(types.intp, offset)
@@ -96,23 +102,9 @@ def copy_row_streaming(typingctx, dst, j, src, i):  # pragma: no cover - compile
     sig = types.void(dst, j, src, i)
 
     def codegen(context, builder, signature, args):
-        dty, jty, sty, ity = signature.args
         intp = types.intp
-        zero = context.get_constant(intp, 0)
-
-        def row_pointer(aty, arg, index, ity_):
-            ary = context.make_array(aty)(context, builder, arg)
-            shape = cgutils.unpack_tuple(builder, ary.shape)
-            strides = cgutils.unpack_tuple(builder, ary.strides)
-            at = context.cast(builder, index, ity_, intp)
-            ptr = cgutils.get_item_pointer2(
-                context, builder, data=ary.data, shape=shape, strides=strides,
-                layout=aty.layout, inds=[at, zero], wraparound=False,
-            )  # fmt: skip
-            return ptr, shape[1]
-
-        dp, width = row_pointer(dty, args[0], args[1], jty)
-        sp, _ = row_pointer(sty, args[2], args[3], ity)
+        dp, width = _row_pointer(context, builder, signature, args, 0)
+        sp, _ = _row_pointer(context, builder, signature, args, 2)
         lanes = 4
         vec = ir.VectorType(ir.IntType(32), lanes)
         dv = builder.bitcast(dp, vec.as_pointer())
