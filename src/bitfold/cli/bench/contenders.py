@@ -409,6 +409,17 @@ _DET = "deterministic mode"
 _ALL = ("scalar", "rows")
 _NO_BF16 = ("bfloat16", "NumPy has no bfloat16")
 _ROWS_PEER = ("rows", "the bench times it on scalars; torch-embedding is the peer for rows")
+
+
+def _deterministic(op: str, **fields: Any) -> Contender:
+    """torch's in-place ``<op>_`` under use_deterministic_algorithms(True): ``torch-<op>-det``,
+    the underscores of ``op`` written as hyphens (``index_add``: ``torch-index-add-det``)."""
+    name = op.replace("_", "-")
+    return Contender(f"torch-{name}-det", "torch", _TORCH, _DET,
+                     f"{op}_ under use_deterministic_algorithms(True)", _torch(op, True),
+                     label=f"torch {op}_ deterministic", **fields)  # fmt: skip
+
+
 CONTENDERS: dict[str, Contender] = {
     c.name: c
     for c in [
@@ -445,18 +456,12 @@ CONTENDERS: dict[str, Contender] = {
                   "zeros((K,) + trailing).index_add_(0, idx, values)",
                   _torch("index_add", False), label="torch index_add_", kinds=_ALL,
                   dtypes=DTYPES),
-        Contender("torch-index-add-det", "torch", _TORCH, _DET,
-                  "index_add_ under use_deterministic_algorithms(True)",
-                  _torch("index_add", True), label="torch index_add_ deterministic",
-                  kinds=_ALL, dtypes=DTYPES),
+        _deterministic("index_add", kinds=_ALL, dtypes=DTYPES),
         Contender("torch-scatter-add", "torch", _TORCH, "none",
                   "zeros((K,) + trailing).scatter_add_(0, idx (expanded along D for rows), "
                   "values)", _torch("scatter_add", False), label="torch scatter_add_",
                   kinds=_ALL, dtypes=DTYPES),
-        Contender("torch-scatter-add-det", "torch", _TORCH, _DET,
-                  "scatter_add_ under use_deterministic_algorithms(True)",
-                  _torch("scatter_add", True), label="torch scatter_add_ deterministic",
-                  kinds=_ALL, dtypes=DTYPES),
+        _deterministic("scatter_add", kinds=_ALL, dtypes=DTYPES),
         Contender("torch-embedding", "torch", _TORCH, "none",
                   "nn.Embedding(K, D): forward emb(idx) and backward of an (N, D) output "
                   "gradient to the weight gradient", _torch("embedding", False),
