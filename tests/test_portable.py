@@ -541,3 +541,34 @@ def test_a_forced_portable_fold_on_the_cpu_is_the_default_host_fold():
     v = torch.tensor([1.0, 2.0**-24, 2.0**-24, 3.0])
     assert torch.equal(plan(v, backend="portable"), plan(v))
     assert plan(v, backend="portable").tolist() == [1.0, 3.0]
+
+
+# -- what the portable path asks of each library ---------------------------------------------
+@pytest.mark.parametrize("spread", [4, 120])  # the shared unit serves; the digits do
+def test_the_library_rows_choose_paths_and_chunks_never_bits(monkeypatch, spread):
+    """``checks.LIBRARIES``: one row a family the portable path takes. Whether a library
+    branches on a device flag (``cond``) and whether its eager folds take chunks decide
+    which paths run and how, never the bits: rows turned the other way, or a library that
+    cannot read its flags, give the host's bits."""
+    from bitfold.backends.portable import checks, flags, terms
+
+    assert checks.FAMILIES == tuple(checks.LIBRARIES) == ("torch", "cupy", "jax", "numpy")
+    rng = np.random.default_rng(11)
+    n, K = 300_000, 40
+    plan = bitfold.Fold(rng.integers(0, K, n), K)
+    held = rng.standard_normal((n, 1)) * 2.0 ** rng.integers(-spread, spread, (n, 1))
+    t = torch.from_numpy(held[:, 0].astype(np.float32))
+    ops = arrays.family_of(t)
+    want = _bits(plan(t), "float32")
+    assert flags.runs_one_path(ops, t) and len(terms.eager_chunks(ops, t, n, 1, K)) > 1
+    assert np.array_equal(_bits(plan(t, backend="portable"), "float32"), want)
+    read = lambda flag, if_set, if_clear: if_set() if bool(flag) else if_clear()  # noqa: E731
+    monkeypatch.setitem(checks.LIBRARIES, "torch", checks.Library(cond=read))
+    assert terms.eager_chunks(ops, t, n, 1, K) == [(0, n)]  # no chunks, a branch of its own
+    assert np.array_equal(_bits(plan(t, backend="portable"), "float32"), want)
+    monkeypatch.setitem(checks.LIBRARIES, "torch", checks.Library())
+    monkeypatch.setattr(arrays._Torch, "reads_without_sync", lambda self, like: False)
+    assert not flags.runs_one_path(ops, t)  # both paths made, one selected by `where`
+    assert np.array_equal(_bits(plan(t, backend="portable"), "float32"), want)
+    jnp = pytest.importorskip("jax.numpy")
+    assert flags.runs_one_path(arrays.family_of(jnp.ones(3)), jnp.ones(3))  # lax.cond

@@ -55,6 +55,10 @@ from ..kernels import planning
 from ..plan_view import DeviceKey, PlanView
 from ..validate import index_dtype_error, index_range_error
 
+#: The array family of the arrays this module keeps for a plan (:func:`bitfold.arrays.family_of`):
+#: a consumer of another family makes its own from the plan's host arrays.
+FAMILY = "torch"
+
 #: The integer dtypes an index may have (by canonical name), as on the host.
 INDEX_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
@@ -294,6 +298,7 @@ def index_tensor(plan: PlanView, device: Any) -> Any:
 
 
 __all__ = [
+    "FAMILY",
     "INDEX_DTYPES",
     "IndexKey",
     "PlanTensors",

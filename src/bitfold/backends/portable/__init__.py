@@ -22,7 +22,8 @@ one job, lower ones first:
 * :mod:`.paths`: the choice between them, first that serves
   (:func:`~.paths.exact_sums`), and the fold of traced ids without a plan
   (:func:`~.paths.segment_fold`);
-* :mod:`.checks`: the families, dtypes and options taken;
+* :mod:`.checks`: the families, dtypes and options taken, and what the path
+  asks of each library beyond its family's operations (one row a library);
   :mod:`.plan_constants`: what a plan gives the device, once per device;
 * :mod:`.states`: the accumulator's int64 states beside the values;
 * :mod:`.backend`: the folds (``exact``, ``ordered``, ``atomic``), the

@@ -21,7 +21,7 @@ from ...arrays import ArrayFamily, family_of
 from ...formats import FLOATS, limb_format_for
 from .checks import check_family, check_out, float_name, values_format
 from .digits import Words, canonical_nan, round_table, table_of, table_rows, words_for
-from .flags import choose
+from .flags import choose, runs_one_path
 from .narrow import narrow_applies, narrow_fold
 from .shared_unit import shared_unit_fold, shared_unit_plan, shared_words
 from .terms import Terms
@@ -81,7 +81,7 @@ def exact_sums(ops: ArrayFamily, values: Any, index: Any, counts: Any, init: Any
         return choose(ops, values, bad, digits, lambda: out.reshape(-1))
 
     compiled_cpu = ops.traced_for_host(values)
-    if not (ops.reads_without_sync(values) or ops.name == "jax" or compiled_cpu):
+    if not (runs_one_path(ops, values) or compiled_cpu):  # both paths made: not worth it
         return per_element()
     unit, good = shared_unit_plan(terms, layout)
     if compiled_cpu:  # the shared unit in the graph; an eager fold where it does not serve

@@ -54,11 +54,17 @@ def max_count(plan: PlanView) -> int:
     return plan.prepared(ConstantKey("max-count"), lambda: int(plan.counts.max()))
 
 
-def _torch_on_device(plan: PlanView, ops: ArrayFamily, like: Any) -> bool:
-    """True when the plan's arrays for ``like`` come from its torch tensors on ``like``'s device
-    (:mod:`bitfold.backends.device_plan`): a plan built on a device, eager torch values."""
-    eager = ops.cache_key(like) is not None
-    return ops.name == "torch" and plan.device_tensors is not None and eager
+def _kept_by_device_plan(ops: ArrayFamily, like: Any) -> bool:
+    """True when :mod:`bitfold.backends.device_plan` keeps a plan's arrays for values like
+    ``like``: eager (not traced) values of the family whose arrays it keeps (torch tensors)."""
+    return ops.name == device_plan.FAMILY and ops.cache_key(like) is not None
+
+
+def _derived_on_device(plan: PlanView, ops: ArrayFamily, like: Any) -> bool:
+    """True when the plan's arrays for ``like`` come from its tensors on ``like``'s device
+    (:mod:`bitfold.backends.device_plan`): a plan built on a device, values it keeps arrays
+    for."""
+    return plan.device_tensors is not None and _kept_by_device_plan(ops, like)
 
 
 def plan_array(plan: PlanView, ops: ArrayFamily, like: Any, what: str, word: str) -> Any:
@@ -67,13 +73,12 @@ def plan_array(plan: PlanView, ops: ArrayFamily, like: Any, what: str, word: str
     Kept on the plan; a plan built on a device derives it there from its
     tensors (:func:`device_plan.plan_tensors`), never through the host.
     """
-    if _torch_on_device(plan, ops, like):
-        import torch
+    if _derived_on_device(plan, ops, like):
 
         def derived() -> Any:
             t = device_plan.plan_tensors(plan, like.device)
             src = {"order": t.order, "starts": t.offsets[:-1], "counts": t.counts}[what]
-            return src.to(getattr(torch, word))
+            return ops.astype(src, word)
 
         return plan.prepared(ConstantKey(f"{what}-{word}", ops.cache_key(like)), derived)
     host = {"order": lambda: plan.order, "starts": lambda: plan.offsets[:-1],
@@ -84,10 +89,14 @@ def plan_array(plan: PlanView, ops: ArrayFamily, like: Any, what: str, word: str
 def counts_rows(plan: PlanView, ops: ArrayFamily, like: Any, D: int, extra: int, word: str) -> Any:
     """Every bucket's count plus ``extra``, repeated for its ``D`` table rows, as ``word``."""
     what = f"counts-rows-{word}-{D}-{bool(extra)}"
-    if _torch_on_device(plan, ops, like):
+    if _derived_on_device(plan, ops, like):
         counts = plan_array(plan, ops, like, "counts", word)
-        return plan.prepared(ConstantKey(what, ops.cache_key(like)),
-                             lambda: (counts + extra).repeat_interleave(D))  # fmt: skip
+
+        def derived() -> Any:  # each count D times, in place of the count: (K,) -> (K·D,)
+            rows = (counts + extra).reshape(-1, 1) + ops.zeros(like, (1, D), word)
+            return rows.reshape(-1)
+
+        return plan.prepared(ConstantKey(what, ops.cache_key(like)), derived)
     return _constant(plan, ops, like, what,
                      lambda: np.repeat(plan.counts + extra, D).astype(word))  # fmt: skip
 
@@ -95,8 +104,9 @@ def counts_rows(plan: PlanView, ops: ArrayFamily, like: Any, D: int, extra: int,
 def plan_index(plan: PlanView, ops: ArrayFamily, like: Any, word: str) -> Any:
     """The plan's flat index as ``word`` integers on ``like``'s device (kept on the plan).
 
-    torch int64: the plan's one torch index there (:func:`device_plan.index_tensor`).
+    int64 for values :mod:`bitfold.backends.device_plan` keeps arrays for: its one index of
+    the plan there (:func:`device_plan.index_tensor`, torch's int64).
     """
-    if ops.name == "torch" and word == "int64" and ops.cache_key(like) is not None:
+    if word == "int64" and _kept_by_device_plan(ops, like):
         return device_plan.index_tensor(plan, like.device)
     return _constant(plan, ops, like, f"index-{word}", lambda: plan.index.astype(word))

@@ -17,6 +17,7 @@ import numpy as np
 
 from ...arrays import ArrayFamily
 from ...formats import FLOATS, LimbFormat
+from .checks import chunks_eager_folds
 from .digits import Words
 
 #: The narrow path's sums: one signed int64 word a bucket, rounded as two 32-bit digits.
@@ -88,8 +89,9 @@ def value_bits(ops: ArrayFamily, values: Any, dtype: str) -> tuple[Any, Any]:
 def eager_chunks(ops: ArrayFamily, like: Any, n: int, row: int, R: int) -> list[tuple[int, int]]:
     """Position ranges an eager fold takes in turn (from the shapes only): each chunk's
     temporaries stay in the caches and are made again from freed memory, where one pass over
-    all the values would fault in fresh pages for every operation. Traced folds: one range."""
-    if ops.cache_key(like) is None or ops.name not in ("torch", "numpy"):
+    all the values would fault in fresh pages for every operation. Traced folds, and libraries
+    that do not chunk eager folds (:attr:`.checks.Library.chunks_eager_folds`): one range."""
+    if not chunks_eager_folds(ops, like):
         return [(0, n)]
     step = max(1, max(1 << 18, 4 * R) // max(row, 1))
     return [(lo, min(n, lo + step)) for lo in range(0, n, step)] or [(0, 0)]
