@@ -25,8 +25,8 @@ divided once by the count. NaN results are the canonical NaN
 (``bitfold.CANONICAL_NAN_BITS``).
 
 The functions trust their callers for the checks torch itself makes
-(dtypes equal, shapes compatible); :func:`scatter_shape_problem` and
-:func:`index_add_shape_problem` say what is wrong, for the callers to refuse.
+(dtypes equal, shapes compatible); :func:`shape_problem` says what is
+wrong, for the callers to refuse.
 """
 
 from __future__ import annotations
@@ -248,25 +248,30 @@ def wrap_negative(index: torch.Tensor, size: int) -> torch.Tensor:
     return torch.where(index < 0, index + size, index)
 
 
-def _dim_problem(input: torch.Tensor, dim: int) -> str | None:
-    """Torch's refusal of a ``dim`` outside ``input``'s dimensions (a 0-d tensor has one)."""
+def shape_problem(
+    op: str, input: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor
+) -> str | None:
+    """What torch would refuse in ``op(input, dim, index, src)``, or None; ``op`` is
+    ``"index_add"`` or ``"scatter_add"`` (whose shapes ``scatter_reduce`` takes too).
+
+    First a ``dim`` outside ``input``'s dimensions (a 0-d tensor has one), then the
+    shapes, as that op checks them.
+    """
     nd = max(input.dim(), 1)
     if not -nd <= dim < nd:
         return f"dim {dim} is out of range for a tensor of {input.dim()} dimensions"
-    return None
+    shapes = {"index_add": _index_add_shapes, "scatter_add": _scatter_shapes}[op]
+    return shapes(input, dim, dim % nd, index, src)
 
 
 # -- index_add ------------------------------------------------------------------------------------
-def index_add_shape_problem(
-    input: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor
+def _index_add_shapes(
+    input: torch.Tensor, dim: int, d: int, index: torch.Tensor, source: torch.Tensor
 ) -> str | None:
-    """What torch would refuse in ``index_add(input, dim, index, source)``, or None."""
-    nd = max(input.dim(), 1)
-    if (problem := _dim_problem(input, dim)) is not None:
-        return problem
+    """What torch would refuse in the shapes of ``index_add(input, dim, index, source)``, or
+    None; ``dim`` is in range, ``d`` is it counted from the front."""
     if index.dim() > 1:
         return f"index must be a vector; got shape {tuple(index.shape)}"
-    d = dim % nd
     in_shape = tuple(input.shape) or (1,)
     src_shape = tuple(source.shape) or (1,)
     if len(src_shape) != len(in_shape):
@@ -341,13 +346,11 @@ def index_reduce_mean(
 
 
 # -- scatter_add ----------------------------------------------------------------------------------
-def scatter_shape_problem(
-    input: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor
+def _scatter_shapes(
+    input: torch.Tensor, dim: int, d: int, index: torch.Tensor, src: torch.Tensor
 ) -> str | None:
-    """What torch would refuse in ``scatter_add(input, dim, index, src)``, or None."""
-    nd = max(input.dim(), 1)
-    if (problem := _dim_problem(input, dim)) is not None:
-        return problem
+    """What torch would refuse in the shapes of ``scatter_add(input, dim, index, src)``, or
+    None; ``dim`` is in range, ``d`` is it counted from the front."""
     if index.numel() == 0:
         return None
     dims = {max(t.dim(), 1) for t in (input, index, src)}
@@ -356,7 +359,6 @@ def scatter_shape_problem(
             f"input, index and src must have the same number of dimensions; got "
             f"{input.dim()}, {index.dim()} and {src.dim()}"
         )
-    d = dim % nd
     shapes = [tuple(t.shape) or (1,) for t in (input, index, src)]
     for k, (a, i, s) in enumerate(zip(*shapes, strict=True)):
         if i > s or (k != d and i > a):
@@ -713,13 +715,12 @@ __all__ = [
     "fold_positions",
     "fold_rows",
     "index_add",
-    "index_add_shape_problem",
     "index_put",
     "index_reduce_mean",
     "max_pool_backward",
     "put",
     "scatter_add",
     "scatter_reduce",
-    "scatter_shape_problem",
+    "shape_problem",
     "wrap_negative",
 ]

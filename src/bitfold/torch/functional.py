@@ -28,7 +28,6 @@ raises :class:`bitfold.IndexRangeError`.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,12 +36,7 @@ from torch.nn import functional as F
 from ..errors import FoldError, FoldTypeError, ShapeError
 from ..validate import check_has_data, check_K, checked_options, type_label
 from .devices import check_device
-from .folds import (
-    bag_of_positions,
-    divide_by_counts,
-    index_add_shape_problem,
-    scatter_shape_problem,
-)
+from .folds import bag_of_positions, divide_by_counts, shape_problem
 from .ops import check_tensor, embedding_op, index_add_op, scatter_add_op, segment_sum_op
 
 _EXACT_ALREADY = (
@@ -137,14 +131,14 @@ def _check_fold(
     values: Any,
     name: str,
     out: Any,
-    shape_problem: Callable[..., str | None],
 ) -> None:
-    """What ``index_add`` and ``scatter_add`` check after the index, in torch's order: the
-    tensors, one dtype, the shapes (``shape_problem(input, dim, index, values)``), ``out``."""
+    """What ``index_add`` and ``scatter_add`` (``call``) check after the index, in torch's
+    order: the tensors, one dtype, the shapes (:func:`bitfold.torch.folds.shape_problem`),
+    ``out``."""
     check_tensor(input, "input")
     check_tensor(values, name)
     _same_dtype(input, values, name)
-    problem = shape_problem(input, dim, index, values)
+    problem = shape_problem(call, input, dim, index, values)
     if problem:
         raise ShapeError(f"{call}: {problem}")
     _check_out(out, input, (input, values))
@@ -181,7 +175,7 @@ def index_add(
     if isinstance(input, torch.Tensor) and input.dtype in _EXACT_ALREADY:
         _have_data(input=input, source=source)
         return torch.index_add(input, dim, index, source, alpha=alpha, out=out)
-    _check_fold("index_add", input, dim, index, source, "source", out, index_add_shape_problem)
+    _check_fold("index_add", input, dim, index, source, "source", out)
     if input.dim() == 0:
         one = index_add_op(input.reshape(1), 0, index.reshape(-1), source.reshape(1), float(alpha))
         return _into(out, one.reshape(()))
@@ -218,7 +212,7 @@ def scatter_add(
     if isinstance(input, torch.Tensor) and input.dtype in _EXACT_ALREADY:
         _have_data(input=input, src=src)
         return torch.scatter_add(input, dim, index, src, out=out)
-    _check_fold("scatter_add", input, dim, index, src, "src", out, scatter_shape_problem)
+    _check_fold("scatter_add", input, dim, index, src, "src", out)
     if input.dim() == 0:
         one = scatter_add_op(input.reshape(1), 0, index.reshape(1), src.reshape(1))
         return _into(out, one.reshape(()))

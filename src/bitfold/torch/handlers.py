@@ -180,7 +180,7 @@ def scatter_add(a: dict[str, Any]) -> torch.Tensor | Leave:
     leave = scatter_add_verdict(a)
     if leave is not None:
         return leave
-    if folds.scatter_shape_problem(x, dim, index, src):
+    if folds.shape_problem("scatter_add", x, dim, index, src):
         return UNTOUCHED  # ATen raises its own error
     return folds.scatter_add(x, dim, index, src)
 
@@ -226,7 +226,7 @@ def scatter_reduce(a: dict[str, Any]) -> torch.Tensor | Leave:
     leave = scatter_reduce_verdict(a)
     if leave is not None:
         return leave
-    if folds.scatter_shape_problem(x, dim, index, src):
+    if folds.shape_problem("scatter_add", x, dim, index, src):
         return UNTOUCHED
     return folds.scatter_reduce(x, dim, index, src, reduce, bool(a["include_self"]))
 
@@ -247,7 +247,7 @@ def _index_fold(a: dict[str, Any], verdict: Callable[..., Leave | None],
     leave = verdict(a)
     if leave is not None:
         return leave
-    if folds.index_add_shape_problem(x, dim, index, source):
+    if folds.shape_problem("index_add", x, dim, index, source):
         return UNTOUCHED
     return compute(x, dim, index.reshape(-1), source)
 
