@@ -543,16 +543,16 @@ def test_a_forced_portable_fold_on_the_cpu_is_the_default_host_fold():
     assert plan(v, backend="portable").tolist() == [1.0, 3.0]
 
 
-# -- what the portable path asks of each library ---------------------------------------------
+# -- what the portable path asks of each library: its family's operations and capabilities ---
 @pytest.mark.parametrize("spread", [4, 120])  # the shared unit serves; the digits do
-def test_the_library_rows_choose_paths_and_chunks_never_bits(monkeypatch, spread):
-    """``checks.LIBRARIES``: one row a family the portable path takes. Whether a library
-    branches on a device flag (``cond``) and whether its eager folds take chunks decide
-    which paths run and how, never the bits: rows turned the other way, or a library that
-    cannot read its flags, give the host's bits."""
+def test_the_family_capabilities_choose_paths_and_chunks_never_bits(monkeypatch, spread):
+    """Whether a family branches on a device flag (``branches_on_device``, with its ``cond``),
+    reads its flags where they lie and takes eager folds in chunks (``chunks_eager_folds``)
+    decide which paths run and how, never the bits: capabilities turned the other way, or a
+    library that cannot read its flags, give the host's bits."""
     from bitfold.backends.portable import checks, flags, terms
 
-    assert checks.FAMILIES == tuple(checks.LIBRARIES) == ("torch", "cupy", "jax", "numpy")
+    assert checks.FAMILIES == ("torch", "cupy", "jax", "numpy")
     rng = np.random.default_rng(11)
     n, K = 300_000, 40
     plan = bitfold.Fold(rng.integers(0, K, n), K)
@@ -562,13 +562,63 @@ def test_the_library_rows_choose_paths_and_chunks_never_bits(monkeypatch, spread
     want = _bits(plan(t), "float32")
     assert flags.runs_one_path(ops, t) and len(terms.eager_chunks(ops, t, n, 1, K)) > 1
     assert np.array_equal(_bits(plan(t, backend="portable"), "float32"), want)
-    read = lambda flag, if_set, if_clear: if_set() if bool(flag) else if_clear()  # noqa: E731
-    monkeypatch.setitem(checks.LIBRARIES, "torch", checks.Library(cond=read))
-    assert terms.eager_chunks(ops, t, n, 1, K) == [(0, n)]  # no chunks, a branch of its own
-    assert np.array_equal(_bits(plan(t, backend="portable"), "float32"), want)
-    monkeypatch.setitem(checks.LIBRARIES, "torch", checks.Library())
+    branched = []
+
+    def cond(self, flag, if_set, if_clear):  # a conditional of its own, read on the host
+        branched.append(bool(flag))
+        return if_set() if bool(flag) else if_clear()
+
+    monkeypatch.setattr(arrays._Torch, "branches_on_device", lambda self, like: True)
+    monkeypatch.setattr(arrays._Torch, "cond", cond)
+    monkeypatch.setattr(arrays._Torch, "chunks_eager_folds", lambda self, like: False)
     monkeypatch.setattr(arrays._Torch, "reads_without_sync", lambda self, like: False)
+    assert terms.eager_chunks(ops, t, n, 1, K) == [(0, n)]  # no chunks, a branch of its own
+    assert flags.runs_one_path(ops, t)
+    assert np.array_equal(_bits(plan(t, backend="portable"), "float32"), want)
+    assert branched  # the family's conditional chose the path
+    monkeypatch.setattr(arrays._Torch, "branches_on_device", lambda self, like: False)
     assert not flags.runs_one_path(ops, t)  # both paths made, one selected by `where`
     assert np.array_equal(_bits(plan(t, backend="portable"), "float32"), want)
     jnp = pytest.importorskip("jax.numpy")
     assert flags.runs_one_path(arrays.family_of(jnp.ones(3)), jnp.ones(3))  # lax.cond
+
+
+def test_a_new_family_inherits_the_defaults_of_what_it_does_not_differ_in():
+    """A family defines only what its library differs in: its conditional reads the flag on
+    the host, it neither branches on the device nor chunks eager folds, and an operation it
+    lacks is refused by name like every other missing operation."""
+    from bitfold.errors import FoldTypeError
+
+    class Toy(arrays.ArrayFamily):
+        name = "toy"
+
+    toy, flag = Toy(), np.asarray(True)
+    assert toy.cond(flag, lambda: "set", lambda: "clear") == "set"
+    assert toy.cond(~flag, lambda: "set", lambda: "clear") == "clear"
+    assert not toy.branches_on_device(flag) and not toy.chunks_eager_folds(flag)
+    for op in ("scatter_add", "scatter_max", "scatter_min"):
+        with pytest.raises(FoldTypeError, match=f"toy arrays have no '{op}' operation"):
+            getattr(toy, op)(None, None, None)
+
+
+@pytest.mark.parametrize("how", ["max", "min"])
+@pytest.mark.parametrize("D", [1, 3])
+@pytest.mark.parametrize("family", ["numpy", "torch", "jax"])
+def test_every_family_scatters_maxima_and_minima_of_values_and_rows(family, how, D):
+    """``scatter_max`` / ``scatter_min``: each family's own scatter, the same integers as
+    NumPy's ``maximum.at`` / ``minimum.at``, values ``(n,)`` and rows ``(n, D)``."""
+    make = {"numpy": np.asarray, "torch": torch.from_numpy}.get(family)
+    if family == "jax":
+        make = pytest.importorskip("jax.numpy").asarray
+    rng = np.random.default_rng(5)
+    n, K = 500, 7
+    shape = (n,) if D == 1 else (n, D)
+    index = rng.integers(0, K, n)
+    src = rng.integers(-(1 << 40), 1 << 40, shape) if family != "jax" else rng.integers(
+        -(1 << 30), 1 << 30, shape).astype(np.int32)  # fmt: skip
+    start = np.zeros((K, *shape[1:]), src.dtype) - (1 if how == "max" else -1)
+    want = start.copy()
+    getattr(np, {"max": "maximum", "min": "minimum"}[how]).at(want, index, src)
+    ops = arrays.family_of(make(start.copy()))
+    got = getattr(ops, f"scatter_{how}")(make(start.copy()), make(index), make(src))
+    assert ops.name == family and np.array_equal(arrays.to_numpy(got), want)

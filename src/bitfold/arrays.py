@@ -9,11 +9,14 @@ itself.
 
 Families also carry the few *operations* a fold written once against them
 needs (:mod:`bitfold.backends.portable`): zeros and constants on the values'
-device, reinterpretation of float bits as integers and back, casts, a
-scatter-add into a flat array, gathers, ``where``, reductions along an axis
-and a counted loop. Integer arithmetic,
+device, reinterpretation of float bits as integers and back, casts,
+scatter-adds, maxima and minima into a flat array, gathers, ``where``,
+reductions along an axis, a counted loop and a conditional; and the
+*capabilities* in which libraries differ (a flag read without waiting, a
+conditional on the device, eager folds taken in chunks). Integer arithmetic,
 shifts, masks and comparisons are the arrays' own Python operators, which
-NumPy, PyTorch, CuPy and JAX share. A new array library is one class here.
+NumPy, PyTorch, CuPy and JAX share. A new array library is one class here,
+defining only what it differs in.
 """
 
 from __future__ import annotations
@@ -126,6 +129,19 @@ class ArrayFamily:
         ``torch.compile`` on the CPU): a graph may then fall back to an eager fold."""
         return False
 
+    def branches_on_device(self, like: Any) -> bool:
+        """True when :meth:`cond` on a flag made beside ``like`` runs one branch with no host
+        wait, inside a trace too (JAX's ``lax.cond``); False where it reads the flag on the
+        host (the default), which waits for the device unless :meth:`reads_without_sync`."""
+        return False
+
+    def chunks_eager_folds(self, like: Any) -> bool:
+        """True when a fold of ``like`` runs eagerly, operation by operation, each making its
+        temporaries at once in memory: it then takes its values in chunks whose temporaries
+        stay in the caches (torch outside a trace, NumPy); False for a traced fold and a
+        library that compiles and fuses a fold (JAX). Never changes a result's bits."""
+        return False
+
     def constant(self, like: Any, arr: np.ndarray) -> Any:
         """The host array ``arr`` as an array of this family on ``like``'s device."""
         raise self._missing("constant")
@@ -154,6 +170,23 @@ class ArrayFamily:
         overflow, which callers keep clear of), unordered float additions otherwise.
         """
         raise self._missing("scatter_add")
+
+    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
+        """``target`` with ``target[index[i]] = max(target[index[i]], src[i])`` along the first
+        axis for every i (shapes as :meth:`scatter_add`); returns the result.
+
+        For integer arrays: order-free, like the integer scatter-add (each library's own
+        scatter, any order, atomics included).
+        """
+        raise self._missing("scatter_max")
+
+    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
+        """``target`` with ``target[index[i]] = min(target[index[i]], src[i])`` along the first
+        axis for every i (shapes as :meth:`scatter_add`); returns the result.
+
+        For integer arrays: order-free, like the integer scatter-add.
+        """
+        raise self._missing("scatter_min")
 
     def take(self, x: Any, index: Any) -> Any:
         """``x[index]`` along the first axis."""
@@ -197,6 +230,16 @@ class ArrayFamily:
         for i in range(n):
             carry = body(i, carry)
         return carry
+
+    def cond(self, flag: Any, if_set: Any, if_clear: Any) -> Any:
+        """``if_set()`` where the 0-d ``flag`` is set, else ``if_clear()``: one branch runs.
+
+        By default the flag is read on the host (``bool(flag)``), which waits for
+        the device unless :meth:`reads_without_sync`; a library that branches on
+        the device overrides it and says so in :meth:`branches_on_device` (JAX:
+        ``lax.cond``, inside ``jit`` too).
+        """
+        return if_set() if bool(flag) else if_clear()
 
 
 class _NumpyLike(ArrayFamily):
@@ -263,6 +306,17 @@ class _Numpy(_NumpyLike):
         np.add.at(target, index, src)
         return target
 
+    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
+        np.maximum.at(target, index, src)
+        return target
+
+    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
+        np.minimum.at(target, index, src)
+        return target
+
+    def chunks_eager_folds(self, like: Any) -> bool:
+        return True  # NumPy is never traced: every fold is eager
+
 
 class _Torch(ArrayFamily):
     name = "torch"
@@ -317,6 +371,9 @@ class _Torch(ArrayFamily):
     def traced_for_host(self, like: Any) -> bool:
         return self._compiling() and self.device(like) == "cpu"
 
+    def chunks_eager_folds(self, like: Any) -> bool:
+        return self.cache_key(like) is not None  # not a fake or functional tensor
+
     @staticmethod
     def _compiling() -> bool:
         import torch
@@ -359,6 +416,18 @@ class _Torch(ArrayFamily):
         if src.dim() == 1:  # one value a position: ATen's scatter is the faster of the two
             return target.scatter_add(0, index, src)
         return target.index_add(0, index, src)
+
+    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
+        return self._scatter_reduce(target, index, src, "amax")
+
+    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
+        return self._scatter_reduce(target, index, src, "amin")
+
+    @staticmethod
+    def _scatter_reduce(target: Any, index: Any, src: Any, how: str) -> Any:
+        if src.dim() > 1:  # rows: ATen's scatter takes an index of the values' shape
+            index = index.reshape(-1, *(1,) * (src.dim() - 1)).expand(src.shape)
+        return target.scatter_reduce(0, index, src, how)
 
     def take(self, x: Any, index: Any) -> Any:
         return x.index_select(0, index)
@@ -461,6 +530,18 @@ class _Cupy(_NumpyLike):
         cupyx.scatter_add(target, index, src.astype(target.dtype))
         return target
 
+    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
+        import cupyx
+
+        cupyx.scatter_max(target, index, src)
+        return target
+
+    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
+        import cupyx
+
+        cupyx.scatter_min(target, index, src)
+        return target
+
 
 class _Jax(_NumpyLike):
     name = "jax"
@@ -528,6 +609,20 @@ class _Jax(_NumpyLike):
 
     def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
         return target.at[index].add(src)
+
+    def scatter_max(self, target: Any, index: Any, src: Any) -> Any:
+        return target.at[index].max(src)
+
+    def scatter_min(self, target: Any, index: Any, src: Any) -> Any:
+        return target.at[index].min(src)
+
+    def branches_on_device(self, like: Any) -> bool:
+        return True  # lax.cond: one branch, on the device, traced or not
+
+    def cond(self, flag: Any, if_set: Any, if_clear: Any) -> Any:
+        import jax
+
+        return jax.lax.cond(flag, if_set, if_clear)
 
     def loop(self, n: int, body: Any, init: Any) -> Any:
         import jax

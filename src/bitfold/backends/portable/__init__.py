@@ -3,9 +3,11 @@
 It folds torch tensors on any device (CPU, CUDA, ROCm, MPS, XPU), CuPy arrays
 and JAX arrays on any backend (and NumPy arrays, when asked), with nothing
 but the operations of their array family (:mod:`bitfold.arrays`): integer
-views of float bits, shifts and masks, an integer scatter-add, gathers,
-``where`` and reductions. There is no switch on the library: the same lines
-run everywhere, so the CPU tests prove the code that runs on a device.
+views of float bits, shifts and masks, integer scatter-adds and maxima,
+gathers, ``where``, reductions and a conditional; where libraries differ
+(whether a flag is read without waiting, eager folds taken in chunks), the
+family says so in a capability. There is no switch on the library: the same
+lines run everywhere, so the CPU tests prove the code that runs on a device.
 
 Integer addition is associative and commutative, so an integer scatter-add
 gives the same bits in any order, atomics included. The modules, each with
@@ -22,8 +24,7 @@ one job, lower ones first:
 * :mod:`.paths`: the choice between them, first that serves
   (:func:`~.paths.exact_sums`), and the fold of traced ids without a plan
   (:func:`~.paths.segment_fold`);
-* :mod:`.checks`: the families, dtypes and options taken, and what the path
-  asks of each library beyond its family's operations (one row a library);
+* :mod:`.checks`: the families, dtypes and options taken;
   :mod:`.plan_constants`: what a plan gives the device, once per device;
 * :mod:`.states`: the accumulator's int64 states beside the values;
 * :mod:`.backend`: the folds (``exact``, ``ordered``, ``atomic``), the

@@ -1,63 +1,18 @@
-"""What the portable path takes: array families (and what it asks of each library beyond its
-family's operations), value and result dtypes, options."""
+"""What the portable path takes: array families, value and result dtypes, options."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ...arrays import ArrayFamily, family_of
 from ...errors import DeviceError, FoldError, FoldTypeError
 from ...formats import F64, LimbFormat, check_value_dtype, dtype_name, limb_format_for
 
-
-@dataclass(frozen=True)
-class Library:
-    """What the portable path asks of an array library that its family's operations and
-    capabilities (:class:`bitfold.arrays.ArrayFamily`: ``reads_without_sync``,
-    ``traced_for_host``, ...) do not say: one row of :data:`LIBRARIES` a library.
-
-    ``cond``: the library's conditional on a 0-d device flag,
-    ``cond(flag, if_set, if_clear)``, that runs one branch only, without waiting for the
-    device, inside a trace too (JAX's ``lax.cond``); None where it has none (both paths are
-    then made and one selected, unless the flag is read where it lies).
-    ``chunks_eager_folds``: an eager fold runs operation by operation, each making its
-    temporaries at once in memory, so it takes its values in chunks whose temporaries stay
-    in the caches (torch, NumPy); not a library that compiles and fuses a fold (JAX).
-    """
-
-    cond: Callable[[Any, Callable[[], Any], Callable[[], Any]], Any] | None = None
-    chunks_eager_folds: bool = False
-
-
-def _lax_cond(flag: Any, if_set: Callable[[], Any], if_clear: Callable[[], Any]) -> Any:
-    import jax
-
-    return jax.lax.cond(flag, if_set, if_clear)
-
-
-#: The libraries whose families' operations the portable path is written against, and what it
-#: asks of each beyond them. A new library: its family in :mod:`bitfold.arrays`, one row here.
-LIBRARIES: dict[str, Library] = {
-    "torch": Library(chunks_eager_folds=True),
-    "cupy": Library(),
-    "jax": Library(cond=_lax_cond),
-    "numpy": Library(chunks_eager_folds=True),
-}
-#: The array families whose operations the portable path is written against.
-FAMILIES: tuple[str, ...] = tuple(LIBRARIES)
-
-
-def library(ops: ArrayFamily) -> Library:
-    """The row of :data:`LIBRARIES` for ``ops``'s library (a family :func:`check_family` took)."""
-    return LIBRARIES[ops.name]
-
-
-def chunks_eager_folds(ops: ArrayFamily, like: Any) -> bool:
-    """True when a fold of values like ``like`` runs eagerly (not traced) in a library whose
-    eager folds take their values in chunks (:attr:`Library.chunks_eager_folds`)."""
-    return ops.cache_key(like) is not None and library(ops).chunks_eager_folds
+#: The array families whose operations the portable path is written against (their classes in
+#: :mod:`bitfold.arrays`, which also say what the path asks of each library: a conditional on a
+#: device flag, whether eager folds take chunks, ...). A new library: its family there, its name
+#: here.
+FAMILIES: tuple[str, ...] = ("torch", "cupy", "jax", "numpy")
 
 
 def float_name(x: Any) -> str:

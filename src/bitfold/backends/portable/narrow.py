@@ -18,7 +18,7 @@ import numpy as np
 from ...arrays import ArrayFamily
 from ...formats import FLOATS, decode_shift
 from .digits import bit_length, round_table
-from .terms import NARROW, NARROW_BITS, WRAP, Terms, larger, scatter_rows, value_bits
+from .terms import NARROW, NARROW_BITS, WRAP, Terms, larger, value_bits
 
 
 def narrow_applies(dtypes: list[str], int64: bool) -> bool:
@@ -83,7 +83,7 @@ def narrow_fold(
             bits, mag = value_bits(ops, values[lo:hi], dtype)
             # magnitude, then one bit: the term is not -0.0 (the max says both at once)
             key = (ops.astype(mag, word) << 1) | ops.astype(bits != sign, word)
-            best = scatter_rows(ops, "max", best, index[lo:hi], key)
+            best = ops.scatter_max(best, index[lo:hi], key)
         all_negzero = best <= 0  # -1: no term here
         negzero = all_negzero if negzero is None else negzero & all_negzero
         big, top = best >> 1, (1 << f.exponent_bits) - 1
@@ -126,7 +126,7 @@ def narrow_fold(
                 power = ops.take(_powers(ops, like), ops.clip(s, 0, NARROW_BITS - 1).reshape(-1))
                 w = mant * power.reshape(s.shape)
             flags.append(ops.astype(ops.amax(lost.reshape(-1), 0), word))
-            sums = scatter_rows(ops, "add", sums, at, w)
+            sums = ops.scatter_add(sums, at, w)
     bad = ops.amax(ops.stack([ops.astype(g, word).reshape(()) for g in flags], 0), 0) > 0
     flat, c = sums.reshape(-1), counts.reshape(-1)
     zero = flat - flat

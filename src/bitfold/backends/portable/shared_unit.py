@@ -18,7 +18,7 @@ from ...arrays import ArrayFamily
 from ...formats import FLOATS, decode_shift
 from .digits import Words, carry, round_table
 from .flags import choose
-from .terms import NARROW, NARROW_BITS, WRAP, Terms, larger, scatter_rows, value_bits
+from .terms import NARROW, NARROW_BITS, WRAP, Terms, larger, value_bits
 
 
 def _extremes(terms: Terms, index: Any, values: Any, dtype: str, word: str) -> tuple[Any, Any]:
@@ -139,7 +139,7 @@ def shared_unit_sums(terms: Terms, unit: Any, layout: SharedWords) -> Any:
                 continue
             x = ops.astype(values[lo:hi], "float32") * scale
             if not cut:
-                sums = scatter_rows(ops, "add", sums, index[lo:hi], ops.astype(x, "int64"))
+                sums = ops.scatter_add(sums, index[lo:hi], ops.astype(x, "int64"))
                 continue
             neg = x < 0
             mag = ops.where(neg, -x, x)
@@ -148,7 +148,7 @@ def shared_unit_sums(terms: Terms, unit: Any, layout: SharedWords) -> Any:
                 above = ops.floor(mag * (2.0 ** -(w * j)))  # the magnitude's digits j and up
                 digit = ops.astype(above - ops.floor(above * 2.0**-w) * 2.0**w, "int32")
                 pieces.append(ops.where(neg, -digit, digit))
-            sums = scatter_rows(ops, "add", sums, index[lo:hi], ops.stack(pieces, -1))
+            sums = ops.scatter_add(sums, index[lo:hi], ops.stack(pieces, -1))
     return sums
 
 
@@ -162,8 +162,7 @@ def _not_all_negzero(terms: Terms) -> Any:
         for lo, hi in terms.chunks(index):
             if hi > lo:
                 bits, _ = value_bits(ops, values[lo:hi], dtype)
-                seen = scatter_rows(ops, "max", seen, index[lo:hi],
-                                     ops.astype(bits != sign, "int32"))  # fmt: skip
+                seen = ops.scatter_max(seen, index[lo:hi], ops.astype(bits != sign, "int32"))
     return seen > 0
 
 

@@ -13,11 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ...arrays import ArrayFamily
 from ...formats import FLOATS, LimbFormat
-from .checks import chunks_eager_folds
 from .digits import Words
 
 #: The narrow path's sums: one signed int64 word a bucket, rounded as two 32-bit digits.
@@ -47,27 +44,6 @@ class Terms:
         return eager_chunks(self.ops, self.like, int(index.shape[0]), R // self.shape[0], R)
 
 
-def scatter_rows(ops: ArrayFamily, how: str, target: Any, index: Any, src: Any) -> Any:
-    """``target[index[i]] = how(target[index[i]], src[i])`` for values ``(n,)`` or rows
-    ``(n, D)`` into ``(K,)`` or ``(K, D)``; ``how``: "add" (the family's scatter-add), "max" or
-    "min" (integers: order-free like the add; each library's own scatter)."""
-    if how == "add":
-        return ops.scatter_add(target, index, src)
-    if ops.name == "torch":
-        if len(src.shape) == 2:
-            index = index.reshape(-1, 1).expand(src.shape)
-        return target.scatter_reduce(0, index, src, f"a{how}")
-    if ops.name == "jax":
-        return getattr(target.at[index], how)(src)
-    if ops.name == "cupy":
-        import cupyx
-
-        getattr(cupyx, f"scatter_{how}")(target, index, src)
-        return target
-    getattr(np, {"max": "maximum", "min": "minimum"}[how]).at(target, index, src)
-    return target
-
-
 def larger(ops: ArrayFamily, a: Any, b: Any) -> Any:
     return ops.where(a > b, a, b)
 
@@ -89,9 +65,10 @@ def value_bits(ops: ArrayFamily, values: Any, dtype: str) -> tuple[Any, Any]:
 def eager_chunks(ops: ArrayFamily, like: Any, n: int, row: int, R: int) -> list[tuple[int, int]]:
     """Position ranges an eager fold takes in turn (from the shapes only): each chunk's
     temporaries stay in the caches and are made again from freed memory, where one pass over
-    all the values would fault in fresh pages for every operation. Traced folds, and libraries
-    that do not chunk eager folds (:attr:`.checks.Library.chunks_eager_folds`): one range."""
-    if not chunks_eager_folds(ops, like):
+    all the values would fault in fresh pages for every operation. Where the family does not
+    chunk a fold of ``like`` (:meth:`~bitfold.arrays.ArrayFamily.chunks_eager_folds`: traced
+    folds, libraries that fuse a fold): one range."""
+    if not ops.chunks_eager_folds(like):
         return [(0, n)]
     step = max(1, max(1 << 18, 4 * R) // max(row, 1))
     return [(lo, min(n, lo + step)) for lo in range(0, n, step)] or [(0, 0)]
