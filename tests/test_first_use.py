@@ -100,3 +100,34 @@ def test_an_empty_cache_prints_the_line_and_a_warm_one_does_not(tmp_path):
     assert any(tmp_path.rglob("*.nbi")), "nothing was cached"
     second = _fold_in_a_fresh_process(tmp_path)
     assert "bitfold: compiling" not in second, second
+
+
+@pytest.mark.parametrize("route, D", [("buckets", 16), ("stream", 1)])
+def test_read_only_and_writable_values_compile_one_kernel(route, D):
+    """The caller's writeable flag is no part of a kernel's type: a fold of read-only values
+    after one of writable values (and of a read-only index) compiles nothing more."""
+    from bitfold.kernels import buckets, stream
+
+    kernels = {
+        "buckets": [buckets._fold_buckets],
+        "stream": [stream._float_range, stream._float_slots, stream._float_chunks],
+    }[route]
+
+    def compiled():
+        return {(k.py_func.__name__, sig) for k in kernels for sig in k.signatures}
+
+    rng = np.random.default_rng(3)
+    index = rng.integers(0, 50, 400).astype(np.int32)
+    values = rng.standard_normal((400, D) if D > 1 else 400).astype(np.float32)
+
+    def run(v, i):
+        return bitfold.Fold(i, 50)(v, route="buckets" if route == "buckets" else "float-stream")
+
+    writable = run(values, index)
+    before = compiled()
+    frozen_values, frozen_index = values.copy(), index.copy()
+    frozen_values.flags.writeable = frozen_index.flags.writeable = False
+    again = run(frozen_values, frozen_index)
+    assert compiled() == before
+    assert np.asarray(again).tobytes() == np.asarray(writable).tobytes()
+    assert before  # the route did run its kernel

@@ -14,36 +14,40 @@ import numpy as np
 
 from ..arrays import family_of, from_numpy, to_numpy
 from ..formats import FLOATS, LimbFormat, rounding_target
+from ..kernels.compiling import read_only
 from ..plan_view import PlanView
 from ..validate import Values
 from .host_buffers import reused_empty
 
 
 def host_values(values: Any) -> np.ndarray:
-    """The values as a flat, contiguous, native-order NumPy array (bfloat16 widened to float32)."""
+    """The values as a flat, contiguous, native-order NumPy array (bfloat16 widened to float32),
+    read-only whatever the caller's flag (:func:`bitfold.kernels.compiling.read_only`: each
+    kernel compiles once a dtype)."""
     arr = to_numpy(values) if hasattr(values, "dtype") else np.asarray(values)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if arr.dtype.name == "bfloat16":  # ml_dtypes' bfloat16 (JAX, NumPy): widening is exact
         arr = arr.astype(np.float32)
-    return np.ascontiguousarray(arr.reshape(-1))
+    return read_only(np.ascontiguousarray(arr.reshape(-1)))
 
 
 def bfloat16_bits(values: Any) -> np.ndarray:
-    """The uint16 bit patterns of bfloat16 values, flat (no widening copy)."""
+    """The uint16 bit patterns of bfloat16 values, flat and read-only (no widening copy)."""
     if family_of(values).name == "torch":
         import torch
 
         t = values.detach().cpu().contiguous()
-        return t.view(torch.int16).numpy().view(np.uint16).reshape(-1)
-    return np.ascontiguousarray(np.asarray(values)).view(np.uint16).reshape(-1)
+        return read_only(t.view(torch.int16).numpy().view(np.uint16).reshape(-1))
+    return read_only(np.ascontiguousarray(np.asarray(values)).view(np.uint16).reshape(-1))
 
 
 def host_rows(values: Any, spec: Values) -> np.ndarray:
-    """The values as a contiguous ``(positions, D)`` float32 or float64 array (halves widened)."""
+    """The values as a contiguous, read-only ``(positions, D)`` float32 or float64 array (halves
+    widened)."""
     flat = host_values(values)
     if flat.dtype == np.float16:
-        flat = flat.astype(np.float32)  # exact
+        flat = read_only(flat.astype(np.float32))  # exact
     return flat.reshape(spec.positions, spec.row_size)
 
 

@@ -48,6 +48,7 @@ from numba import njit, parallel_chunksize, prange
 
 from ..formats import F32, F64, FLOATS, decode_shift
 from .bitcast import float32_of_bits
+from .compiling import read_only
 from .ieee import (
     CHUNK,
     add_bits,
@@ -545,10 +546,12 @@ def fold_buckets(values, order, offsets, tasks, split, out, out_bits, target, fa
     """
     wide = values.dtype == np.float64
     bits_dtype = np.int64 if wide else np.uint32
+    values, order, offsets = read_only(values), read_only(order), read_only(offsets)
     bits = values.view(bits_dtype)
     has_init = init is not None
     if not has_init:
         init = np.zeros((1, values.shape[1]), values.dtype)  # never read
+    init = read_only(init)
     init_bits = init.view(bits_dtype)
     chunk = CHUNK if wide else ROW_CHUNK
     n_parts = int(split[:, 2].max()) if split.shape[0] else 0

@@ -23,6 +23,7 @@ import sys
 import threading
 from contextvars import ContextVar, Token
 
+import numpy as np
 from numba.core import event
 
 #: What a compilation outside :func:`first_use` is called, by kernel module, with about the
@@ -64,6 +65,21 @@ class first_use:  # lower case: read as a function, ``with first_use(what, secon
         if self._token is not None:
             _current.reset(self._token)
             self._token = None
+
+
+def read_only(arr: np.ndarray) -> np.ndarray:
+    """A read-only view of ``arr`` (``arr`` itself is left as it is; a read-only array is
+    returned as it is).
+
+    Numba compiles a kernel once for each type of its arguments, and a read-only array is a type
+    apart from a writable one: the inputs a kernel only reads are passed read-only, whatever the
+    caller's flag, so that each dtype compiles once (the same machine code either way).
+    """
+    if not arr.flags.writeable:
+        return arr
+    view = arr.view()
+    view.flags.writeable = False
+    return view
 
 
 def quietly() -> first_use:

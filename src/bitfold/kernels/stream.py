@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import get_thread_id, njit, prange
 
+from .compiling import read_only
 from .ieee import as_double, castable, checked_add, checked_add_narrow, round_row, round_scaled
 from .prefetch import prefetch_item, prefetch_row
 
@@ -185,6 +186,7 @@ def float_sums(index, values, sums: np.ndarray, out: np.ndarray, bounded: bool =
     entry outside, the fold stops and returns -1, ``out`` meaningless.
     """
     slots, K = sums.shape
+    index, values = read_only(index), read_only(values)
     far = K > FAR_MIN_K
     tiny = float(np.finfo(out.dtype).tiny)
     one = slots == 1 and K < PARALLEL_MIN_K
