@@ -1,8 +1,10 @@
 """Data-parallel training with exact gradient sums: the same bits for every world size.
 
 Two halves. The engine (:class:`bitfold.distributed.GradientSum`) in spawned
-gloo processes on the CPU, once per world size 1, 2, 3 and 4 (a module
-fixture runs every scenario in one launch per world size): a model with dense
+gloo processes on the CPU, on world sizes 1, 2, 3 and 4 (a module fixture runs
+every scenario in two launches: one process, whose first use also compiles the
+kernels every later rank loads from the cache, then four processes, whose
+first two and first three ranks form the groups of 2 and 3): a model with dense
 and folded layers trained several Adam steps, micro-batches dealt unevenly
 (one rank may get none), ``mean_over``, NaN and Inf, float16 and bfloat16
 parameters, parameter lists that differ between ranks; and plain
@@ -68,14 +70,14 @@ def _training_data():
     return torch.from_numpy(X.astype(np.float32)), torch.from_numpy(y)
 
 
-def _train(rank: int, world: int, exact: bool) -> dict[str, np.ndarray]:
+def _train(rank: int, world: int, exact: bool, group=None) -> dict[str, np.ndarray]:
     """Adam steps of the dense + folded model; the step's gradient summed exactly or plainly."""
     from bitfold.distributed import GradientSum
 
     model = _model()
     params = list(model.parameters())
     opt = torch.optim.Adam(params, lr=1e-2)
-    gs = GradientSum(params, timeout=60) if exact else None
+    gs = GradientSum(params, timeout=60, group=group) if exact else None
     X, y = _training_data()
     for step in range(STEPS):
         for m in range(MICRO):
@@ -93,7 +95,7 @@ def _train(rank: int, world: int, exact: bool) -> dict[str, np.ndarray]:
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
+                dist.all_reduce(p.grad, group=group)
                 p.grad.div_(BATCH)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -124,13 +126,14 @@ def _special() -> np.ndarray:
     return g
 
 
-def _sum_given(rank: int, world: int, tensors: list[np.ndarray], dtypes: list, mean_over=None):
+def _sum_given(rank: int, world: int, tensors: list[np.ndarray], dtypes: list, mean_over=None,
+               group=None):  # fmt: skip
     """Each rank adds the micro-batch gradients it is dealt; returns the reduced ``.grad``s."""
     from bitfold.distributed import GradientSum
 
     params = [torch.nn.Parameter(torch.zeros(t.shape[1], dtype=dt)) for t, dt in
               zip(tensors, dtypes, strict=True)]  # fmt: skip
-    gs = GradientSum(params, timeout=60)
+    gs = GradientSum(params, timeout=60, group=group)
     for m in range(MICRO):
         if m % world == rank:
             for p, t in zip(params, tensors, strict=True):
@@ -141,7 +144,7 @@ def _sum_given(rank: int, world: int, tensors: list[np.ndarray], dtypes: list, m
             for p in params]  # fmt: skip
 
 
-def _mismatch(rank: int, world: int) -> str:
+def _mismatch(rank: int, world: int, group=None) -> str:
     """Rank 1 sums one parameter more than the others: refused on every rank, nothing reduced."""
     from bitfold.distributed import GradientSum
     from bitfold.errors import DistributedError
@@ -149,7 +152,7 @@ def _mismatch(rank: int, world: int) -> str:
     params = [torch.nn.Parameter(torch.ones(5))]
     if rank == 1:
         params.append(torch.nn.Parameter(torch.ones(3)))
-    gs = GradientSum(params, timeout=60)
+    gs = GradientSum(params, timeout=60, group=group)
     for p in params:
         p.grad = torch.full_like(p, 2.0)
     gs.add()
@@ -161,22 +164,37 @@ def _mismatch(rank: int, world: int) -> str:
     return "reduced"
 
 
+def _scenarios(rank: int, world: int, group, out: str) -> None:
+    """Every scenario on this rank of a group of ``world`` ranks; the results in ``out``."""
+    res: dict = {}
+    for name, arr in _train(rank, world, exact=True, group=group).items():
+        res[f"exact/{name}"] = arr
+    for name, arr in _train(rank, world, exact=False, group=group).items():
+        res[f"plain/{name}"] = arr
+    f32 = [torch.float32]
+    (res["sum"],) = _sum_given(rank, world, [_grads("float32")], f32, group=group)
+    (res["mean"],) = _sum_given(rank, world, [_grads("float32")], f32, mean_over=7, group=group)
+    (res["special"],) = _sum_given(rank, world, [_special()], f32, group=group)
+    res["float16"], res["bfloat16"] = _sum_given(
+        rank, world, [_grads("float16"), _grads("bfloat16")], [torch.float16, torch.bfloat16],
+        group=group)  # fmt: skip
+    mismatch = _mismatch(rank, world, group) if world > 1 else ""
+    np.savez(f"{out}/world{world}-rank{rank}.npz", **res)
+    Path(f"{out}/world{world}-rank{rank}.txt").write_text(mismatch)
+
+
 def _engine_rank(rank: int, world: int, init: str, out: str) -> None:
+    """One rank of a launch of ``world`` processes: every group size of WORLD_SIZES from
+    ``world`` (the default group) down to 2 (the first ranks of the launch), or the one
+    process of a launch of 1."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    res: dict = {}
-    for name, arr in _train(rank, world, exact=True).items():
-        res[f"exact/{name}"] = arr
-    for name, arr in _train(rank, world, exact=False).items():
-        res[f"plain/{name}"] = arr
-    (res["sum"],) = _sum_given(rank, world, [_grads("float32")], [torch.float32])
-    (res["mean"],) = _sum_given(rank, world, [_grads("float32")], [torch.float32], mean_over=7)
-    (res["special"],) = _sum_given(rank, world, [_special()], [torch.float32])
-    res["float16"], res["bfloat16"] = _sum_given(
-        rank, world, [_grads("float16"), _grads("bfloat16")], [torch.float16, torch.bfloat16])
-    mismatch = _mismatch(rank, world) if world > 1 else ""
-    np.savez(f"{out}/rank{rank}.npz", **res)
-    Path(f"{out}/rank{rank}.txt").write_text(mismatch)
+    sizes = sorted((w for w in WORLD_SIZES if w <= world and (w > 1 or world == 1)), reverse=True)
+    groups = {w: None if w == world else dist.new_group(list(range(w))) for w in sizes}
+    for w in sizes:  # every rank makes every group first; the largest group sums first, so
+        if rank < w:  # no rank waits in a sum for the others' smaller groups
+            _scenarios(rank, w, groups[w], out)
+    dist.barrier()
     dist.destroy_process_group()
     leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
 
@@ -184,17 +202,17 @@ def _engine_rank(rank: int, world: int, init: str, out: str) -> None:
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> dict[int, list[dict]]:
     """Every scenario on 1, 2, 3 and 4 processes: world size -> each rank's results."""
-    runs: dict[int, list[dict]] = {}
-    for world in WORLD_SIZES:
-        out = tmp_path_factory.mktemp(f"world{world}")
-        init = (out / "rendezvous").as_uri()
-        torch.multiprocessing.spawn(_engine_rank, args=(world, init, str(out)), nprocs=world,
+    out = tmp_path_factory.mktemp("engine")
+    for launch in (1, max(WORLD_SIZES)):  # one process first: it compiles the kernels once
+        init = (out / f"rendezvous{launch}").as_uri()
+        torch.multiprocessing.spawn(_engine_rank, args=(launch, init, str(out)), nprocs=launch,
                                     join=True)  # fmt: skip
-        runs[world] = [
-            {**dict(np.load(out / f"rank{r}.npz")), "mismatch": (out / f"rank{r}.txt").read_text()}
-            for r in range(world)
-        ]
-    return runs
+    return {
+        world: [{**dict(np.load(out / f"world{world}-rank{r}.npz")),
+                 "mismatch": (out / f"world{world}-rank{r}.txt").read_text()}
+                for r in range(world)]
+        for world in WORLD_SIZES
+    }  # fmt: skip
 
 
 def _bits(a: np.ndarray) -> bytes:
@@ -294,24 +312,40 @@ TINY = ["train", "--hidden", "32", "--buckets", "64", "--batch", "64", "--micro-
         "--timeout", "60"]  # fmt: skip
 
 
+#: Steps of every full run below: 30 steps of 64 examples cross an epoch (22 steps).
+STEPS_CLI = "30"
+
+
 def _train_json(tmp_path: Path, name: str, *extra: str) -> dict:
     out = tmp_path / f"{name}.json"
     assert cli.main([*TINY, *extra, "--json", str(out)]) == 0
     return json.loads(out.read_text())
 
 
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> tuple[dict, Path]:
+    """The uninterrupted run on one process that the other world sizes, the resumed run and the
+    torchrun launch must reproduce: its JSON, and the folder of its final checkpoint."""
+    tmp = tmp_path_factory.mktemp("single")
+    return _train_json(tmp, "single", "--world-size", "1", "--steps", STEPS_CLI,
+                       "--save", str(tmp / "a")), tmp / "a"  # fmt: skip
+
+
 @pytest.mark.slow
-def test_cli_world_sizes_one_digest_and_plain_differs(tmp_path, capsys):
-    exact = _train_json(tmp_path, "exact", "--world-size", "1,3,4", "--steps", "12")
-    assert [r["micro_batches_per_rank"] for r in exact["runs"]] == [[8], [3, 3, 2], [2, 2, 2, 2]]
+def test_cli_world_sizes_one_digest_and_plain_differs(single, tmp_path, capsys):
+    capsys.readouterr()
+    exact = _train_json(tmp_path, "exact", "--world-size", "3,4", "--steps", STEPS_CLI)
+    runs = [*single[0]["runs"], *exact["runs"]]
+    assert [r["micro_batches_per_rank"] for r in runs] == [[8], [3, 3, 2], [2, 2, 2, 2]]
     assert exact["identical"] is True and exact["distinct_digests"] == 1
-    assert all(r["ranks_agree"] for r in exact["runs"])
-    run = exact["runs"][0]
+    assert all(r["ranks_agree"] for r in runs)
+    run = runs[0]
+    assert {r["digest"] for r in runs} == {run["digest"]}
     assert run["digest"].startswith("sha256:") and 0 < run["final_loss"] < 3
-    assert 0 <= run["test_accuracy"] <= 1 and run["steps"] == 12
+    assert 0 <= run["test_accuracy"] <= 1 and run["steps"] == 30
     printed = capsys.readouterr().out
     assert "one digest for every world size: yes" in printed
-    plain = _train_json(tmp_path, "plain", "--world-size", "1,4", "--steps", "12",
+    plain = _train_json(tmp_path, "plain", "--world-size", "1,2", "--steps", STEPS_CLI,
                         "--reduce", "plain")  # fmt: skip
     assert plain["distinct_digests"] > 1 and plain["identical"] is False
     assert plain["runs"][0]["digest"] != run["digest"]
@@ -322,19 +356,18 @@ def _ckpt(directory: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_cli_resume_equals_the_uninterrupted_run(tmp_path):
-    whole = _train_json(tmp_path, "whole", "--world-size", "2", "--steps", "30",
-                        "--save", str(tmp_path / "a"))  # fmt: skip
+def test_cli_resume_equals_the_uninterrupted_run(single, tmp_path):
+    whole, a_dir = single  # 30 steps on one process, saved
     # 30 steps of 64 examples cross an epoch (22 steps): the data order resumes mid-epoch
     half = _train_json(tmp_path, "half", "--world-size", "1", "--steps", "15",
                        "--save", str(tmp_path / "b"), "--save-every", "5")  # fmt: skip
     assert _ckpt(tmp_path / "b")["step"] == 15
-    rest = _train_json(tmp_path, "rest", "--world-size", "3", "--steps", "30",
+    rest = _train_json(tmp_path, "rest", "--world-size", "3", "--steps", STEPS_CLI,
                        "--resume", str(tmp_path / "b"), "--save", str(tmp_path / "b"))  # fmt: skip
     assert rest["runs"][0]["start_step"] == 15
     assert rest["runs"][0]["digest"] == whole["runs"][0]["digest"] != half["runs"][0]["digest"]
-    a, b = _ckpt(tmp_path / "a"), _ckpt(tmp_path / "b")
-    assert (a["step"], b["step"], a["world_size"], b["world_size"]) == (30, 30, 2, 3)
+    a, b = _ckpt(a_dir), _ckpt(tmp_path / "b")
+    assert (a["step"], b["step"], a["world_size"], b["world_size"]) == (30, 30, 1, 3)
     from bitfold import digest
 
     for key in ("model", "optimizer", "data", "torch_rng"):  # bit for bit, everything
@@ -355,18 +388,17 @@ def _tensors(obj) -> list:
 
 
 @pytest.mark.slow
-def test_cli_resume_refuses_another_configuration(tmp_path, capsys):
-    _train_json(tmp_path, "a", "--world-size", "1", "--steps", "3", "--save", str(tmp_path / "a"))
+def test_cli_resume_refuses_another_configuration(single, capsys):
+    saved = str(single[1])  # a checkpoint at step 30
     capsys.readouterr()
-    rc = cli.main([*TINY, "--hidden", "48", "--lr", "0.5", "--world-size", "2", "--steps", "6",
-                   "--resume", str(tmp_path / "a")])  # fmt: skip
+    rc = cli.main([*TINY, "--hidden", "48", "--lr", "0.5", "--world-size", "2", "--steps", "60",
+                   "--resume", saved])  # fmt: skip
     assert rc == 2
     err = capsys.readouterr().err
     assert "the checkpoint was written by a different configuration" in err
     assert "hidden: checkpoint 32, this run 48" in err
     assert "lr: checkpoint 0.01, this run 0.5" in err
-    assert cli.main([*TINY, "--world-size", "1", "--steps", "2", "--resume",
-                     str(tmp_path / "a")]) == 2  # fmt: skip
+    assert cli.main([*TINY, "--world-size", "1", "--steps", "2", "--resume", saved]) == 2
     assert "past --steps 2" in capsys.readouterr().err
 
 
@@ -555,11 +587,11 @@ def _env_launch(per_rank_args: list[list[str]]) -> list[subprocess.CompletedProc
 
 
 @pytest.mark.slow
-def test_launched_ranks_match_the_local_run(tmp_path):
+def test_launched_ranks_match_the_local_run(single, tmp_path):
     """Ranks started with torchrun's environment (as on several machines) give the local bits."""
-    local = _train_json(tmp_path, "local", "--world-size", "1", "--steps", "5")
+    local = single[0]
     out = tmp_path / "launched.json"
-    done = _env_launch([["--steps", "5", "--json", str(out)], ["--steps", "5"]])
+    done = _env_launch([["--steps", STEPS_CLI, "--json", str(out)], ["--steps", STEPS_CLI]])
     assert [d.returncode for d in done] == [0, 0], done[0].stderr + done[1].stderr
     launched = json.loads(out.read_text())
     assert launched["config"]["launcher"] == "torchrun" and launched["config"]["world_sizes"] == [2]
