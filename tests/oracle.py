@@ -84,10 +84,12 @@ def exact_fold_oracle(index, values, K: int, out: str = "float32") -> np.ndarray
     """
     idx = np.asarray(index).reshape(-1)
     vals = np.asarray(values).reshape(-1)
-    buckets: list[list[float]] = [[] for _ in range(K)]
+    buckets: dict[int, list[float]] = {}
     for k, v in zip(idx.tolist(), vals.astype(np.float64).tolist(), strict=True):
-        buckets[k].append(v)
-    res = np.array([bucket_oracle(b, out) for b in buckets], dtype=np.float64)
+        buckets.setdefault(k, []).append(v)
+    res = np.zeros(K, dtype=np.float64)  # an empty bucket: bucket_oracle([]) is +0.0
+    for k, terms in buckets.items():
+        res[k] = bucket_oracle(terms, out)
     # bfloat16 results come as the float32 holding them (NumPy has no bfloat16)
     held = "float32" if out == "bfloat16" else out
     with np.errstate(over="ignore", invalid="ignore"):
