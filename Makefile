@@ -42,10 +42,12 @@ REQUIRED_BACKENDS := torch,triton,jax,sklearn,safetensors,numba_cuda,torch_geome
 
 # On every core (pytest-xdist), each test file in one worker in its order: a module's fixtures
 # are built once, and a test that reads what an earlier one of its file wrote finds it (xdist's
-# loadgroup cannot group under pytest 9: it renames the tests' ids, which pytest 9 ignores).
+# loadgroup cannot group under pytest 9: it renames the tests' ids, which pytest 9 ignores),
+# the slowest files first (tests/conftest.py's SLOWEST_FIRST, kept in order by
+# --no-loadscope-reorder), so that neither worker is left alone with a long file at the end.
 # Compiled kernels are cached in the checkout, shared by the workers (.cache/ and
 # src/bitfold/**/__pycache__), so that a second run is warm.
-XDIST ?= -n auto --dist loadfile
+XDIST ?= -n auto --dist loadfile --no-loadscope-reorder
 
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .

@@ -68,3 +68,37 @@ def _jax_in_its_default_mode():
     if jax is not None:
         jax.config.update("jax_enable_x64", False)
 
+
+
+#: The test files that take longest on 2 cores (most of a minute or more each, seconds from a
+#: cold run of `make test`), sent to the xdist workers first, longest first: a long file taken
+#: last would leave the other worker idle at the end (`--no-loadscope-reorder` in the Makefile
+#: keeps this order; xdist would otherwise send the files with the most tests first). Every
+#: other file follows in its usual order; the tests of each file keep theirs.
+SLOWEST_FIRST = (
+    "test_train_parallel.py",
+    "test_jax_adapter.py",
+    "test_bench.py",
+    "test_dropins.py",
+    "test_backend_table.py",
+    "test_cuda_sim.py",
+    "test_torch_one_answer.py",
+    "test_cuda_compile.py",
+    "test_torch_compile.py",
+    "test_mutants.py",
+    "test_torch_compile_coverage.py",
+    "test_docs.py",
+    "test_jax_psum_scatter.py",
+    "test_jax_psum.py",
+    "test_transformers_models.py",
+    "test_examples.py",
+    "test_dense_device.py",
+    "test_distributed.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files of :data:`SLOWEST_FIRST` first, in its order (a stable sort: each file's tests
+    keep their order)."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

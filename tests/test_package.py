@@ -97,3 +97,16 @@ def test_every_optional_module_of_the_suite_is_required_by_make_test():
     assert "torch" in skipped_without and "grimp" in skipped_without  # the scan finds them
     missing = skipped_without - required - set(DEVICE_ONLY)
     assert not missing, f"tests skip without {sorted(missing)}: add them to REQUIRED_BACKENDS"
+
+
+def test_the_slowest_files_sent_first_exist_and_make_test_keeps_their_order():
+    """Each file conftest.py sends to the workers first is a test file here (a renamed file
+    would silently fall back to its usual place), and `make test` keeps that order."""
+    from conftest import SLOWEST_FIRST
+
+    tests = Path(__file__).resolve().parent
+    missing = [name for name in SLOWEST_FIRST if not (tests / name).is_file()]
+    assert not missing, f"SLOWEST_FIRST names files that are not in tests/: {missing}"
+    assert len(set(SLOWEST_FIRST)) == len(SLOWEST_FIRST)
+    makefile = (tests.parent / "Makefile").read_text()
+    assert re.search(r"^XDIST \?=.*--dist loadfile --no-loadscope-reorder", makefile, re.M)
