@@ -34,7 +34,7 @@ for dtype, bits in ((np.float64, np.uint64), (np.float32, np.uint32)):
         g = jax.jit(jax.grad(loss))(jnp.zeros(9, dtype))
         assert g.dtype == dtype, (g.dtype, dtype)
         assert np.array_equal(np.asarray(g).view(bits), want), (backend, dtype)
-        out = jax.vmap(lambda c, b=backend: bj.fold(c, plan, backend=b))(jnp.asarray(C)[None])
+        out = jax.jit(jax.vmap(lambda c, b=backend: bj.fold(c, plan, backend=b)))(cot[None])
         assert np.array_equal(np.asarray(out[0]).view(bits), want), (backend, dtype)
         seg = jax.jit(lambda d, i, b=backend: bj.segment_sum(d, i, 9, backend=b))(
             jnp.asarray(C.reshape(-1)), jnp.asarray(index.reshape(-1))
