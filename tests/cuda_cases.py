@@ -67,6 +67,24 @@ N_LARGE = 10000 if SIM else 200000
 UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+@pytest.fixture(autouse=True)
+def _small_zero_fills(monkeypatch):
+    """On the simulator (one Python thread per GPU thread), the zero fills that the backend
+    launches without a shape (a state's first zeroing: one thread per element) take the small
+    launch shape: its grid-stride loop clears the same elements at a fraction of the threads.
+    The default shape's fill is checked once (test_a_default_zero_fill_clears_every_element)
+    and on a GPU every fill keeps its own shape."""
+    if SIM:
+        monkeypatch.setattr(kernels, "launch_zero", _small_zero_fill)
+
+
+_launch_zero = kernels.launch_zero
+
+
+def _small_zero_fill(flat, stream, shape=None):
+    _launch_zero(flat, stream, shape or LAUNCHES[0])
+
+
 def _bits(a: np.ndarray) -> np.ndarray:
     a = np.asarray(a)
     return a.view(UINT[a.dtype.itemsize])
@@ -335,6 +353,17 @@ def test_a_refused_shared_memory_opt_in_falls_back_or_is_named(monkeypatch):
             _fold(plan, vals, exact_path="shared")
     else:
         _assert_bits_equal(_fold(plan, vals, exact_path="shared"), plan(vals), "shared, 96 KB")
+
+
+def test_a_default_zero_fill_clears_every_element():
+    """The shape-less zero fill (256 threads a block, a block per 256 elements here) and the
+    small shape's grid-stride loop both clear every element, and only those."""
+    for shape in (None, LAUNCHES[0]):
+        host = np.arange(1, 2 * 256 + 7 + 1, dtype=np.int64)
+        dev = cuda.to_device(np.concatenate([host, [-5]]))
+        _launch_zero(dev[:-1], cuda.default_stream(), shape)
+        got = dev.copy_to_host()
+        assert not got[:-1].any() and got[-1] == -5, shape
 
 
 def test_the_scratch_state_is_left_zeroed_and_a_dirty_one_is_cleaned_first():
