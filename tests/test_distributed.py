@@ -1,4 +1,9 @@
-"""Partial exact sums from several torch.distributed processes merge to the one-pass bits."""
+"""Partial exact sums from several torch.distributed processes merge to the one-pass bits.
+
+Every scenario that runs on 1, 2, 3 or 4 gloo processes runs in one launch of that many
+processes (the module fixture ``launches``: the trainings of TRAININGS, then that world
+size's other scenarios, EXTRAS), except the rank that dies, which breaks its group.
+"""
 
 from __future__ import annotations
 
@@ -32,8 +37,8 @@ def _data():
     return idx, vals
 
 
-def _rank(rank: int, world: int, init: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+def _state_sum(rank: int, world: int, out: str) -> None:
+    """All-reduced accumulator states of each rank's share of the values (rank 0 saves)."""
     idx, vals = _data()
     plan = bitfold.Fold(idx, 50)
     flat = vals.reshape(-1)
@@ -43,21 +48,18 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
     dist.all_reduce(state, op=dist.ReduceOp.SUM)
     result = bitfold.ExactAccumulator.from_state(plan, state.numpy()).result()
     if rank == 0:
-        np.save(out, result)
-    dist.destroy_process_group()
-    leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
+        np.save(f"{out}/state.npy", result)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
-def test_all_reduced_states_give_the_single_process_bits(tmp_path, world):
+def test_all_reduced_states_give_the_single_process_bits(launches, world):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with the gloo backend is not available")
-    out = str(tmp_path / "result.npy")
-    _spawn_ranks(_rank, world, tmp_path, out)
     idx, vals = _data()
     want = bitfold.Fold(idx, 50)(vals)
-    np.testing.assert_array_equal(np.load(out).view(np.uint32), want.view(np.uint32))
+    got = np.load(launches[world] / "state.npy")
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 # -- GradientSum: the same bits for every world size ---------------------------------------------
@@ -122,28 +124,42 @@ TRAININGS = [
 ]  # fmt: skip
 
 
-def _train_rank(rank, world, init, out, trainings):
-    """One rank of every training of ``trainings`` in turn; rank 0 writes their digests."""
+def _launch_rank(rank, world, init, out, trainings):
+    """One rank of every training of ``trainings`` in turn (rank 0 writes their digests), then
+    of this world size's EXTRAS, each leaving its results in the folder ``out``."""
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     digests = [_train(rank, world, *t) for t in trainings]
     if rank == 0:
-        with open(out, "w") as f:
+        with open(f"{out}/digests.json", "w") as f:
             json.dump(digests, f)
+    for scenario in EXTRAS.get(world, ()):
+        scenario(rank, world, out)
     dist.destroy_process_group()
     leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
 
 
 @pytest.fixture(scope="module")
-def digests(tmp_path_factory):
+def launches(tmp_path_factory):
+    """One launch a world size (1 first: it compiles the kernels the others load): world size
+    -> the folder of its results."""
+    got = {}
+    for world in sorted({t[0] for t in TRAININGS} | set(EXTRAS)):
+        trainings = [t[1:] for t in TRAININGS if t[0] == world]
+        got[world] = tmp = tmp_path_factory.mktemp(f"world{world}")
+        init = f"file://{tmp / 'rendezvous'}"
+        torch.multiprocessing.spawn(_launch_rank, nprocs=world, join=True,
+                                    args=(world, init, str(tmp), trainings))  # fmt: skip
+    return got
+
+
+@pytest.fixture(scope="module")
+def digests(launches):
     """Every training of TRAININGS: ``(world, dtype, exact, n_micro, words)`` -> digest."""
     got = {}
-    for world in sorted({t[0] for t in TRAININGS}):
+    for world, tmp in launches.items():
         trainings = [t[1:] for t in TRAININGS if t[0] == world]
-        tmp = tmp_path_factory.mktemp(f"world{world}")
-        out, init = tmp / "digests.json", f"file://{tmp / 'rendezvous'}"
-        torch.multiprocessing.spawn(_train_rank, nprocs=world, join=True,
-                                    args=(world, init, str(out), trainings))  # fmt: skip
-        got.update(zip([(world, *t) for t in trainings], json.loads(out.read_text()), strict=True))
+        done = json.loads((tmp / "digests.json").read_text())
+        got.update(zip([(world, *t) for t in trainings], done, strict=True))
     return got
 
 
@@ -193,8 +209,7 @@ def test_a_float_all_reduce_does_not(digests):
     assert len(set(got.values())) > 1, got
 
 
-def _mismatch_rank(rank, world, init, out):
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+def _mismatch(rank, world, out):
     params = [torch.nn.Parameter(torch.ones(3 + rank))]
     params[0].grad = torch.ones(3 + rank)
     gs = GradientSum(params, timeout=30).add()
@@ -203,19 +218,15 @@ def _mismatch_rank(rank, world, init, out):
         result = "reduced"
     except DistributedError as err:
         result = str(err)
-    with open(f"{out}.{rank}", "w") as f:
+    with open(f"{out}/mismatch.{rank}", "w") as f:
         f.write(result)
-    dist.destroy_process_group()
-    leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
 
 
 @pytest.mark.slow
-def test_different_parameter_lists_are_refused_before_any_reduction(tmp_path):
-    out = str(tmp_path / "mismatch")
-    torch.multiprocessing.spawn(_mismatch_rank, args=(2, f"file://{tmp_path / 'rdv'}", out),
-                                nprocs=2, join=True)  # fmt: skip
+def test_different_parameter_lists_are_refused_before_any_reduction(launches):
     for rank in (0, 1):
-        assert "parameter lists differ between ranks" in open(f"{out}.{rank}").read()
+        said = (launches[2] / f"mismatch.{rank}").read_text()
+        assert "parameter lists differ between ranks" in said
 
 
 def _dying_rank(rank, world, init, out):
@@ -254,10 +265,9 @@ def test_a_dead_rank_stops_the_others_with_a_clear_error_within_the_timeout(tmp_
 # -- exact_all_reduce of one array, and the refusals ----------------------------------------------
 
 
-def _array_rank(rank: int, world: int, init: str, out: str) -> None:
+def _array_sums(rank: int, world: int, out: str) -> None:
     from bitfold.distributed import exact_all_reduce
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     t = torch.from_numpy(_array_terms(world)[rank])
     summed = exact_all_reduce(t)
     mean = exact_all_reduce(t.numpy(), mean_over=world)
@@ -265,9 +275,7 @@ def _array_rank(rank: int, world: int, init: str, out: str) -> None:
     if rank == 0:
         assert isinstance(summed, torch.Tensor) and summed.dtype == torch.float32
         assert isinstance(mean, np.ndarray) and half.dtype == torch.bfloat16
-        np.savez(out, summed=summed.numpy(), mean=mean, half=half.float().numpy())
-    dist.destroy_process_group()
-    leave(0)
+        np.savez(f"{out}/array.npz", summed=summed.numpy(), mean=mean, half=half.float().numpy())
 
 
 def _array_terms(world: int) -> list[np.ndarray]:
@@ -281,13 +289,11 @@ def _array_terms(world: int) -> list[np.ndarray]:
 
 
 @pytest.mark.slow
-def test_exact_all_reduce_sums_a_tensor_or_an_array(tmp_path):
+def test_exact_all_reduce_sums_a_tensor_or_an_array(launches):
     from oracle import exact_fold_oracle
 
     world = 3
-    out = str(tmp_path / "result.npz")
-    _spawn_ranks(_array_rank, world, tmp_path, out)
-    got = np.load(out)
+    got = np.load(launches[world] / "array.npz")
     terms = _array_terms(world)
     idx = np.tile(np.arange(12), world)
     want = exact_fold_oracle(idx, np.concatenate([t.reshape(-1) for t in terms]), 12)
@@ -313,29 +319,25 @@ def _narrow_terms(rank: int) -> np.ndarray:
     return a
 
 
-def _exact_rank(terms, options: dict, rank: int, world: int, init: str, out: str) -> None:
-    """A rank's ``exact_all_reduce(terms(rank), **options)``, saved by rank 0 (bind the first
-    two with functools.partial for :func:`_spawn_ranks`)."""
+def _exact_sum(terms, options: dict, name: str, rank: int, world: int, out: str) -> None:
+    """A rank's ``exact_all_reduce(terms(rank), **options)``, saved by rank 0 as ``name``.npy
+    (bind the first three with functools.partial for EXTRAS)."""
     from bitfold.distributed import exact_all_reduce
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     got = exact_all_reduce(torch.from_numpy(terms(rank)), **options)
     if rank == 0:
-        np.save(out, got.numpy())
-    dist.destroy_process_group()
-    leave(0)
+        np.save(f"{out}/{name}.npy", got.numpy())
 
 
 @pytest.mark.slow
-def test_one_array_read_from_its_bits_or_through_a_sum_gives_the_exact_bits(tmp_path):
+def test_one_array_read_from_its_bits_or_through_a_sum_gives_the_exact_bits(launches):
     """A rank with a NaN takes a DenseSum, the other reads its array's bits: one wire."""
     from bitfold.dense import DenseSum
 
-    out = str(tmp_path / "result.npy")
-    _spawn_ranks(functools.partial(_exact_rank, _narrow_terms, {"mean_over": 3}), 2, tmp_path, out)
+    got = np.load(launches[2] / "narrow.npy")
     want = DenseSum(700).add(_narrow_terms(0)).add(_narrow_terms(1)).result(mean_over=3)
-    assert np.array_equal(np.load(out).view(np.uint32), want.view(np.uint32))
-    assert np.load(out).view(np.uint32)[64] == 0x80000000  # -0.0 on every rank
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert got.view(np.uint32)[64] == 0x80000000  # -0.0 on every rank
 
 
 def _float16_terms(rank: int) -> np.ndarray:
@@ -346,7 +348,7 @@ def _float16_terms(rank: int) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_half_precision_gradients_travel_two_a_word_and_sum_exactly(tmp_path):
+def test_half_precision_gradients_travel_two_a_word_and_sum_exactly(launches):
     """float16 gradients span few bits a block: two elements share an int64 word through
     gloo, and the sums over the ranks come back exact (the Fraction oracle's bits)."""
     from oracle import exact_fold_oracle
@@ -359,11 +361,9 @@ def test_half_precision_gradients_travel_two_a_word_and_sum_exactly(tmp_path):
     bounds = np.maximum.reduce([array_bounds(t) for t in terms])
     layout = wire_layout(bounds, 1000, world, DenseSum(1000).format.limbs)
     assert (layout.classes == kernels.HALF).sum() >= layout.classes.size - 1  # block 0 spans 2^40
-    out = str(tmp_path / "result.npy")
-    _spawn_ranks(functools.partial(_exact_rank, _float16_terms, {"out_dtype": "float32"}), world,
-                 tmp_path, out)  # fmt: skip
+    got = np.load(launches[world] / "float16.npy")
     want = exact_fold_oracle(np.tile(np.arange(1000), world), np.concatenate(terms), 1000)
-    assert np.array_equal(np.load(out).view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def test_gradient_sum_refuses_to_start_without_a_process_group():
@@ -394,12 +394,11 @@ def _hook_batches(world: int):
     return xs, ys
 
 
-def _hook_rank(rank: int, world: int, init: str, out: str) -> None:
+def _hook(rank: int, world: int, out: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from bitfold.distributed import exact_allreduce_hook
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     torch.manual_seed(0)
     plain = torch.nn.Linear(6, 4)
     ddp = DistributedDataParallel(torch.nn.Linear(6, 4))
@@ -408,23 +407,19 @@ def _hook_rank(rank: int, world: int, init: str, out: str) -> None:
     xs, ys = _hook_batches(world)
     torch.nn.functional.mse_loss(plain(xs[rank]), ys[rank], reduction="sum").backward()
     torch.nn.functional.mse_loss(ddp(xs[rank]), ys[rank], reduction="sum").backward()
-    np.savez(f"{out}-{rank}.npz", **{f"local_{n}": p.grad.numpy()
-                                      for n, p in plain.named_parameters()},
+    np.savez(f"{out}/hook-{rank}.npz", **{f"local_{n}": p.grad.numpy()
+                                           for n, p in plain.named_parameters()},
              **{f"ddp_{n}": p.grad.numpy() for n, p in ddp.module.named_parameters()})  # fmt: skip
-    dist.destroy_process_group()
-    leave(0)
 
 
 @pytest.mark.slow
-def test_ddp_with_the_exact_hook_averages_each_gradient_exactly(tmp_path):
+def test_ddp_with_the_exact_hook_averages_each_gradient_exactly(launches):
     from fractions import Fraction
 
     from oracle import round_fraction
 
     world = 3
-    out = str(tmp_path / "grads")
-    _spawn_ranks(_hook_rank, world, tmp_path, out)
-    ranks = [np.load(f"{out}-{r}.npz") for r in range(world)]
+    ranks = [np.load(launches[world] / f"hook-{r}.npz") for r in range(world)]
     rounded_twice = 0
     for name in ("weight", "bias"):
         local = [r[f"local_{name}"].reshape(-1) for r in ranks]
@@ -436,3 +431,14 @@ def test_ddp_with_the_exact_hook_averages_each_gradient_exactly(tmp_path):
             got = r[f"ddp_{name}"].reshape(-1)
             assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), name
     assert rounded_twice > 0  # the data tells an exact mean from a float one
+
+
+#: The scenarios besides the trainings, by world size, in the order each launch runs them (the
+#: refused parameter lists last: nothing follows a refusal on that group).
+EXTRAS = {
+    2: [_state_sum, functools.partial(_exact_sum, _narrow_terms, {"mean_over": 3}, "narrow"),
+        _mismatch],
+    3: [_state_sum, _array_sums,
+        functools.partial(_exact_sum, _float16_terms, {"out_dtype": "float32"}, "float16"),
+        _hook],
+}  # fmt: skip
