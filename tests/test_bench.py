@@ -706,7 +706,7 @@ def test_report_of_rows_and_dtypes(tmp_path, monkeypatch) -> None:
     out = tmp_path / "out"
     argv = ["bench", "--quick", "--repeats", "2", "--sweeps", "rows,dtype",
             "--contenders", "bitfold-exact,bitfold-exact-new-plan,torch-index-add,"
-            "torch-scatter-add,numpy-bincount", "--skip", "memory,threads,startup",
+            "torch-scatter-add,numpy-bincount", "--skip", "memory,threads,startup,steps,compiled",
             "--out", str(out)]  # fmt: skip
     with contextlib.redirect_stdout(io.StringIO()):
         assert cli.main(argv) == 0
