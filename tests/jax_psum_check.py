@@ -2,15 +2,18 @@
 
 Run as a subprocess (XLA reads its device count once, at start-up):
 
-    python tests/jax_psum_check.py DEVICES [--x64] [--process I --processes P --port N]
+    python tests/jax_psum_check.py DEVICES [--meshes 1,2,...] [--x64]
+                                   [--process I --processes P --port N]
 
 ``DEVICES`` CPU devices in this process (``--xla_force_host_platform_device_count``);
-with ``--processes`` the processes join one ``jax.distributed`` group over
+``--meshes`` runs every case on a mesh of each of those sizes (the first devices;
+default: one mesh of every device), one process for several device counts. With
+``--processes`` the processes join one ``jax.distributed`` group over
 JAX's CPU collectives (gloo) and the mesh spans all their devices. Every
 case's terms are the same whatever the device and process counts: the
 global array is cut between the devices along its first axis. The printed
-JSON maps a case name to the hex bit patterns of the result (process 0's
-copy), for the parent test to compare with the Fraction oracle and across
+JSON maps each mesh size to a map of case name to the hex bit patterns of the
+result (process 0's copy), for the parent test to compare with the Fraction oracle and across
 device counts.
 """
 
@@ -26,6 +29,7 @@ from typing import Any
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("devices", type=int)
+    p.add_argument("--meshes", type=lambda s: [int(n) for n in s.split(",")], default=None)
     p.add_argument("--x64", action="store_true")
     p.add_argument("--process", type=int, default=0)
     p.add_argument("--processes", type=int, default=1)
@@ -61,14 +65,15 @@ import bitfold.jax as bj  # noqa: E402
 
 
 def main() -> None:
-    n = jax.device_count()
-    mesh = jax.make_mesh((n,), ("i",))
-    out: dict[str, list[str]] = {}
-    for name, case in CASES.items():
-        if case.x64 == ARGS.x64:
-            out.update(_run_case(name, case, mesh, n))
+    runs: dict[str, dict[str, list[str]]] = {}
+    for n in ARGS.meshes or [jax.device_count()]:
+        mesh = jax.make_mesh((n,), ("i",), devices=jax.devices()[:n])
+        out = runs[str(n)] = {}
+        for name, case in CASES.items():
+            if case.x64 == ARGS.x64:
+                out.update(_run_case(name, case, mesh, n))
     if ARGS.process == 0:
-        print(json.dumps(out))
+        print(json.dumps(runs))
 
 
 def _run_case(name: str, case: Any, mesh: Any, n: int) -> dict[str, list[str]]:

@@ -2,9 +2,11 @@
 
 Run as a subprocess (XLA reads its device count once, at start-up):
 
-    python tests/jax_psum_scatter_check.py DEVICES [--x64]
+    python tests/jax_psum_scatter_check.py DEVICES [--meshes 1,2,...] [--x64]
 
-``DEVICES`` CPU devices (``--xla_force_host_platform_device_count``). Each
+``DEVICES`` CPU devices (``--xla_force_host_platform_device_count``); ``--meshes``
+runs every case on a mesh of each of those sizes (the first devices; default: one
+mesh of every device), and the printed JSON maps each mesh size to its cases. Each
 case's terms are cut between the devices along their first axis (cases in
 ``tests/psum_scatter_cases.py``); every device's piece of the sum is put
 back together (``out_specs`` along the scattered dimension) and printed as
@@ -25,6 +27,7 @@ from typing import Any
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("devices", type=int)
+    p.add_argument("--meshes", type=lambda s: [int(n) for n in s.split(",")], default=None)
     p.add_argument("--x64", action="store_true")
     return p.parse_args()
 
@@ -49,13 +52,14 @@ import bitfold.jax as bj  # noqa: E402
 
 
 def main() -> None:
-    n = jax.device_count()
-    mesh = jax.make_mesh((n,), ("i",))
-    out: dict[str, list[str]] = {}
-    for name, case in CASES.items():
-        if case.x64 == ARGS.x64:
-            out.update(_run_case(name, case, mesh, n))
-    print(json.dumps(out))
+    runs: dict[str, dict[str, list[str]]] = {}
+    for n in ARGS.meshes or [jax.device_count()]:
+        mesh = jax.make_mesh((n,), ("i",), devices=jax.devices()[:n])
+        out = runs[str(n)] = {}
+        for name, case in CASES.items():
+            if case.x64 == ARGS.x64:
+                out.update(_run_case(name, case, mesh, n))
+    print(json.dumps(runs))
 
 
 def _terms(name: str, case: Any, n: int) -> np.ndarray:

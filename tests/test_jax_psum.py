@@ -1,8 +1,9 @@
 """``bitfold.jax.psum``: the Fraction oracle's bits on 1, 2, 4 and 8 devices and on 2 processes.
 
-XLA fixes its CPU device count when it starts, so each device count runs in
-its own process (``tests/jax_psum_check.py``, cases in ``tests/psum_cases.py``);
-the two-process run joins a ``jax.distributed`` group over JAX's CPU
+XLA fixes its CPU device count when it starts, so the device counts run in a
+process of 8 devices, on meshes of the first 1, 2, 4 and 8 (one process for
+32-bit mode, one for x64: ``tests/jax_psum_check.py``, cases in
+``tests/psum_cases.py``); the two-process run joins a ``jax.distributed`` group over JAX's CPU
 collectives on this machine.
 """
 
@@ -41,12 +42,22 @@ def _env() -> dict[str, str]:
     return env
 
 
+#: The device counts each mode runs on, all in one process of 8 devices.
+MESHES = {False: (1, 2, 4, 8), True: (1, 8)}
+
+
 @cache
-def run(devices: int, x64: bool = False) -> dict[str, list[str]]:
-    cmd = [sys.executable, str(CHECK), str(devices)] + (["--x64"] if x64 else [])
+def _runs(x64: bool) -> dict[str, dict[str, list[str]]]:
+    meshes = ",".join(map(str, MESHES[x64]))
+    cmd = [sys.executable, str(CHECK), "8", "--meshes", meshes] + (["--x64"] if x64 else [])
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(devices: int, x64: bool = False) -> dict[str, list[str]]:
+    """Every case's result bits on a mesh of ``devices`` devices."""
+    return _runs(x64)[str(devices)]
 
 
 def oracle_hex(name: str, devices: int) -> list[str]:
@@ -104,7 +115,7 @@ def test_two_processes_of_four_devices_give_the_bits_of_one_process_of_eight():
     finally:
         peer.kill()
     assert done.returncode == 0 and peer.returncode == 0, done.stderr[-2000:] + peer_err[-2000:]
-    two = json.loads(done.stdout.strip().splitlines()[-1])
+    two = json.loads(done.stdout.strip().splitlines()[-1])["8"]
     one = run(8)
     assert two.keys() == one.keys()
     for name in one:

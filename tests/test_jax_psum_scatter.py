@@ -1,7 +1,8 @@
 """``bitfold.jax.psum_scatter``: the Fraction oracle's bits on 1, 2, 4 and 8 devices.
 
-XLA fixes its CPU device count when it starts, so each device count runs in
-its own process (``tests/jax_psum_scatter_check.py``, cases in
+XLA fixes its CPU device count when it starts, so the device counts run in a
+process of 8 devices, on meshes of the first 1, 2, 4 and 8 (one process for
+32-bit mode, one for x64: ``tests/jax_psum_scatter_check.py``, cases in
 ``tests/psum_scatter_cases.py``). Each device's piece is put back together
 into the whole sum, which must be the oracle's bits, and the same for every
 device count where the terms are (every case that sums each device's rows).
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from oracle import exact_fold_oracle
 from psum_scatter_cases import CASES, global_terms, weights
-from test_jax_psum import _env
+from test_jax_psum import MESHES, _env
 
 import bitfold
 import bitfold.jax as bj
@@ -34,11 +35,17 @@ UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 @cache
-def run(devices: int, x64: bool = False) -> dict[str, list[str]]:
-    cmd = [sys.executable, str(CHECK), str(devices)] + (["--x64"] if x64 else [])
+def _runs(x64: bool) -> dict[str, dict[str, list[str]]]:
+    meshes = ",".join(map(str, MESHES[x64]))
+    cmd = [sys.executable, str(CHECK), "8", "--meshes", meshes] + (["--x64"] if x64 else [])
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(devices: int, x64: bool = False) -> dict[str, list[str]]:
+    """Every case's result bits (put together from the pieces) on a mesh of ``devices``."""
+    return _runs(x64)[str(devices)]
 
 
 def terms_for(name: str, devices: int) -> np.ndarray:
