@@ -409,6 +409,22 @@ def test_padded_scatter_sums_every_bucket() -> None:
         PaddedScatter(idx, 60, np.float32, 100)
 
 
+def test_max_abs_diff_is_the_whole_arrays_slice_by_slice(monkeypatch) -> None:
+    from bitfold.cli.bench import measure as bench_measure
+
+    monkeypatch.setattr(bench_measure, "DIFF_CHUNK", 7)  # several slices and a short last one
+    rng = np.random.default_rng(3)
+    got = rng.normal(size=(9, 5)).astype(np.float32)
+    ref = got.astype(np.float64) + rng.normal(size=(9, 5)) * 1e-3
+    want = float(np.max(np.abs(got.astype(np.float64) - ref)))
+    assert bench_measure.max_abs_diff(got, ref) == want
+    got[8, 4] = np.nan  # in the last slice: NaN, as np.max of the whole says
+    assert np.isnan(bench_measure.max_abs_diff(got, ref))
+    got[8, 4], got[0, 0] = 0.0, np.inf
+    assert bench_measure.max_abs_diff(got, ref) == np.inf
+    assert bench_measure.max_abs_diff(got[:0], ref[:0]) == 0.0
+
+
 FAKE_WORKER = r"""
 import json, os, sys
 spec = json.load(open(sys.argv[-1]))
