@@ -1,8 +1,10 @@
 """Partial exact sums from several torch.distributed processes merge to the one-pass bits.
 
-Every scenario that runs on 1, 2, 3 or 4 gloo processes runs in one launch of that many
-processes (the module fixture ``launches``: the trainings of TRAININGS, then that world
-size's other scenarios, EXTRAS), except the rank that dies, which breaks its group.
+Every scenario on 1, 2, 3 or 4 gloo processes runs in one of two launches (the module
+fixture ``launches``): one process, whose first use also compiles the kernels every later
+rank loads from the cache, then four processes, whose first two and first three ranks form
+the groups of world size 2 and 3. Each world size runs its trainings of TRAININGS, then its
+other scenarios, EXTRAS. The rank that dies, which breaks its group, has a launch of its own.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _data():
     return idx, vals
 
 
-def _state_sum(rank: int, world: int, out: str) -> None:
+def _state_sum(rank: int, world: int, out: str, group=None) -> None:
     """All-reduced accumulator states of each rank's share of the values (rank 0 saves)."""
     idx, vals = _data()
     plan = bitfold.Fold(idx, 50)
@@ -45,7 +47,7 @@ def _state_sum(rank: int, world: int, out: str) -> None:
     lo, hi = flat.size * rank // world, flat.size * (rank + 1) // world
     acc = plan.accumulator().add(flat[lo:hi], start=lo)  # this rank's share of the values
     state = torch.from_numpy(acc.state.copy())
-    dist.all_reduce(state, op=dist.ReduceOp.SUM)
+    dist.all_reduce(state, op=dist.ReduceOp.SUM, group=group)
     result = bitfold.ExactAccumulator.from_state(plan, state.numpy()).result()
     if rank == 0:
         np.save(f"{out}/state.npy", result)
@@ -54,8 +56,6 @@ def _state_sum(rank: int, world: int, out: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_all_reduced_states_give_the_single_process_bits(launches, world):
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with the gloo backend is not available")
     idx, vals = _data()
     want = bitfold.Fold(idx, 50)(vals)
     got = np.load(launches[world] / "state.npy")
@@ -84,12 +84,12 @@ def _batches(dtype):
     return X.to(dtype), torch.randint(0, 3, (MICRO * N_MICRO,), generator=g)
 
 
-def _train(rank, world, dtype_name, exact, n_micro, words):
+def _train(rank, world, dtype_name, exact, n_micro, words, group=None):
     """Three SGD steps of ``n_micro`` micro-batches dealt round-robin; the model's digest."""
     dtype = getattr(torch, dtype_name)
     model, (X, y) = _model(dtype), _batches(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    gs = GradientSum(model.parameters(), timeout=60, words=words)
+    gs = GradientSum(model.parameters(), timeout=60, words=words, group=group)
     for _step in range(3):
         partial = [torch.zeros_like(p) for p in model.parameters()]
         for j in range(rank, n_micro, world):
@@ -106,7 +106,7 @@ def _train(rank, world, dtype_name, exact, n_micro, words):
             gs.reduce(mean_over=MICRO * n_micro)
         else:  # the usual way: float partial sums, a float all-reduce
             for acc, p in zip(partial, model.parameters(), strict=True):
-                dist.all_reduce(acc)
+                dist.all_reduce(acc, group=group)
                 p.grad = acc / (MICRO * N_MICRO)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -124,32 +124,44 @@ TRAININGS = [
 ]  # fmt: skip
 
 
-def _launch_rank(rank, world, init, out, trainings):
-    """One rank of every training of ``trainings`` in turn (rank 0 writes their digests), then
-    of this world size's EXTRAS, each leaving its results in the folder ``out``."""
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    digests = [_train(rank, world, *t) for t in trainings]
+def _world_size(rank, world, group, out):
+    """This rank's part of world size ``world``: every training of TRAININGS in turn (rank 0
+    writes their digests), then EXTRAS, each leaving its results in the folder ``out``."""
+    trainings = [t[1:] for t in TRAININGS if t[0] == world]
+    digests = [_train(rank, world, *t, group=group) for t in trainings]
     if rank == 0:
         with open(f"{out}/digests.json", "w") as f:
             json.dump(digests, f)
     for scenario in EXTRAS.get(world, ()):
-        scenario(rank, world, out)
+        scenario(rank, world, out, group)
+
+
+def _launch_rank(rank, launch, init, outs):
+    """One rank of a launch of ``launch`` processes: every world size of WORLDS from
+    ``launch`` (the default group) down to 2 (the first ranks of the launch), or the one
+    process of a launch of 1; ``outs`` maps a world size to its results' folder."""
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=launch)
+    sizes = sorted((w for w in WORLDS if w <= launch and (w > 1 or launch == 1)), reverse=True)
+    groups = {w: None if w == launch else dist.new_group(list(range(w))) for w in sizes}
+    for w in sizes:  # every rank makes every group first; the largest group sums first, so
+        if rank < w:  # no rank waits in a sum for the others' smaller groups
+            _world_size(rank, w, groups[w], outs[w])
+    dist.barrier()
     dist.destroy_process_group()
     leave(0)  # no interpreter teardown: see bitfold.cli.launch.leave
 
 
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
-    """One launch a world size (1 first: it compiles the kernels the others load): world size
-    -> the folder of its results."""
-    got = {}
-    for world in sorted({t[0] for t in TRAININGS} | set(EXTRAS)):
-        trainings = [t[1:] for t in TRAININGS if t[0] == world]
-        got[world] = tmp = tmp_path_factory.mktemp(f"world{world}")
-        init = f"file://{tmp / 'rendezvous'}"
-        torch.multiprocessing.spawn(_launch_rank, nprocs=world, join=True,
-                                    args=(world, init, str(tmp), trainings))  # fmt: skip
-    return got
+    """Every world size's trainings and scenarios: world size -> the folder of its results."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with the gloo backend is not available")
+    outs = {w: tmp_path_factory.mktemp(f"world{w}") for w in WORLDS}
+    for launch in (1, max(WORLDS)):  # one process first: it compiles the kernels once
+        init = f"file://{outs[launch] / 'rendezvous'}"
+        torch.multiprocessing.spawn(_launch_rank, nprocs=launch, join=True,
+                                    args=(launch, init, {w: str(o) for w, o in outs.items()}))
+    return outs
 
 
 @pytest.fixture(scope="module")
@@ -209,10 +221,10 @@ def test_a_float_all_reduce_does_not(digests):
     assert len(set(got.values())) > 1, got
 
 
-def _mismatch(rank, world, out):
+def _mismatch(rank, world, out, group=None):
     params = [torch.nn.Parameter(torch.ones(3 + rank))]
     params[0].grad = torch.ones(3 + rank)
-    gs = GradientSum(params, timeout=30).add()
+    gs = GradientSum(params, timeout=30, group=group).add()
     try:
         gs.reduce()
         result = "reduced"
@@ -265,13 +277,13 @@ def test_a_dead_rank_stops_the_others_with_a_clear_error_within_the_timeout(tmp_
 # -- exact_all_reduce of one array, and the refusals ----------------------------------------------
 
 
-def _array_sums(rank: int, world: int, out: str) -> None:
+def _array_sums(rank: int, world: int, out: str, group=None) -> None:
     from bitfold.distributed import exact_all_reduce
 
     t = torch.from_numpy(_array_terms(world)[rank])
-    summed = exact_all_reduce(t)
-    mean = exact_all_reduce(t.numpy(), mean_over=world)
-    half = exact_all_reduce(t.to(torch.bfloat16))
+    summed = exact_all_reduce(t, group=group)
+    mean = exact_all_reduce(t.numpy(), mean_over=world, group=group)
+    half = exact_all_reduce(t.to(torch.bfloat16), group=group)
     if rank == 0:
         assert isinstance(summed, torch.Tensor) and summed.dtype == torch.float32
         assert isinstance(mean, np.ndarray) and half.dtype == torch.bfloat16
@@ -319,12 +331,13 @@ def _narrow_terms(rank: int) -> np.ndarray:
     return a
 
 
-def _exact_sum(terms, options: dict, name: str, rank: int, world: int, out: str) -> None:
+def _exact_sum(terms, options: dict, name: str, rank: int, world: int, out: str,
+               group=None) -> None:  # fmt: skip
     """A rank's ``exact_all_reduce(terms(rank), **options)``, saved by rank 0 as ``name``.npy
     (bind the first three with functools.partial for EXTRAS)."""
     from bitfold.distributed import exact_all_reduce
 
-    got = exact_all_reduce(torch.from_numpy(terms(rank)), **options)
+    got = exact_all_reduce(torch.from_numpy(terms(rank)), group=group, **options)
     if rank == 0:
         np.save(f"{out}/{name}.npy", got.numpy())
 
@@ -394,16 +407,16 @@ def _hook_batches(world: int):
     return xs, ys
 
 
-def _hook(rank: int, world: int, out: str) -> None:
+def _hook(rank: int, world: int, out: str, group=None) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from bitfold.distributed import exact_allreduce_hook
 
     torch.manual_seed(0)
     plain = torch.nn.Linear(6, 4)
-    ddp = DistributedDataParallel(torch.nn.Linear(6, 4))
+    ddp = DistributedDataParallel(torch.nn.Linear(6, 4), process_group=group)
     ddp.module.load_state_dict(plain.state_dict())
-    ddp.register_comm_hook(None, exact_allreduce_hook)  # refused before: a string annotation
+    ddp.register_comm_hook(group, exact_allreduce_hook)  # refused before: a string annotation
     xs, ys = _hook_batches(world)
     torch.nn.functional.mse_loss(plain(xs[rank]), ys[rank], reduction="sum").backward()
     torch.nn.functional.mse_loss(ddp(xs[rank]), ys[rank], reduction="sum").backward()
@@ -442,3 +455,4 @@ EXTRAS = {
         functools.partial(_exact_sum, _float16_terms, {"out_dtype": "float32"}, "float16"),
         _hook],
 }  # fmt: skip
+WORLDS = (1, 2, 3, 4)
