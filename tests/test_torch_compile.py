@@ -8,6 +8,7 @@ tests compile each model once per setting, reusing it for both data orders.
 from __future__ import annotations
 
 import doctest
+from pathlib import Path
 
 import pytest
 
@@ -501,3 +502,34 @@ def test_rules_table_and_docstrings():
     for module in (rules, compiled):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, module.__name__
+
+
+def test_an_eager_fold_after_a_graph_break_compiles_nothing_of_bitfold(no_cache):
+    """An eager fold of a compiled function (after a graph break) runs bitfold's exact rules
+    unseen by Dynamo, which compiled the mode's own Python (its checks, its kernels) as frames
+    of their own, and a kernel again at every call (its counter is guarded)."""
+    from torch._dynamo.convert_frame import register_bytecode_hook
+
+    def eager_part(y, idx, v):  # Dynamo skips this frame only: what it calls, it watches
+        return torch.index_add(y, 0, idx, v)
+
+    eager = torch._dynamo.disable(eager_part, recursive=False)
+
+    def step(x, idx, v):
+        return eager(x * 2.0, idx, v) + 0.0
+
+    compiled_files = []
+    handle = register_bytecode_hook(lambda code, _new: compiled_files.append(code.co_filename))
+    try:
+        idx = torch.tensor([0, 0, 0, 2])
+        v = torch.tensor([1e8, 1.0, -1e8, 3.0])
+        fn = bt.compile(step)
+        for _ in range(4):
+            got = fn(torch.zeros(3), idx, v)
+    finally:
+        handle.remove()
+    assert got.tolist() == [1.0, 0.0, 3.0]  # exact: float32 additions in order lose the 1.0
+    assert fn.bitfold.counts["index_add"] == 4
+    assert __file__ in compiled_files  # Dynamo did compile this test's frames
+    package = str(Path(bitfold.__file__).parent)
+    assert not [f for f in compiled_files if f.startswith(package)]

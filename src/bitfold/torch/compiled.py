@@ -149,7 +149,9 @@ class _ReportMode(ExactMode):
     """
 
     def __init__(self, report: CompileReport) -> None:
-        super().__init__(strict=False, full=True)  # sparse products above autograd, as compiled
+        # the fold kernels alone, as exact_mode() by default: an eager op that folds nothing
+        # never enters Python; full (sparse products above autograd) once a sparse tensor exists
+        super().__init__(strict=False, full=None)
         self.report = report
 
     def leave(self, func: str, kind: str, reason: str) -> None:
@@ -254,15 +256,20 @@ class _ExactCalls(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if (
-            not torch.compiler.is_compiling()
-            and _eager_fold_candidate(func, args, kwargs)
-            and not sys._getframe(1).f_code.co_filename.startswith(self._generated)
-        ):
-            # Dynamo runs this call itself, outside any graph: the exact mode's rules take it
-            self.eager = True
+        if torch.compiler.is_compiling():
+            return self._call(func, args, kwargs)
+        caller = sys._getframe(1).f_code.co_filename
+        return _eager_torch_function(self, func, args, kwargs, caller)
+
+    def _eager(self, func: Any, args: Any, kwargs: dict[str, Any], caller: str) -> Any:
+        """A call Dynamo runs itself, outside any graph (``caller``: the calling frame's file)."""
+        if _eager_fold_candidate(func, args, kwargs) and not caller.startswith(self._generated):
+            self.eager = True  # the exact mode's rules take it
             with _ReportMode(self._report):
                 return func(*args, **kwargs)
+        return self._call(func, args, kwargs)
+
+    def _call(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         if func in _BINCOUNTS:
             return _bincount(args, kwargs)
         name, translation, reason = _extension(func)
@@ -276,6 +283,13 @@ class _ExactCalls(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+#: :meth:`_ExactCalls._eager`, unseen by Dynamo. An eager stretch of a compiled function
+#: (after a graph break) runs with Dynamo watching every new frame, and it compiled the mode's
+#: own Python (its checks, entering the exact mode, the fold kernels) as frames of their own,
+#: again wherever their guards failed.
+_eager_torch_function = torch._dynamo.disable(_ExactCalls._eager, recursive=True)
+
+
 def _generated_code_dir() -> tuple[str, ...]:
     """The folder of inductor's generated code (as given and resolved): its calls (``torch.mm``
     for a graph's products) run the compiled graphs, not eager code."""
@@ -283,6 +297,20 @@ def _generated_code_dir() -> tuple[str, ...]:
 
     given = cache_dir()
     return tuple({os.path.join(given, ""), os.path.join(os.path.realpath(given), "")})
+
+
+def _has_sparse(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a tensor among the arguments (in containers too) is sparse: the tensors passed
+    as they are read at once, without flattening (this runs for every eager torch call)."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            if a.layout != torch.strided:
+                return True
+        elif isinstance(a, list | tuple | dict) and any(
+            isinstance(t, torch.Tensor) and t.layout != torch.strided for t in tree_leaves(a)
+        ):
+            return True
+    return False
 
 
 def _eager_fold_candidate(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -294,8 +322,7 @@ def _eager_fold_candidate(func: Any, args: tuple[Any, ...], kwargs: dict[str, An
     calls for the kernels it does not generate: those nodes went through the
     graph pass already.
     """
-    if any(isinstance(t, torch.Tensor) and t.layout != torch.strided
-           for t in tree_leaves((args, kwargs))):  # fmt: skip
+    if _has_sparse(args, kwargs):
         return True
     if isinstance(func, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
         return False

@@ -377,6 +377,19 @@ def _full_name(op: Any) -> str:
     return op._schema.name + (f".{overload}" if overload else "")
 
 
+def _register(library: Any, name: str, kernel: Callable[..., Any], key: str = _FAST_KEY, *,
+              with_keyset: bool = True) -> None:  # fmt: skip
+    """Register ``kernel`` for op ``name`` at ``key``, never traced by dynamo, nor anything it
+    calls.
+
+    The dispatcher calls these Python kernels from eager ops, and an eager op of a compiled
+    function (after a graph break) runs with dynamo watching every new Python frame: each
+    kernel would be compiled as a frame of its own, and compiled again at every call (its
+    counter is guarded) until dynamo's recompile limit. About 0.4 us a call.
+    """
+    library.impl(name, torch._dynamo.disable(kernel, recursive=True), key, with_keyset=with_keyset)
+
+
 def _fold_kernel(op: Any) -> Callable[..., Any]:
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         _kernels["calls"] += 1
@@ -479,12 +492,12 @@ def _install_factory_kernels() -> None:
         name = packet if overload == "default" else f"{packet}.{overload}"
         with warnings.catch_warnings():  # in place of torch's kernel, which it repeats
             warnings.simplefilter("ignore", UserWarning)
-            library.impl(name, _sparse_factory_kernel(op), _FAST_KEY, with_keyset=True)
+            _register(library, name, _sparse_factory_kernel(op))
     for packet in _SPARSE_CONVERSIONS:
         for overload in getattr(torch.ops.aten, packet).overloads():
             op = getattr(getattr(torch.ops.aten, packet), overload)
             name = packet if overload == "default" else f"{packet}.{overload}"
-            library.impl(name, _sparse_conversion_kernel(op), _FAST_KEY, with_keyset=True)
+            _register(library, name, _sparse_conversion_kernel(op))
     _kernels["factories"] = library
     if _sparse_tensors_alive():
         _sparse_seen()
@@ -507,7 +520,7 @@ def _install_product_kernels() -> None:
         for name in getattr(torch.ops.aten, packet).overloads():
             op = getattr(getattr(torch.ops.aten, packet), name)
             full = _full_name(op)
-            library.impl(full.split("::")[1], _product_kernel(op), _FAST_KEY, with_keyset=True)
+            _register(library, full.split("::")[1], _product_kernel(op))
     _kernels["products"].append(library)
 
 
@@ -525,7 +538,7 @@ def _install_kernels() -> None:
                     continue
                 if taken or packet in _PRODUCTS:
                     continue
-                library.impl(full.split("::")[1], _fold_kernel(op), _FAST_KEY, with_keyset=True)
+                _register(library, full.split("::")[1], _fold_kernel(op))
             _kernels["libraries"].append(library)
         _install_product_kernels()
         _install_extension_kernels()
@@ -550,10 +563,10 @@ def _install_extension_kernels() -> None:
         library = torch.library.Library(namespace, "IMPL")
         if torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"):
             for key in _AUTOGRAD_KEYS:
-                library.impl(full.split("::")[1], _composite_extension_kernel(op, qualified), key)
+                _register(library, full.split("::")[1], _composite_extension_kernel(op, qualified),
+                          key, with_keyset=False)
         else:
-            library.impl(full.split("::")[1], _extension_fold_kernel(op, qualified), _FAST_KEY,
-                         with_keyset=True)  # fmt: skip
+            _register(library, full.split("::")[1], _extension_fold_kernel(op, qualified))
         _kernels["libraries"].append(library)
         _kernels["extension"].add(full)
 
