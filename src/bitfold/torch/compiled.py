@@ -253,6 +253,9 @@ class _ExactCalls(TorchFunctionMode):
         self.eager = False
         #: where inductor writes the code it generates (whose calls are the graphs' own)
         self._generated = _generated_code_dir()
+        #: the exact mode each eager call enters (one for the whole compiled call: its counts
+        #: go to the report at each exit)
+        self._mode = _ReportMode(report)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -265,7 +268,7 @@ class _ExactCalls(TorchFunctionMode):
         """A call Dynamo runs itself, outside any graph (``caller``: the calling frame's file)."""
         if _eager_fold_candidate(func, args, kwargs) and not caller.startswith(self._generated):
             self.eager = True  # the exact mode's rules take it
-            with _ReportMode(self._report):
+            with self._mode:
                 return func(*args, **kwargs)
         return self._call(func, args, kwargs)
 

@@ -643,13 +643,13 @@ def _dynamo_callback(choose: Callable[[Any], Any]) -> Callable[[Any], Any]:
 def _patch() -> None:
     """While a mode is active: Dynamo skips the frames it would compile (as under a dispatch mode,
     with its message), and a backward through a graph compiled outside the mode is refused."""
-    import torch._dynamo.convert_frame as convert_frame
-    import torch._dynamo.eval_frame as eval_frame
-
     with _registry_lock:
         _patched["count"] += 1
         if _patched["count"] > 1:
             return
+        import torch._dynamo.convert_frame as convert_frame
+        import torch._dynamo.eval_frame as eval_frame
+
         saved = []
         for module, name, wrap in (
             (torch.autograd, "_engine_run_backward", _guarded_engine),
