@@ -35,7 +35,6 @@ import numpy as np
 from ...errors import FoldError
 from ..torch_env import deterministic_algorithms
 
-KINDS = ("scalar", "rows")
 #: The value dtypes a contender may serve; bfloat16 values are held in a float32 host array.
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 NUMPY_DTYPES = ("float16", "float32", "float64")
