@@ -94,16 +94,16 @@ def test_cuda_without_a_gpu_is_refused(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("bitfold.repro.manifest") is None,
-                    reason="bitfold.repro.manifest is not in this build")
+@pytest.mark.skipif(
+    importlib.util.find_spec("bitfold.repro.manifest") is None,
+    reason="bitfold.repro.manifest is not in this build",
+)
 def test_record_writes_one_manifest_per_run(tmp_path):
     rec = tmp_path / "runs"
     assert cli.main([*TINY, "--strategies", "exact", "--record", str(rec)]) == 0
     files = sorted(p.name for p in rec.iterdir())
     assert files == ["digits-exact-run1.jsonl", "digits-exact-run2.jsonl"]
-    lines = [
-        [json.loads(line) for line in (rec / f).read_text().splitlines()] for f in files
-    ]
+    lines = [[json.loads(line) for line in (rec / f).read_text().splitlines()] for f in files]
     steps = [[r for r in run if r["kind"] == "step"] for run in lines]
     assert len(steps[0]) == 23  # 1437 training images in batches of 64
     names = [name for name, _ in steps[0][0]["tensors"]]
@@ -113,9 +113,32 @@ def test_record_writes_one_manifest_per_run(tmp_path):
 
 def test_hashed_layer_model_two_steps(tmp_path):
     out = tmp_path / "seed.json"
-    args = ["train", "--model", "seed", "--steps", "2", "--strategies", "exact",
-            "--json", str(out)]
+    args = ["train", "--model", "seed", "--steps", "2", "--strategies", "exact", "--json", str(out)]
     assert cli.main(args) == 0
     result = json.loads(out.read_text())
     assert result["strategies"]["exact"]["bit_identical"] is True
     assert all(r["test_accuracy"] is None for r in result["runs"])
+
+
+def test_the_digits_are_scikit_learns_without_importing_it(monkeypatch):
+    """The digits come from scikit-learn's CSV without its import (0.7 s on every rank), the
+    same arrays as ``load_digits``; where the file is not, scikit-learn's own loader reads them."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from bitfold.cli import train_models
+
+    want_X, want_y = load_digits(return_X_y=True)
+    X, y = train_models._digits()
+    assert X.dtype == want_X.dtype and X.tobytes() == want_X.tobytes()
+    assert y.dtype == want_y.dtype and y.tobytes() == want_y.tobytes()
+    code = ("import sys; from bitfold.cli import train_models as t; t._digits(); "
+            "print('sklearn' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    monkeypatch.setattr(train_models.Path, "is_file", lambda self: False)  # another layout
+    X, y = train_models._digits()
+    assert X.tobytes() == want_X.tobytes() and np.array_equal(y, want_y)
