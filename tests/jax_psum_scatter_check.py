@@ -46,19 +46,14 @@ if ARGS.x64:
     jax.config.update("jax_enable_x64", True)
 
 sys.path.insert(0, os.path.dirname(__file__))
+from mesh_runs import bits_on_meshes  # noqa: E402
 from psum_scatter_cases import CASES, global_terms, weights  # noqa: E402
 
 import bitfold.jax as bj  # noqa: E402
 
 
 def main() -> None:
-    runs: dict[str, dict[str, list[str]]] = {}
-    for n in ARGS.meshes or [jax.device_count()]:
-        mesh = jax.make_mesh((n,), ("i",), devices=jax.devices()[:n])
-        out = runs[str(n)] = {}
-        for name, case in CASES.items():
-            if case.x64 == ARGS.x64:
-                out.update(_run_case(name, case, mesh, n))
+    runs = bits_on_meshes(CASES, _run_case, ARGS.meshes, ARGS.x64)
     print(json.dumps(runs))
 
 
