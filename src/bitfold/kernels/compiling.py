@@ -15,6 +15,9 @@ up), so a process that finds the cache warm prints nothing. What is being
 compiled is named by the caller's :func:`first_use` (the exact routes name
 themselves); a compilation outside one is named after its kernel module
 (:data:`MODULES`; the numba-cuda kernels, compiled for a GPU, say nothing).
+
+Fewer compilations: :func:`read_only` passes the inputs a kernel only reads as
+read-only arrays whatever the caller's flag, so that each dtype compiles once.
 """
 
 from __future__ import annotations
