@@ -2,12 +2,12 @@
 
 The toy backend is the portable backend's functions under a new name, listing the CPU (so
 the table's CPU tensors reach it) and a device type of its own, ``toy``. Registered, it is
-tested by the backend table like any built-in backend, and ``bitfold probe`` offers its
-device; unregistered, it is gone from both. Its collective library's row names its device
-until it is removed. This is what a new backend (Metal for Apple's GPUs, say) goes through:
-its module, its kernels, one ``register`` line (and a ``register_collective`` line for a
-device with collectives of its own) and one ``Target`` (docs/architecture.md, "Adding a
-backend").
+tested by the backend table like any built-in backend, and ``bitfold probe`` and ``bitfold
+bench`` offer its device; unregistered, it is gone from all three. Its collective library's
+row names its device until it is removed. This is what a new backend (Metal for Apple's
+GPUs, say) goes through: its module, its kernels, one ``register`` line (and a
+``register_collective`` line for a device with collectives of its own) and one ``Target``
+(docs/architecture.md, "Adding a backend").
 """
 
 from __future__ import annotations
@@ -93,3 +93,15 @@ def test_the_probe_devices_are_the_registrys():
     """Without the toy: the CPU and the devices the built-in backends name for torch."""
     assert probe.probe_devices() == tuple(dict.fromkeys(("cpu", *registry.device_types("torch"))))
     assert "cuda" in probe.probe_devices()
+
+
+def test_the_bench_offers_the_toy_device_while_it_is_registered(toy, capsys, tmp_path):
+    """``bitfold bench --device`` takes the probe's devices: the toy is known, and refused only
+    because torch sees no such device; unregistered, it is unknown."""
+    argv = ["bench", "--device", DEVICE, "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    assert f"--device {DEVICE}: torch sees no {DEVICE!r} device" in capsys.readouterr().err
+    registry.unregister(NAME)
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"unknown device {DEVICE!r}; choose {', '.join(probe.probe_devices())}" in err
