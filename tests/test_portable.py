@@ -583,6 +583,22 @@ def test_the_family_capabilities_choose_paths_and_chunks_never_bits(monkeypatch,
     assert flags.runs_one_path(arrays.family_of(jnp.ones(3)), jnp.ones(3))  # lax.cond
 
 
+def test_an_eager_fold_hands_itself_to_the_graphs_fallback_where_the_family_compiles(
+    monkeypatch,
+):
+    """The fold a compiled CPU graph falls back to is handed over by an eager portable fold
+    of a family that ``compiles_for_host`` (torch), and by no other."""
+    plan = bitfold.Fold(np.array([0, 1, 0]), 2)
+    v = torch.tensor([1.0, 2.0, 3.0])
+    monkeypatch.setattr(portable_torch, "_EAGER_FOLD", [])
+    monkeypatch.setattr(arrays._Torch, "compiles_for_host", lambda self: False)
+    assert plan(v, backend="portable").tolist() == [4.0, 2.0]
+    assert portable_torch._EAGER_FOLD == []
+    monkeypatch.setattr(arrays._Torch, "compiles_for_host", lambda self: True)
+    assert plan(v, backend="portable").tolist() == [4.0, 2.0]
+    assert portable_torch._EAGER_FOLD == [paths.eager_torch_sums]
+
+
 def test_a_new_family_inherits_the_defaults_of_what_it_does_not_differ_in():
     """A family defines only what its library differs in: its conditional reads the flag on
     the host, it neither branches on the device nor chunks eager folds, and an operation it
@@ -596,6 +612,7 @@ def test_a_new_family_inherits_the_defaults_of_what_it_does_not_differ_in():
     assert toy.cond(flag, lambda: "set", lambda: "clear") == "set"
     assert toy.cond(~flag, lambda: "set", lambda: "clear") == "clear"
     assert not toy.branches_on_device(flag) and not toy.chunks_eager_folds(flag)
+    assert not toy.compiles_for_host()
     for op in ("scatter_add", "scatter_max", "scatter_min"):
         with pytest.raises(FoldTypeError, match=f"toy arrays have no '{op}' operation"):
             getattr(toy, op)(None, None, None)

@@ -129,6 +129,12 @@ class ArrayFamily:
         ``torch.compile`` on the CPU): a graph may then fall back to an eager fold."""
         return False
 
+    def compiles_for_host(self) -> bool:
+        """True when arrays of this library may later be traced for the host
+        (:meth:`traced_for_host`): an eager fold then hands itself to the graph's fallback
+        before any graph needs it. Asks nothing of a device; never changes a result's bits."""
+        return False
+
     def branches_on_device(self, like: Any) -> bool:
         """True when :meth:`cond` on a flag made beside ``like`` runs one branch with no host
         wait, inside a trace too (JAX's ``lax.cond``); False where it reads the flag on the
@@ -370,6 +376,9 @@ class _Torch(ArrayFamily):
 
     def traced_for_host(self, like: Any) -> bool:
         return self._compiling() and self.device(like) == "cpu"
+
+    def compiles_for_host(self) -> bool:
+        return True
 
     def chunks_eager_folds(self, like: Any) -> bool:
         return self.cache_key(like) is not None  # not a fake or functional tensor

@@ -42,7 +42,7 @@ def fold_exact(
     word = words_for(values_format(spec.dtype, init_dtype), ops.has_int64(values), bound).word
     index = plan_index(plan, ops, values, word)
     counts = counts_rows(plan, ops, values, D, int(init is not None), word)
-    if ops.name == "torch" and ops.reads_without_sync(values):
+    if ops.compiles_for_host() and ops.reads_without_sync(values):
         from ..portable_torch import use_eager_fold
 
         use_eager_fold(eager_torch_sums)
