@@ -129,6 +129,20 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
             with handle.no_reduce() if i < len(terms) - 1 else nullcontext():
                 tiny(torch.full((1, 1), term, dtype=torch.bfloat16)).sum().backward()
         saved["tie"] = tiny.weight.grad.full_tensor().float().numpy()
+        said = []  # FSDP's float accumulation, asked for after exact_fsdp and before it
+        tiny.set_requires_gradient_sync(True)  # FSDP's own: nothing to refuse
+        other = torch.nn.Linear(1, 1)
+        fully_shard(other, mesh=init_device_mesh("cpu", (1,)))
+        other.set_requires_gradient_sync(False)
+        for ask in (lambda: tiny.set_requires_gradient_sync(False), lambda: exact_fsdp(other)):
+            try:
+                ask()
+                said.append("no error")
+            except Exception as err:
+                said.append(f"{type(err).__name__}: {err}")
+        saved["float accumulation"] = np.array(said)
+        saved["still syncs"] = np.array(all(g.reduce_grads for g in
+                                            tiny._get_fsdp_state()._fsdp_param_groups))
         # the reference: each micro-batch's gradient of a plain model, summed exactly
         for dtype, tag in ((torch.float32, ""), (torch.bfloat16, "bf16-")):
             plain = _model().to(dtype)
@@ -228,6 +242,16 @@ def test_plain_fsdp_float_sums_depend_on_the_mesh(results):
     runs = _runs(results, "fp32", "float")
     assert len(runs) == 18
     assert len({tuple(sorted(g.items())) for g in runs.values()}) > 1
+
+
+@pytest.mark.slow
+def test_fsdps_float_accumulation_is_refused_before_it_changes_anything(results):
+    """``set_requires_gradient_sync(False)`` on a model under exact_fsdp, and exact_fsdp of a
+    model already set so: each refused by name, the model left reducing."""
+    for said in results[1]["float accumulation"].tolist():
+        assert said.startswith("FoldError: exact_fsdp: set_requires_gradient_sync(False)"), said
+        assert "no_reduce()" in said, said
+    assert bool(results[1]["still syncs"])
 
 
 @pytest.mark.slow

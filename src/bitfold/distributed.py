@@ -1330,6 +1330,26 @@ def _own_dtype(module: Any) -> torch.dtype | None:
     return dtypes.pop() if len(dtypes) == 1 else None
 
 
+_FLOAT_ACCUMULATION = (
+    "exact_fsdp: set_requires_gradient_sync(False) makes FSDP accumulate the micro-batches' "
+    "unsharded gradients in floats, whose bits depend on how many micro-batches a rank runs; "
+    "run all but a rank's last backward of a step inside `with handle.no_reduce():` instead"
+)
+
+
+def _refusing_float_accumulation(module: Any) -> Callable[..., None]:
+    """``module.set_requires_gradient_sync`` that refuses ``False`` (FSDP's float accumulation,
+    which no reduction can see afterwards) before it changes anything; ``True`` is FSDP's."""
+    original = module.set_requires_gradient_sync
+
+    def set_requires_gradient_sync(requires_gradient_sync: bool, *, recurse: bool = True) -> None:
+        if not requires_gradient_sync:
+            raise FoldError(_FLOAT_ACCUMULATION)
+        original(requires_gradient_sync, recurse=recurse)
+
+    return set_requires_gradient_sync
+
+
 def _fsdp_mesh(module: Any) -> tuple[Any, tuple[int, ...]] | None:
     """An FSDP module's replicate group (None for 1-D FSDP) and data-parallel mesh shape, read
     from its parameters' DTensor placements; None for a module without parameters. A mesh that
@@ -1379,10 +1399,11 @@ def exact_fsdp(model: Any, *, mean_over: int | None = None, timeout: float = 300
     rank's last backward of a step inside ``with handle.no_reduce():`` — those
     gradients are held back in exact sums (no communication) and reduced with
     the last one's, so FSDP's float accumulation never adds two gradients.
-    FSDP's own ways to skip a reduction (``set_requires_gradient_sync(False)``,
-    ``set_requires_all_reduce(False)``) accumulate in floats: the second is
-    refused at the next reduction, the first cannot be seen — use
-    ``no_reduce()``. Clear the gradients between steps (``zero_grad``).
+    FSDP's own ways to skip a reduction accumulate in floats:
+    ``set_requires_gradient_sync(False)`` is refused when called (or by
+    ``exact_fsdp`` when called before), ``set_requires_all_reduce(False)`` at
+    the next reduction — use ``no_reduce()``. Clear the gradients between
+    steps (``zero_grad``).
 
     Mixed precision (``MixedPrecisionPolicy``): gradients reach the comm in
     FSDP's ``reduce_dtype``, widened exactly or rounded once from the compute
@@ -1410,8 +1431,13 @@ def exact_fsdp(model: Any, *, mean_over: int | None = None, timeout: float = 300
     if len(shapes) > 1:
         raise FoldError(f"exact_fsdp needs one data-parallel mesh for the whole model; its "
                         f"FSDP modules use meshes of shapes {sorted(shapes)}")  # fmt: skip
+    for module in modules:  # a float accumulation asked for before exact_fsdp
+        groups = getattr(module._get_fsdp_state(), "_fsdp_param_groups", ())
+        if any(not getattr(g, "reduce_grads", True) for g in groups):
+            raise FoldError(_FLOAT_ACCUMULATION)
     handle = ExactFSDP(count, timeout, shapes.pop() if shapes else (1,))
     for module, found in zip(modules, meshes, strict=True):
+        module.set_requires_gradient_sync = _refusing_float_accumulation(module)
         replicate = found[0] if found is not None else None
         comm = _ExactFSDPComm(handle, replicate if _size(replicate) > 1 else None,
                               _own_dtype(module))  # fmt: skip
