@@ -19,7 +19,7 @@ from backend_compare import TARGETS, run_problem, skip_reason, table
 
 from bitfold import cli
 from bitfold.backends import registry
-from bitfold.cli import probe
+from bitfold.cli import devices
 
 NAME, DEVICE = "toy", "toy"
 #: The toy device's own collective library (``torch.distributed`` backend), one registry row.
@@ -59,11 +59,11 @@ def test_the_toy_backend_is_asked_last_and_takes_nothing_by_itself(toy):
 
 def test_the_probe_offers_the_toy_device_while_it_is_registered(toy, capsys):
     assert DEVICE in registry.device_types("torch")
-    assert probe.probe_devices()[0] == "cpu" and DEVICE in probe.probe_devices()
+    assert devices.offered_devices()[0] == "cpu" and DEVICE in devices.offered_devices()
     assert cli.main(["probe", "--device", "nowhere"]) == 2
     err = capsys.readouterr().err
     assert "--device must be auto, " in err and "'nowhere'" in err
-    assert ", ".join(probe.probe_devices()) in err  # every allowed device, named
+    assert ", ".join(devices.offered_devices()) in err  # every allowed device, named
     assert cli.main(["probe", "--device", DEVICE]) == 2  # offered, but torch has no such device
     assert f"--device {DEVICE} cannot fold here: torch sees no {DEVICE!r} device" in (
         capsys.readouterr().err
@@ -82,21 +82,22 @@ def test_the_toy_devices_collectives_are_one_row_of_the_registry(toy):
 def test_unregistering_the_toy_backend_removes_its_device(toy, capsys):
     registry.unregister(NAME)
     assert NAME not in registry.backend_names()
-    assert DEVICE not in registry.device_types() and DEVICE not in probe.probe_devices()
+    assert DEVICE not in registry.device_types() and DEVICE not in devices.offered_devices()
     assert cli.main(["probe", "--device", DEVICE]) == 2
-    assert f"--device must be auto, {', '.join(probe.probe_devices())}; got 'toy'" in (
+    assert f"--device must be auto, {', '.join(devices.offered_devices())}; got 'toy'" in (
         capsys.readouterr().err
     )
 
 
 def test_the_probe_devices_are_the_registrys():
     """Without the toy: the CPU and the devices the built-in backends name for torch."""
-    assert probe.probe_devices() == tuple(dict.fromkeys(("cpu", *registry.device_types("torch"))))
-    assert "cuda" in probe.probe_devices()
+    want = tuple(dict.fromkeys(("cpu", *registry.device_types("torch"))))
+    assert devices.offered_devices() == want
+    assert "cuda" in devices.offered_devices()
 
 
 def test_the_bench_offers_the_toy_device_while_it_is_registered(toy, capsys, tmp_path):
-    """``bitfold bench --device`` takes the probe's devices: the toy is known, and refused only
+    """``bitfold bench --device`` offers the probe's devices: the toy is known, and refused only
     because torch sees no such device; unregistered, it is unknown."""
     argv = ["bench", "--device", DEVICE, "--out", str(tmp_path)]
     assert cli.main(argv) == 2
@@ -104,4 +105,4 @@ def test_the_bench_offers_the_toy_device_while_it_is_registered(toy, capsys, tmp
     registry.unregister(NAME)
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert f"unknown device {DEVICE!r}; choose {', '.join(probe.probe_devices())}" in err
+    assert f"unknown device {DEVICE!r}; choose {', '.join(devices.offered_devices())}" in err

@@ -11,6 +11,7 @@ its one training loop, for probe and train), ``probe_devices`` and
 local processes or torchrun; ``parallel_rank``: one rank's training;
 ``parallel_task``: model, loss and readout; ``data_order``: shuffles and the
 dealing of micro-batches; ``checkpoints``: atomic ``--save``/``--resume``),
+``devices`` (the devices ``--device`` offers, from the registry, for probe and bench),
 ``json_report``, ``progress``, ``timing`` and ``torch_env`` (small helpers of the
 commands).
 The tools import the engine and :mod:`bitfold.repro`, never the reverse.

@@ -67,7 +67,7 @@ def _names(text: list[str] | None) -> list[str] | None:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add ``bitfold bench``'s options to ``parser``."""
-    from ..probe import probe_devices
+    from ..devices import offered_devices
     from .cases import ALL_SWEEPS
     from .contenders import CONTENDERS, GROUPS
 
@@ -77,7 +77,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="smaller sweeps and fewer repeats (about 2 minutes on 2 cores)",
     )
     parser.add_argument(
-        "--device", default="cpu", metavar="{" + ",".join(probe_devices()) + "}",
+        "--device", default="cpu", metavar="{" + ",".join(offered_devices()) + "}",
         help="where the folds run: the CPU (the default) or a device a backend folds torch "
         "tensors on",
     )
@@ -139,14 +139,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 # -- checks before any work ------------------------------------------------------------------
 def check_device(device: str) -> None:
     """Refuse a device that is unknown or not available here. The devices are the probe's
-    (:func:`bitfold.cli.probe.probe_devices`: the CPU and every device type a registered
+    (:func:`bitfold.cli.devices.offered_devices`: the CPU and every device type a registered
     backend folds torch tensors on); one other than the CPU needs torch to see it, and CUDA
     needs torch or CuPy to see a GPU."""
-    from ..probe import probe_devices, why_not_usable
+    from ..devices import offered_devices, why_not_usable
 
     if device == "cpu":
         return
-    allowed = probe_devices()
+    allowed = offered_devices()
     if device not in allowed:
         raise DeviceError(f"unknown device {device!r}; choose {', '.join(allowed)}")
     if device != "cuda":
