@@ -58,8 +58,9 @@ def _rank(rank: int, world: int, init: str, n: int, repeats: int, out: str) -> N
         (np.random.default_rng(rank).standard_normal(n) * 1e-3).astype(np.float32)
     )
     shard = torch.empty(n // world)
+    scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)  # torch 2.13
     medians = _timed({
-        "float32": lambda: dist.reduce_scatter_tensor(shard, g),
+        "float32": lambda: scatter(shard, g),
         "exact": lambda: exact_reduce_scatter(shard, g),
     }, repeats, dist)  # fmt: skip
     m = n // world

@@ -901,14 +901,22 @@ def _size(group: Any) -> int:
     return 1 if group is None else dist.get_world_size(group)
 
 
+def _reduce_scatter_one() -> Callable[..., Any]:
+    """torch.distributed's reduce-scatter of one tensor: ``reduce_scatter_single`` where torch
+    has it (torch 2.13 deprecates ``reduce_scatter_tensor``, the same collective, for it),
+    else ``reduce_scatter_tensor``."""
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _scatter(words: torch.Tensor, group: Any, timeout: float, replicate: Any = None
              ) -> torch.Tensor:  # fmt: skip
     """``reduce_scatter_tensor`` (SUM) of ``words`` (``(shards, L)`` int64): this rank's
     ``(L,)`` row of the sums, where ``words`` lies; then, with a ``replicate`` group, that row
     all-reduced (SUM) over it — integers: exact in any order."""
     got = torch.empty(words.shape[1], dtype=torch.int64, device=words.device)
-    _waited(lambda: dist.reduce_scatter_tensor(got, words.reshape(-1), op=dist.ReduceOp.SUM,
-                                               group=group, async_op=True),
+    scatter = _reduce_scatter_one()
+    _waited(lambda: scatter(got, words.reshape(-1), op=dist.ReduceOp.SUM, group=group,
+                            async_op=True),
             group, timeout, "the exact reduce-scatter")  # fmt: skip
     if replicate is not None and dist.get_world_size(replicate) > 1:
         _collective(got, dist.ReduceOp.SUM, replicate, timeout, "the replicas' all-reduce")
