@@ -165,7 +165,9 @@ class ArrayFamily:
         raise self._missing("bitcast")
 
     def astype(self, x: Any, dtype: str) -> Any:
-        """``x`` converted to ``dtype`` (integers: exact when the value fits)."""
+        """``x`` converted to ``dtype`` (integers: exact when the value fits; a value that does
+        not fit, NaN or infinity gives what the library gives, with no warning: the portable
+        path casts them and never reads the result)."""
         raise self._missing("astype")
 
     def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
@@ -306,7 +308,8 @@ class _Numpy(_NumpyLike):
         return np.asarray(x).view(dtype)
 
     def astype(self, x: Any, dtype: str) -> Any:
-        return np.asarray(x).astype(dtype)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.asarray(x).astype(dtype)
 
     def scatter_add(self, target: Any, index: Any, src: Any) -> Any:
         np.add.at(target, index, src)
