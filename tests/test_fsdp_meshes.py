@@ -141,6 +141,17 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
             except Exception as err:
                 said.append(f"{type(err).__name__}: {err}")
         saved["float accumulation"] = np.array(said)
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+        tp_mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+        tp = torch.nn.Sequential(torch.nn.Linear(4, 4))  # tensor parallel inside FSDP
+        parallelize_module(tp, tp_mesh["tp"], {"0": ColwiseParallel()})
+        fully_shard(tp, mesh=tp_mesh["dp"])
+        try:
+            exact_fsdp(tp)
+            saved["tensor parallel"] = np.array("no error")
+        except Exception as err:
+            saved["tensor parallel"] = np.array(f"{type(err).__name__}: {err}")
         saved["still syncs"] = np.array(all(g.reduce_grads for g in
                                             tiny._get_fsdp_state()._fsdp_param_groups))
         # the reference: each micro-batch's gradient of a plain model, summed exactly
@@ -252,6 +263,15 @@ def test_fsdps_float_accumulation_is_refused_before_it_changes_anything(results)
         assert said.startswith("FoldError: exact_fsdp: set_requires_gradient_sync(False)"), said
         assert "no_reduce()" in said, said
     assert bool(results[1]["still syncs"])
+
+
+@pytest.mark.slow
+def test_fsdp_with_tensor_parallelism_is_refused_by_name(results):
+    """A model whose parameters are sharded by tensor parallelism inside FSDP (placements
+    (Shard(0), Shard(0))): not a mesh exact_fsdp reduces, refused naming its placements."""
+    said = str(results[1]["tensor parallel"])
+    assert said.startswith("FoldError: exact_fsdp reduces FSDP"), said
+    assert "placements (Shard(dim=0), Shard(dim=0))" in said, said
 
 
 @pytest.mark.slow
