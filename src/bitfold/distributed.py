@@ -34,7 +34,7 @@ differ between ranks are refused before any reduction.
 
 Sharded data parallelism (FSDP's gradient reduce-scatter): :func:`exact_reduce_scatter`
 sends the same words — the bounds of every shard's blocks (MAX, in the all-reduce that checks
-what the ranks pass), then one ``reduce_scatter_tensor`` (SUM) of the int64 words — and each
+what the ranks pass), then one reduce-scatter (SUM) of the int64 words — and each
 rank rounds only its shard: the bits of the all-reduce's elements, on any number of ranks.
 With a ``replicate_group`` (HSDP) the shard's words are also all-reduced over the replicas
 before the rounding. :func:`exact_fsdp` plugs it into FSDP2 (``fully_shard``, 1-D or HSDP meshes).
@@ -910,9 +910,9 @@ def _reduce_scatter_one() -> Callable[..., Any]:
 
 def _scatter(words: torch.Tensor, group: Any, timeout: float, replicate: Any = None
              ) -> torch.Tensor:  # fmt: skip
-    """``reduce_scatter_tensor`` (SUM) of ``words`` (``(shards, L)`` int64): this rank's
-    ``(L,)`` row of the sums, where ``words`` lies; then, with a ``replicate`` group, that row
-    all-reduced (SUM) over it — integers: exact in any order."""
+    """The reduce-scatter (SUM, :func:`_reduce_scatter_one`) of ``words`` (``(shards, L)``
+    int64): this rank's ``(L,)`` row of the sums, where ``words`` lies; then, with a
+    ``replicate`` group, that row all-reduced (SUM) over it — integers: exact in any order."""
     got = torch.empty(words.shape[1], dtype=torch.int64, device=words.device)
     scatter = _reduce_scatter_one()
     _waited(lambda: scatter(got, words.reshape(-1), op=dist.ReduceOp.SUM, group=group,
@@ -1080,7 +1080,7 @@ def exact_reduce_scatter(
     micro-batches were dealt — the same bits on 1, 2 or 64 ranks.
 
     The words are the all-reduce's (:mod:`bitfold.dense`): one all-reduce (MAX)
-    of every shard's block bounds, then one ``reduce_scatter_tensor`` (SUM) of
+    of every shard's block bounds, then one reduce-scatter (SUM) of
     int64 words, exact in any order — each shard's words (and the zero-sign
     flags of the rare blocks that need them) padded to the longest shard's —
     and each rank decodes and rounds only its shard.

@@ -63,8 +63,9 @@ def resolve_device(requested: str) -> str:
 
 
 def why_not_usable(device: str) -> str:
-    """Why torch tensors on ``device`` (not ``cpu`` or ``cuda``) cannot be probed here, or
-    ``""``: torch must see the device and a registered backend fold there."""
+    """Why torch tensors on ``device`` (not ``cpu`` or ``cuda``) cannot be folded here by the
+    probe or the bench, or ``""``: torch must see the device and a registered backend fold
+    there."""
     from ..backends.registry import backend_for
 
     if importlib.util.find_spec("torch") is None:
