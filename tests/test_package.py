@@ -26,6 +26,30 @@ def test_import_bitfold_loads_no_framework():
     assert out.stdout.strip() == ""
 
 
+def test_import_bitfold_torch_loads_no_compiler():
+    """Dynamo and Inductor (about a second of start-up) load with ``bitfold.torch.compile`` or the
+    first ``exact_mode()``, not with the import: a process that only folds or sums never pays."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    compiler = ("torch._dynamo", "torch._inductor", "triton")
+    code = (f"import sys, bitfold.torch, bitfold.distributed; "
+            f"print(' '.join(m for m in {compiler!r} if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+    code = "import sys, bitfold.torch as bt; bt.compile; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"  # the name still resolves, loading the compiler
+
+
+def test_plan_key_carries_torchs_constant_mark():
+    """``plan_key`` is marked as ``torch.compiler.assume_constant_result`` marks a function (set
+    by hand, to keep Dynamo out of the import): the same attributes as torch sets today."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    from bitfold.torch import ops
+
+    marked = torch.compiler.assume_constant_result(lambda plan: 0)
+    assert vars(marked) and vars(marked).items() <= vars(ops.plan_key).items()
+
+
 def test_public_names():
     for name in ("Fold", "strategies", "digest", "bits_equal", "FoldError", "ExactAccumulator"):
         assert name in bitfold.__all__ and hasattr(bitfold, name)

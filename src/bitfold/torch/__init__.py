@@ -59,13 +59,27 @@ or without a serving backend gets a :class:`bitfold.DeviceError`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..validate import checked_options
-from .compiled import compile
 from .functional import embedding, embedding_bag, index_add, scatter_add, segment_sum
 from .layers import Embedding, EmbeddingBag, FoldedLinear
 from .mode import ExactMode, exact_mode
 from .ops import expand, fold, plan_key
 from .plan_cache import PLANS as _PLANS
+
+if TYPE_CHECKING:
+    from .compiled import compile
+
+
+def __getattr__(name: str) -> Any:
+    """``compile`` on first use: its graph pass loads torch's compiler (Dynamo and Inductor,
+    about a second of start-up), which a process that only folds or sums gradients never needs."""
+    if name == "compile":
+        from .compiled import compile
+
+        return compile
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @checked_options

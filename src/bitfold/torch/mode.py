@@ -390,6 +390,18 @@ def _register(library: Any, name: str, kernel: Callable[..., Any], key: str = _F
     library.impl(name, torch._dynamo.disable(kernel, recursive=True), key, with_keyset=with_keyset)
 
 
+def _register_on_import(library: Any, name: str, kernel: Callable[..., Any]) -> None:
+    """:func:`_register` for the kernels installed when ``bitfold.torch`` is imported: the same
+    shield from Dynamo, made at the kernel's first call (torch's own lazy form of
+    ``torch._dynamo.disable``), so that importing bitfold does not import Dynamo (about a second
+    of start-up in every process)."""
+    lazy = getattr(torch, "_disable_dynamo", None)
+    if lazy is None:  # a torch without it: the eager shield
+        _register(library, name, kernel)
+        return
+    library.impl(name, lazy(kernel, recursive=True), _FAST_KEY, with_keyset=True)
+
+
 def _fold_kernel(op: Any) -> Callable[..., Any]:
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         _kernels["calls"] += 1
@@ -492,12 +504,12 @@ def _install_factory_kernels() -> None:
         name = packet if overload == "default" else f"{packet}.{overload}"
         with warnings.catch_warnings():  # in place of torch's kernel, which it repeats
             warnings.simplefilter("ignore", UserWarning)
-            _register(library, name, _sparse_factory_kernel(op))
+            _register_on_import(library, name, _sparse_factory_kernel(op))
     for packet in _SPARSE_CONVERSIONS:
         for overload in getattr(torch.ops.aten, packet).overloads():
             op = getattr(getattr(torch.ops.aten, packet), overload)
             name = packet if overload == "default" else f"{packet}.{overload}"
-            _register(library, name, _sparse_conversion_kernel(op))
+            _register_on_import(library, name, _sparse_conversion_kernel(op))
     _kernels["factories"] = library
     if _sparse_tensors_alive():
         _sparse_seen()

@@ -68,7 +68,14 @@ def _forget(key: int) -> None:
     _PLANS.pop(key, None)
 
 
-@torch.compiler.assume_constant_result
+def _constant_under_compile(fn: Any) -> Any:
+    """``torch.compiler.assume_constant_result(fn)`` without importing Dynamo (about a second of
+    start-up in every process that imports this module): the same mark, set on ``fn``."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_constant_under_compile
 def plan_key(plan: Fold) -> int:
     """The integer key under which the operators find ``plan`` (registered on first use).
 
