@@ -25,6 +25,8 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 dist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")
 dense_device = pytest.importorskip("bitfold.dense_device", reason="needs torch")
 
+from ranks import start_ranks  # noqa: E402
+
 from bitfold.dense import (  # noqa: E402
     BLOCK,
     WIDE_MAX_RANKS,
@@ -232,8 +234,7 @@ def test_gloo_groups_with_device_words_give_the_cpus_bits(tmp_path, world, terms
         pytest.skip("torch.distributed with the gloo backend is not available")
     out = str(tmp_path / "result.npz")
     init = f"file://{tmp_path / 'rendezvous'}"
-    torch.multiprocessing.spawn(functools.partial(_rank, terms), args=(world, init, out),
-                                nprocs=world, join=True)  # fmt: skip
+    start_ranks(functools.partial(_rank, terms), world, (world, init, out))
     got = np.load(out)
     parts = [terms(r) for r in range(world)]
     host = DenseSum(613)

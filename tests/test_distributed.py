@@ -25,11 +25,13 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 dist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")
 GradientSum = pytest.importorskip("bitfold.distributed", reason="needs torch").GradientSum
 
+from ranks import start_ranks  # noqa: E402
+
 
 def _spawn_ranks(fn, world: int, tmp_path, out: str) -> None:
     """Run ``fn(rank, world, init, out)`` in ``world`` gloo processes meeting in ``tmp_path``."""
     init = f"file://{tmp_path / 'rendezvous'}"
-    torch.multiprocessing.spawn(fn, args=(world, init, out), nprocs=world, join=True)
+    start_ranks(fn, world, (world, init, out))
 
 
 def _data():
@@ -159,8 +161,7 @@ def launches(tmp_path_factory):
     outs = {w: tmp_path_factory.mktemp(f"world{w}") for w in WORLDS}
     for launch in (1, max(WORLDS)):  # one process first: it compiles the kernels once
         init = f"file://{outs[launch] / 'rendezvous'}"
-        torch.multiprocessing.spawn(_launch_rank, nprocs=launch, join=True,
-                                    args=(launch, init, {w: str(o) for w, o in outs.items()}))
+        start_ranks(_launch_rank, launch, (launch, init, {w: str(o) for w, o in outs.items()}))
     return outs
 
 
@@ -262,13 +263,7 @@ def _dying_rank(rank, world, init, out):
 @pytest.mark.slow
 def test_a_dead_rank_stops_the_others_with_a_clear_error_within_the_timeout(tmp_path):
     out = str(tmp_path / "dead")
-    ctx = torch.multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_dying_rank, args=(r, 2, f"file://{tmp_path / 'rdv'}", out))
-             for r in (0, 1)]  # fmt: skip
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
+    start_ranks(_dying_rank, 2, (2, f"file://{tmp_path / 'rdv'}", out))  # rank 1 exits first
     seconds, message = open(out).read().split(" ", 1)
     assert float(seconds) < 30
     assert "failed on rank 0 of 2 (collectives wait at most 5 s)" in message

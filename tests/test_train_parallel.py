@@ -36,6 +36,8 @@ from bitfold.cli.launch import leave
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 dist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")
+from ranks import start_ranks  # noqa: E402
+
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed with the gloo backend is not available",
                 allow_module_level=True)  # fmt: skip
@@ -205,8 +207,7 @@ def engine(tmp_path_factory) -> dict[int, list[dict]]:
     out = tmp_path_factory.mktemp("engine")
     for launch in (1, max(WORLD_SIZES)):  # one process first: it compiles the kernels once
         init = (out / f"rendezvous{launch}").as_uri()
-        torch.multiprocessing.spawn(_engine_rank, args=(launch, init, str(out)), nprocs=launch,
-                                    join=True)  # fmt: skip
+        start_ranks(_engine_rank, launch, (launch, init, str(out)))
     return {
         world: [{**dict(np.load(out / f"world{world}-rank{r}.npz")),
                  "mismatch": (out / f"world{world}-rank{r}.txt").read_text()}
@@ -587,6 +588,22 @@ def _env_launch(per_rank_args: list[list[str]]) -> list[subprocess.CompletedProc
         out, err = p.communicate(timeout=300)
         done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
     return done
+
+
+@pytest.mark.slow
+def test_local_ranks_start_from_the_fork_server_and_leave_nothing_behind():
+    """On Linux the command's ranks fork from a server that imported torch and bitfold once; a
+    run prints nothing on stderr (no semaphore left behind by the ranks' fast exit)."""
+    from bitfold.cli import launch
+    from bitfold.cli.parallel_rank import run_rank
+
+    method = launch._context(run_rank).get_start_method()
+    assert method == ("forkserver" if sys.platform.startswith("linux") else "spawn")
+    done = subprocess.run([sys.executable, "-m", "bitfold", *TINY, "--world-size", "2",
+                           "--steps", "2"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+    assert done.returncode == 0 and "sha256:" in done.stdout, done.stderr
+    assert done.stderr == ""
 
 
 @pytest.mark.slow
