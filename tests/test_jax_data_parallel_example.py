@@ -1,9 +1,10 @@
-"""``examples/jax_data_parallel.py`` on 1, 2, 4 and 8 simulated CPU devices, both reductions.
+"""``examples/jax_data_parallel.py`` on 1, 2, 4 and 8 simulated CPU devices, and plain
+``lax.psum`` on 1 and 8.
 
 XLA fixes its CPU device count when it starts, so each run is its own
 process (the script sets ``XLA_FLAGS`` from ``--devices``). The size is
 small, and chosen so that plain ``lax.psum`` does round differently here:
-at it, the four device counts give four different plain digests.
+at it, every device count gives another plain digest.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ pytest.importorskip("jax", reason="jax is not installed")
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "jax_data_parallel.py"
 DEVICES = (1, 2, 4, 8)
+PLAIN_DEVICES = (1, 8)  # two counts show the dependence
 SIZE = ["--small"]  # 3 steps, a global batch of 128, 16 hidden units
 
 
@@ -45,7 +47,7 @@ def _run(devices: int, reduce: str) -> dict:
 @pytest.fixture(scope="module")
 def runs() -> dict[tuple[str, int], dict]:
     """Every (reduction, device count) run, two processes at a time."""
-    keys = [(reduce, n) for reduce in ("exact", "plain") for n in DEVICES]
+    keys = [("exact", n) for n in DEVICES] + [("plain", n) for n in PLAIN_DEVICES]
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda k: _run(k[1], k[0]), keys))
     return dict(zip(keys, results, strict=True))
@@ -59,8 +61,8 @@ def test_the_exact_sum_gives_one_digest_on_every_device_count(runs):
 
 
 def test_plain_lax_psum_gives_a_digest_that_depends_on_the_device_count(runs):
-    digests = {n: runs["plain", n]["digest"] for n in DEVICES}
+    digests = {n: runs["plain", n]["digest"] for n in PLAIN_DEVICES}
     assert len(set(digests.values())) > 1, digests
     assert runs["plain", 1]["first_loss"] == runs["exact", 1]["first_loss"]
-    for n in DEVICES:  # the same training, up to rounding
+    for n in PLAIN_DEVICES:  # the same training, up to rounding
         assert runs["plain", n]["loss"] == pytest.approx(runs["exact", n]["loss"], rel=1e-4)
