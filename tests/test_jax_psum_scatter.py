@@ -1,7 +1,7 @@
-"""``bitfold.jax.psum_scatter``: the Fraction oracle's bits on 1, 2, 4 and 8 devices.
+"""``bitfold.jax.psum_scatter``: the Fraction oracle's bits on 1, 2 and 8 devices.
 
 XLA fixes its CPU device count when it starts, so the device counts run in a
-process of 8 devices, on meshes of the first 1, 2, 4 and 8 (one process for
+process of 8 devices, on meshes of the first 1, 2 and 8 (one process for
 32-bit mode, one for x64: ``tests/jax_psum_scatter_check.py``, cases in
 ``tests/psum_scatter_cases.py``). Each device's piece is put back together
 into the whole sum, which must be the oracle's bits, and the same for every
@@ -73,7 +73,7 @@ def oracle_hex(name: str, devices: int) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("devices", [1, 2, 4, 8])
+@pytest.mark.parametrize("devices", MESHES[False])
 def test_every_piece_is_the_oracles_bits_on_any_device_count(devices):
     got = run(devices)
     for name, case in CASES.items():
@@ -85,7 +85,7 @@ def test_every_piece_is_the_oracles_bits_on_any_device_count(devices):
 @pytest.mark.slow
 def test_the_same_terms_give_the_same_bits_on_every_device_count():
     """Each device sums its rows too (axis=0): the terms are the same on 1 to 8 devices."""
-    runs = {devices: run(devices) for devices in (1, 2, 4, 8)}
+    runs = {devices: run(devices) for devices in MESHES[False]}
     for name, case in CASES.items():
         if case.local and case.tiled and not case.x64:
             assert len({tuple(r[name]) for r in runs.values()}) == 1, name
