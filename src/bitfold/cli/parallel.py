@@ -10,7 +10,7 @@ the same for every world size. ``--reduce plain`` sums float32 gradients
 with ``torch.distributed.all_reduce`` instead (the baseline).
 
 ``--world-size 1,2,4`` trains once per world size, one after the other, and
-compares the digests; each run spawns its processes on this machine
+compares the digests; each run starts its processes on this machine
 (:mod:`bitfold.cli.launch`). Under ``torchrun`` (``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT`` set) this process is one rank of the run
 and rank 0 prints the readout. ``--save DIR`` writes a checkpoint

@@ -45,7 +45,7 @@ from .progress import progress_bar
 
 @dataclass(frozen=True)
 class RankJob:
-    """What every rank runs (picklable: it travels to spawned processes)."""
+    """What every rank runs (picklable: it travels to the ranks' processes)."""
 
     config: dict[str, Any]  # defines the run's bits; a checkpoint must match it
     steps: int  # train until this step count (a resumed run counts the saved steps)
