@@ -27,6 +27,12 @@ def _gpu_visible() -> bool:
 if not _gpu_visible():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The workers and the processes their tests start share the cores; OpenMP's threads (torch's and
+# Numba's) spin after each parallel loop by default, on a core another process is waiting for.
+# Waiting passively gave a whole `make test` about 8% of its time back on 2 cores (no result
+# depends on it: the exact sums are the same bits for any thread schedule).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # Compiled kernels are cached in the checkout (.cache/, git-ignored), one directory that every
 # xdist worker and every subprocess of a test shares, so that a kernel is compiled once and a
 # second run finds it: Triton's builds (tests/test_triton_compile.py), inductor's
