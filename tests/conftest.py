@@ -29,7 +29,7 @@ if not _gpu_visible():
 
 # The workers and the processes their tests start share the cores; OpenMP's threads (torch's and
 # Numba's) spin after each parallel loop by default, on a core another process is waiting for.
-# Waiting passively gave a whole `make test` about 8% of its time back on 2 cores (no result
+# Waiting passively gave a whole `make test` about a tenth of its time back on 2 cores (no result
 # depends on it: the exact sums are the same bits for any thread schedule).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
+from bitfold.cli import launch
 from bitfold.cli.launch import as_spawned
 
-#: What every rank imports anyway, imported once by the fork server.
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.optim", "bitfold.torch",
-           "bitfold.distributed", "bitfold.dense"]  # fmt: skip
+#: What every rank imports anyway, imported once by the fork server: bitfold train's ranks'
+#: modules, and the all-reduce's dense words.
+PRELOAD = [*launch.PRELOAD, "bitfold.dense"]
 
 
 def start_ranks(fn: Callable[..., Any], nprocs: int, args: tuple = ()) -> None:
