@@ -84,6 +84,7 @@ from .mode import (
     active_exact_mode,
     active_modes,
     autograd_nodes,
+    modes_ready,
 )
 
 _PASS_KEY = "post_grad_custom_post_pass"
@@ -102,6 +103,27 @@ def _options(
     return merged
 
 
+#: Autograd nodes whose backward runs no fold (no scatter-add, ``index_add``, accumulating
+#: ``index_put``, embedding gradient, ...): their backward needs no exact mode, and an eager
+#: stretch of a compiled call makes many of them (transformers' Mixtral with eager experts: about
+#: a hundred a step). Every other node made by an eager call runs its backward under the exact
+#: rules. ``tests/test_fold_free_backward.py`` runs each one's backward under ``exact_mode()``
+#: and fails where it reaches a fold.
+FOLD_FREE_BACKWARD = frozenset({
+    "torch::autograd::AccumulateGrad", "AddBackward0", "AddmmBackward0", "AliasBackward0",
+    "BmmBackward0", "CatBackward0", "CloneBackward0", "DivBackward0", "ExpBackward0",
+    "ExpandBackward0", "GeluBackward0", "IndexAddBackward0", "LogSoftmaxBackward0",
+    "MeanBackward1", "MmBackward0", "MulBackward0", "MulBackward1", "NativeLayerNormBackward0",
+    "NegBackward0", "NllLossBackward0", "PermuteBackward0", "PowBackward0", "ReluBackward0",
+    "ReshapeAliasBackward0", "RsqrtBackward0", "SafeSoftmaxBackward0",
+    "ScaledDotProductFlashAttentionForCpuBackward0", "SelectBackward0", "SigmoidBackward0",
+    "SiluBackward0", "SliceBackward0", "SoftmaxBackward0", "SplitBackward0", "SqueezeBackward1",
+    "StackBackward0", "SubBackward0", "SumBackward1", "TBackward0", "TanhBackward0",
+    "ToCopyBackward0", "TopkBackward0", "TransposeBackward0", "UnsafeViewBackward0",
+    "UnsqueezeBackward0", "ViewBackward0",
+})  # fmt: skip
+
+
 def _mark(
     outputs: Any, since: int | None, report: CompileReport, watch: bool, eager: bool
 ) -> None:
@@ -113,15 +135,17 @@ def _mark(
     caches (compiled lazily, at the first backward), whose rewrites ``report``
     then counts. With ``eager`` (the call ran ops outside Dynamo's graphs),
     every other node it created runs its backward under the exact rules
-    (:func:`_exact_backward`).
+    (:func:`_exact_backward`), but those whose backward never folds
+    (:data:`FOLD_FREE_BACKWARD`).
     """
     keep = None if since is None else (lambda node: node._sequence_nr() >= since)
     for node in autograd_nodes(tree_leaves(outputs), keep):
-        if node.name().startswith(COMPILED_NODE):
+        name = node.name()
+        if name.startswith(COMPILED_NODE):
             node.metadata[EXACT_GRAPH] = True
             if watch:
                 _watch_backward(node, report)
-        elif eager and "AccumulateGrad" not in node.name():
+        elif eager and name not in FOLD_FREE_BACKWARD:
             _exact_backward(node, report)
 
 
@@ -142,9 +166,11 @@ def _watch_backward(node: Any, report: CompileReport) -> None:
 class _ReportMode(ExactMode):
     """:class:`~bitfold.torch.mode.ExactMode` whose counts and refusals go to a compile report.
 
-    Entered around one eager call (or one eager autograd node's backward) of a
-    compiled function: what it makes exact is added to ``report.counts`` on
-    exit; what it leaves is recorded in ``report.passed``, or refused as
+    Active around one eager call of a compiled function (activated: the call
+    holds the kernels and Dynamo's patches) or entered around one eager
+    autograd node's backward: what it makes exact is added to
+    ``report.counts`` as it ends; what it leaves is recorded in
+    ``report.passed``, or refused as
     ``bitfold.torch.compile(strict=True)`` refuses.
     """
 
@@ -157,9 +183,9 @@ class _ReportMode(ExactMode):
     def leave(self, func: str, kind: str, reason: str) -> None:
         record_left(self.report, func, f"{kind}: {reason}")
 
-    def __exit__(self, *exc: Any) -> None:
+    def deactivate(self, *exc: Any) -> None:
         try:
-            super().__exit__(*exc)
+            super().deactivate(*exc)
         finally:
             for kind, n in self.counts.items():
                 self.report.record(f"exact:{kind}", n)
@@ -268,8 +294,11 @@ class _ExactCalls(TorchFunctionMode):
         """A call Dynamo runs itself, outside any graph (``caller``: the calling frame's file)."""
         if _eager_fold_candidate(func, args, kwargs) and not caller.startswith(self._generated):
             self.eager = True  # the exact mode's rules take it
-            with self._mode:
+            mode = self._mode.activate()  # the kernels and patches are held by the call
+            try:
                 return func(*args, **kwargs)
+            finally:
+                mode.deactivate()
         return self._call(func, args, kwargs)
 
     def _call(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -381,7 +410,7 @@ def _guarded(
         graphs = report.graphs + report.cached
         calls = _ExactCalls(report)
         try:
-            with calls, report.watch():
+            with modes_ready(), calls, report.watch():
                 out = compiled(*args, **kwargs)
         except Exception as exc:
             refusal = _fold_error_in(exc)

@@ -685,6 +685,20 @@ def _unpatch() -> None:
         _patched["saved"] = []
 
 
+@contextlib.contextmanager
+def modes_ready() -> Iterator[None]:
+    """The fold kernels installed and Dynamo's patches held: what ``ExactMode.__enter__`` does
+    before :meth:`ExactMode.activate`, done once for a caller that activates a mode many times
+    (the eager stretches of a compiled call). The patches change nothing while no mode is
+    active."""
+    _install_kernels()
+    _patch()
+    try:
+        yield
+    finally:
+        _unpatch()
+
+
 _COMPILED_REFUSAL = (
     "exact_mode(): this backward runs through {name}, a graph torch.compile "
     "compiled outside the mode, whose kernels the mode cannot see (its sums "
@@ -727,6 +741,16 @@ class ExactMode(TorchDispatchMode):
     def __enter__(self) -> ExactMode:
         _install_kernels()
         _patch()
+        try:
+            return self.activate()
+        except BaseException:
+            _unpatch()
+            raise
+
+    def activate(self) -> ExactMode:
+        """Make the mode the one that handles folds on this thread: ``__enter__`` without
+        installing the kernels or Dynamo's patches, for a caller that holds them already
+        (:func:`modes_ready`); undone by :meth:`deactivate`."""
         self._products_tokens.append(sparse.PRODUCTS.set(self.products))
         _set_modes((*active_modes(), self))
         self._entries.append((threading.get_ident(), False))
@@ -760,6 +784,14 @@ class ExactMode(TorchDispatchMode):
             self._go_full(seen=True)
 
     def __exit__(self, *exc: Any) -> None:
+        try:
+            self.deactivate(*exc)
+        finally:
+            _unpatch()
+
+    def deactivate(self, *exc: Any) -> None:
+        """Undo the last :meth:`activate` (``__exit__`` without removing Dynamo's patches)."""
+        exc = exc or (None, None, None)
         _, full = self._entries.pop()
         try:
             if full:
@@ -781,7 +813,6 @@ class ExactMode(TorchDispatchMode):
                     break
             _set_modes(tuple(modes))
             sparse.PRODUCTS.reset(self._products_tokens.pop())
-            _unpatch()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
