@@ -177,6 +177,15 @@ MUTATIONS = (
         "one of our own: the exact mode and the compiled graphs share this sum",
     ),
     Mutation(
+        "one-term buckets: a plain addition while the thread flushes subnormals",
+        "torch/folds.py",
+        "    if not np.array_equal((a + b).view(nearest.dtype), nearest)"
+        " or not np.isfinite(rows).all():\n",
+        "    if not np.isfinite(rows).all():\n",
+        ("tests/test_torch_plan_cache.py", "-k", "flushes_them"),
+        "one of our own: under FTZ/DAZ a subnormal gradient row became 0.0",
+    ),
+    Mutation(
         "means: divided by the count rounded to the dtype",
         "torch/folds.py",
         "    return (sums.to(torch.float64) / counts.to(torch.float64)).to(sums.dtype)\n",

@@ -235,6 +235,113 @@ def test_small_cpu_folds_take_the_direct_way_with_the_engine_bits(
     np.testing.assert_array_equal(got.numpy().view(bits), want.view(bits))
 
 
+def _one_term_problem(dtype: str, width: tuple[int, ...], with_init: bool, specials: str):
+    """Distinct ids (no bucket gets two rows): subnormals, signed zeros, cancellations and
+    sums that overflow; ``specials`` ``"values"``: a NaN and an infinity among the rows,
+    ``"init"``: NaNs with a payload in ``init`` (the exact sum's NaN is the canonical one)."""
+    rng = np.random.default_rng([len(dtype), len(width), int(with_init), len(specials)])
+    n, k = 40, 61
+    idx = rng.permutation(k)[:n]
+    shape = (n, *width)
+    f = np.finfo(dtype)
+    vals = (rng.standard_normal(shape) * 2.0 ** rng.integers(-30, 30, shape)).astype(dtype)
+    flat = vals.reshape(-1)
+    flat[:6] = [f.smallest_subnormal, -f.smallest_subnormal, -0.0, f.max, -f.max, 0.0]
+    init = None
+    if with_init:
+        init = (rng.standard_normal((k, *width)) * 1e3).astype(dtype)
+        rows = init.reshape(k, -1)
+        rows[idx[0], 0] = f.smallest_subnormal  # subnormal + subnormal
+        rows[idx[2], 0] = -0.0  # -0.0 + -0.0 is -0.0
+        rows[idx[3], 0] = f.max  # overflows to inf
+        rows[idx[5], 0] = -0.0  # -0.0 + 0.0 is +0.0
+        rows[idx[6], 0] = -vals.reshape(n, -1)[6, 0]  # cancels to +0.0
+        rows[np.setdiff1d(np.arange(k), idx)[0], 0] = -0.0  # an untouched -0.0 stays
+    if specials == "values":
+        flat[7], flat[8] = np.nan, np.inf
+    if specials == "init" and init is not None:
+        bits = init.view(np.uint32 if dtype == "float32" else np.uint64).reshape(k, -1)
+        payload = bits.dtype.type(0x7FC00001 if dtype == "float32" else 0x7FF8000000000001)
+        bits[idx[7], 0] = bits[np.setdiff1d(np.arange(k), idx)[1], 0] = payload
+    return idx, vals, init, k
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("width", [(), (3,)])
+@pytest.mark.parametrize("with_init", [False, True])
+@pytest.mark.parametrize("specials", ["", "values", "init"])
+def test_small_folds_of_distinct_ids_are_the_oracles_bits(
+    dtype, width, with_init, specials, monkeypatch
+):
+    """No bucket gets two rows: one IEEE addition a bucket (no NaN or infinity among the values),
+    else the bucket kernel; the Fraction oracle's bits either way."""
+    from bitfold.torch import folds
+
+    idx, vals, init, k = _one_term_problem(dtype, width, with_init, specials)
+    taken = []
+    one = folds._one_term_buckets
+    monkeypatch.setattr(folds, "_one_term_buckets",
+                        lambda *a: taken.append(one(*a) is not None) or one(*a))  # fmt: skip
+    start = None if init is None else torch.from_numpy(init)
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = fold_rows(torch.from_numpy(idx), torch.from_numpy(vals), k, init=start)
+    assert taken == [not specials or (specials == "init" and init is None)]
+    rows = vals.reshape(len(idx), -1)
+    index, terms = idx, rows
+    if init is not None:  # init is one more term of every bucket
+        index = np.concatenate([np.arange(k), idx])
+        terms = np.concatenate([init.reshape(k, -1), rows])
+    d = terms.shape[1]
+    flat_index = (index.reshape(-1, 1) * d + np.arange(d)).reshape(-1)
+    want = exact_fold_oracle(flat_index, terms.astype(np.float64).reshape(-1), k * d, dtype)
+    bits = np.uint32 if dtype == "float32" else np.uint64
+    np.testing.assert_array_equal(got.numpy().reshape(-1).view(bits),
+                                  np.asarray(want, dtype).view(bits))  # fmt: skip
+
+
+def test_small_folds_of_distinct_ids_keep_subnormals_where_the_thread_flushes_them(monkeypatch):
+    """With flush-to-zero and denormals-are-zero on (``torch.set_flush_denormal``), a plain
+    addition would lose subnormals: the one-addition way is not taken, the bits stay exact."""
+    from bitfold.torch import folds
+
+    tiny = np.float32(2.0**-149)
+    vals = torch.tensor([[tiny], [tiny * 3], [-tiny]])
+    init = torch.tensor([[tiny], [0.0], [tiny * 2], [1.0]])
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals (torch.set_flush_denormal is False)")
+    try:
+        assert torch.tensor([tiny]).add(0).item() == 0.0  # the mode is on
+        got = fold_rows(torch.tensor([0, 2, 3]), vals, 4, init=init)
+        one = folds._one_term_buckets(np.array([0, 2, 3]), vals.numpy(), init.numpy(), 4)
+    finally:
+        torch.set_flush_denormal(False)
+    assert one is None
+    want = np.array([2 * tiny, 0.0, 5 * tiny, 1.0 - tiny], np.float32)  # 1 - 2^-149 rounds to 1
+    np.testing.assert_array_equal(got.numpy().reshape(-1).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("rounding", [0x2000, 0x4000, 0x6000], ids=["down", "up", "to zero"])
+def test_small_folds_of_distinct_ids_take_no_plain_addition_in_another_rounding_mode(rounding):
+    """MXCSR's rounding control set away from nearest: a plain addition would round another
+    way, so the one-addition way is not taken (the probe sees it)."""
+    import fpmode
+    from bitfold.torch import folds
+
+    if fpmode.unsupported_reason():
+        pytest.skip(fpmode.unsupported_reason())
+    rows = np.array([[1.0], [2.0**-30]], np.float32)
+    start = np.array([[2.0**-30], [1.0], [3.0]], np.float32)
+    before = fpmode.mxcsr()
+    fpmode.set_mxcsr(before | rounding)
+    try:
+        one = folds._one_term_buckets(np.array([0, 1]), rows, start, 3)
+    finally:
+        fpmode.set_mxcsr(before)
+    assert one is None
+    nearest = folds._one_term_buckets(np.array([0, 1]), rows, start, 3)
+    assert nearest is not None and nearest.reshape(-1).tolist() == [1.0, 1.0, 3.0]
+
+
 def test_small_cpu_folds_refuse_a_bad_index_in_the_usual_words():
     vals = torch.ones(5, 2)
     for bad, k, said in (

@@ -118,8 +118,10 @@ def _small_host_fold(
     serves CPU tensors. The index is sorted by NumPy (a stable argsort and
     the buckets' counts) and the host backend's bucket kernel sums every
     bucket exactly, with ``init``'s entry as one more term, rounded once:
-    the bits of every exact route. An index entry outside ``[0, K)`` goes
-    the usual way, which raises the usual :class:`bitfold.IndexRangeError`.
+    the bits of every exact route; where no bucket gets two values, one
+    IEEE addition a bucket gives those bits (:func:`_one_term_buckets`).
+    An index entry outside ``[0, K)`` goes the usual way, which raises the
+    usual :class:`bitfold.IndexRangeError`.
     """
     name = _SMALL_DTYPES.get(values.dtype)
     if (
@@ -154,6 +156,12 @@ def _small_host_fold(
         return None  # refused the usual way, in its words
     if counts.size != K or K == 0:
         return None
+    rows = values.numpy().reshape(n, -1)
+    start = None if init is None else init.contiguous().numpy().reshape(K, rows.shape[1])
+    if counts.max() == 1:
+        one = _one_term_buckets(ids, rows, start, K)
+        if one is not None:
+            return torch.from_numpy(one).view((K, *trailing))
     kernel = _SMALL_KERNEL.get(name)
     if kernel is None:
         fmt = limb_format_for(name)
@@ -163,13 +171,54 @@ def _small_host_fold(
     offsets = np.zeros(K + 1, np.int32)
     counts.cumsum(out=offsets[1:])
     order = ids.argsort(kind="stable").astype(np.int32)
-    rows = values.numpy().reshape(n, -1)
-    start = None if init is None else init.contiguous().numpy().reshape(K, rows.shape[1])
     out = np.empty((K, rows.shape[1]), rows.dtype)
     tasks = np.array([[0, K, 0, 0, -1]], np.int64)
     _bucket_kernels.fold_buckets(rows, order, offsets, tasks, _NO_SPLIT, out, out.view(bits),
                                  goal, True, limbs, start)  # fmt: skip
     return torch.from_numpy(out).view((K, *trailing))
+
+
+def _probe(dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(a, b, bits of a + b)`` as this thread adds ``dtype`` values when it rounds to nearest and
+    keeps subnormals: the least subnormal twice (flush-to-zero or denormals-are-zero give 0),
+    and ``±(1 + 3/4 ulp)`` (rounding toward zero, up or down gives another result)."""
+    f = np.finfo(dtype)
+    t = np.dtype(dtype).type
+    half = t(0.75) * f.eps
+    a = np.array([f.smallest_subnormal, 1.0, -1.0], dtype)
+    b = np.array([f.smallest_subnormal, half, -half], dtype)
+    want = np.array([2 * f.smallest_subnormal, 1 + f.eps, -1 - f.eps], dtype)
+    return a, b, want.view(f"u{want.itemsize}")  # compared as bits: DAZ reads 2^-148 as 0 too
+
+
+#: per dtype, the additions that show this thread's float modes (:func:`_probe`)
+_PROBES = {np.dtype(t): _probe(t) for t in ("float32", "float64")}
+
+
+def _one_term_buckets(
+    ids: np.ndarray, rows: np.ndarray, start: np.ndarray | None, K: int
+) -> np.ndarray | None:
+    """The small fold where no bucket gets two rows (distinct ids: the gradient of ``x[idx]``
+    for one expert's tokens), or None where it cannot be taken this way.
+
+    A bucket's exact sum is then its one row, or ``start``'s entry plus that row: one IEEE
+    addition, which rounds correctly, the kernel's bits, while this thread does not flush
+    subnormals and rounds to nearest (checked: :func:`_probe`) and every value is finite (a
+    NaN's bits or ``inf - inf`` would differ from the canonical NaN). Empty buckets are
+    ``+0.0``, or ``start``'s entry.
+    """
+    a, b, nearest = _PROBES[rows.dtype]
+    if not np.array_equal((a + b).view(nearest.dtype), nearest) or not np.isfinite(rows).all():
+        return None
+    if start is None:
+        out = np.zeros((K, rows.shape[1]), rows.dtype)
+        out[ids] = rows
+        return out
+    if not np.isfinite(start).all():
+        return None
+    out = start.copy()
+    out[ids] += rows
+    return out
 
 
 def fold_positions(
