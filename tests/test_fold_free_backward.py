@@ -133,3 +133,18 @@ def test_a_compiled_calls_eager_fold_in_the_backward_is_exact():
     assert x.grad.tolist() == [1.0 + 2.0**-23, 2.0]
     assert step.bitfold.counts["index_put"] == 1, step.bitfold
     torch._dynamo.reset()
+
+
+def test_a_call_without_eager_stretches_installs_no_fold_kernels():
+    """A whole-graph compiled call never activates the exact mode: the fold kernels (which cost
+    every fold op of the process a Python call once installed) stay out."""
+    from bitfold.torch import mode
+
+    mode._uninstall_kernels()
+    torch._dynamo.reset()
+    idx = torch.tensor([0, 0, 1])
+    step = bt.compile(lambda x, v: x.index_add(0, idx, v), fullgraph=True)
+    out = step(torch.zeros(2), torch.tensor([1.0, 2.0**-24, 2.0**-24]))
+    assert out.tolist() == [1.0, 2.0**-24] and sum(step.bitfold.counts.values()) == 1
+    assert not mode._kernels["libraries"]
+    torch._dynamo.reset()

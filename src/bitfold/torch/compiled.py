@@ -84,6 +84,7 @@ from .mode import (
     active_exact_mode,
     active_modes,
     autograd_nodes,
+    install_kernels,
     modes_ready,
 )
 
@@ -293,8 +294,10 @@ class _ExactCalls(TorchFunctionMode):
     def _eager(self, func: Any, args: Any, kwargs: dict[str, Any], caller: str) -> Any:
         """A call Dynamo runs itself, outside any graph (``caller``: the calling frame's file)."""
         if _eager_fold_candidate(func, args, kwargs) and not caller.startswith(self._generated):
-            self.eager = True  # the exact mode's rules take it
-            mode = self._mode.activate()  # the kernels and patches are held by the call
+            if not self.eager:  # the first eager call of this compiled call
+                install_kernels()  # only now: once installed, every fold op calls Python
+                self.eager = True  # the exact mode's rules take it
+            mode = self._mode.activate()  # the call holds Dynamo's patches
             try:
                 return func(*args, **kwargs)
             finally:

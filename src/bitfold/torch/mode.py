@@ -687,16 +687,21 @@ def _unpatch() -> None:
 
 @contextlib.contextmanager
 def modes_ready() -> Iterator[None]:
-    """The fold kernels installed and Dynamo's patches held: what ``ExactMode.__enter__`` does
-    before :meth:`ExactMode.activate`, done once for a caller that activates a mode many times
-    (the eager stretches of a compiled call). The patches change nothing while no mode is
-    active."""
-    _install_kernels()
+    """Dynamo's patches held: what ``ExactMode.__enter__`` does besides installing the kernels
+    (:func:`install_kernels`) and :meth:`ExactMode.activate`, done once for a caller that
+    activates a mode many times (the eager stretches of a compiled call). The patches change
+    nothing while no mode is active."""
     _patch()
     try:
         yield
     finally:
         _unpatch()
+
+
+def install_kernels() -> None:
+    """Install the fold kernels (once; they stay, and cost each fold op of the process a Python
+    call from then on) and those of extension ops registered since."""
+    _install_kernels()
 
 
 _COMPILED_REFUSAL = (
@@ -749,8 +754,8 @@ class ExactMode(TorchDispatchMode):
 
     def activate(self) -> ExactMode:
         """Make the mode the one that handles folds on this thread: ``__enter__`` without
-        installing the kernels or Dynamo's patches, for a caller that holds them already
-        (:func:`modes_ready`); undone by :meth:`deactivate`."""
+        installing the kernels or Dynamo's patches, for a caller that made sure of both
+        (:func:`install_kernels`, :func:`modes_ready`); undone by :meth:`deactivate`."""
         self._products_tokens.append(sparse.PRODUCTS.set(self.products))
         _set_modes((*active_modes(), self))
         self._entries.append((threading.get_ident(), False))
