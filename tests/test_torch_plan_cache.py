@@ -325,6 +325,7 @@ def test_small_folds_of_distinct_ids_take_no_plain_addition_in_another_rounding_
     """MXCSR's rounding control set away from nearest: a plain addition would round another
     way, so the one-addition way is not taken (the probe sees it)."""
     import fpmode
+
     from bitfold.torch import folds
 
     if fpmode.unsupported_reason():
