@@ -148,3 +148,22 @@ def test_a_call_without_eager_stretches_installs_no_fold_kernels():
     assert out.tolist() == [1.0, 2.0**-24] and sum(step.bitfold.counts.values()) == 1
     assert not mode._kernels["libraries"]
     torch._dynamo.reset()
+
+
+def test_with_a_sparse_tensor_every_eager_node_runs_its_backward_exactly():
+    """A product with a sparse factor, run by ATen below the function layer: its node is an
+    ``MmBackward0``, fold-free for dense factors, whose backward here is a sparse product (a
+    fold): once the process has a sparse tensor, no node is taken as fold-free."""
+
+    @torch._dynamo.disable
+    def product(a, x):  # outside Dynamo's graphs, below the function layer
+        return torch.ops.aten.mm(a, x)
+
+    torch._dynamo.reset()
+    step = bt.compile(lambda a, x: product(a, x * 1.0) * 2.0)
+    a = torch.ones(3, 1).to_sparse()
+    x = torch.ones(1, 1, requires_grad=True)
+    step(a, x).backward(torch.tensor([[0.5], [2.0**-25], [2.0**-25]]))
+    assert x.grad.item() == 1 + 2.0**-23  # one rounding; torch's sum gives 1.0
+    assert step.bitfold.counts["sparse_mm"] == 2, step.bitfold  # forward and backward
+    torch._dynamo.reset()

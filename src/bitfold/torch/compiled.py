@@ -86,6 +86,7 @@ from .mode import (
     autograd_nodes,
     install_kernels,
     modes_ready,
+    sparse_tensors_seen,
 )
 
 _PASS_KEY = "post_grad_custom_post_pass"
@@ -104,12 +105,14 @@ def _options(
     return merged
 
 
-#: Autograd nodes whose backward runs no fold (no scatter-add, ``index_add``, accumulating
-#: ``index_put``, embedding gradient, ...): their backward needs no exact mode, and an eager
-#: stretch of a compiled call makes many of them (transformers' Mixtral with eager experts: about
-#: a hundred a step). Every other node made by an eager call runs its backward under the exact
-#: rules. ``tests/test_fold_free_backward.py`` runs each one's backward under ``exact_mode()``
-#: and fails where it reaches a fold.
+#: Autograd nodes whose backward runs no fold on dense tensors (no scatter-add, ``index_add``,
+#: accumulating ``index_put``, embedding gradient, ...): their backward needs no exact mode, and
+#: an eager stretch of a compiled call makes many of them (transformers' Mixtral with eager
+#: experts: about a hundred a step). Every other node made by an eager call runs its backward
+#: under the exact rules, and every node once the process has a sparse tensor (the backward of a
+#: product with a sparse factor is a sparse product, a fold).
+#: ``tests/test_fold_free_backward.py`` runs each one's backward under ``exact_mode()`` and fails
+#: where it reaches a fold.
 FOLD_FREE_BACKWARD = frozenset({
     "torch::autograd::AccumulateGrad", "AddBackward0", "AddmmBackward0", "AliasBackward0",
     "BmmBackward0", "CatBackward0", "CloneBackward0", "DivBackward0", "ExpBackward0",
@@ -136,17 +139,19 @@ def _mark(
     caches (compiled lazily, at the first backward), whose rewrites ``report``
     then counts. With ``eager`` (the call ran ops outside Dynamo's graphs),
     every other node it created runs its backward under the exact rules
-    (:func:`_exact_backward`), but those whose backward never folds
-    (:data:`FOLD_FREE_BACKWARD`).
+    (:func:`_exact_backward`), but those whose backward never folds on
+    dense tensors (:data:`FOLD_FREE_BACKWARD`) while the process has no
+    sparse tensor.
     """
     keep = None if since is None else (lambda node: node._sequence_nr() >= since)
+    fold_free = frozenset() if sparse_tensors_seen() else FOLD_FREE_BACKWARD
     for node in autograd_nodes(tree_leaves(outputs), keep):
         name = node.name()
         if name.startswith(COMPILED_NODE):
             node.metadata[EXACT_GRAPH] = True
             if watch:
                 _watch_backward(node, report)
-        elif eager and name not in FOLD_FREE_BACKWARD:
+        elif eager and name not in fold_free:
             _exact_backward(node, report)
 
 

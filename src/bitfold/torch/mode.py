@@ -515,6 +515,11 @@ def _install_factory_kernels() -> None:
         _sparse_seen()
 
 
+def sparse_tensors_seen() -> bool:
+    """Whether this process has made or met a sparse tensor (then every mode starts full)."""
+    return bool(_kernels["sparse_seen"])
+
+
 def _sparse_seen() -> None:
     """A sparse tensor exists: the products get their kernels (once)."""
     if not _kernels["sparse_seen"]:
