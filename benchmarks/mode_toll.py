@@ -121,7 +121,7 @@ def _prepare(kind: str) -> None:
     if kind == "plain":
         mode_module._uninstall_kernels()
     else:
-        mode_module._install_kernels()
+        mode_module.install_kernels()
 
 
 def measure(name: str, rounds: int, calls: int) -> dict[str, Any]:

@@ -85,8 +85,8 @@ from .mode import (
     active_exact_mode,
     active_modes,
     autograd_nodes,
+    dynamo_patches_held,
     install_kernels,
-    modes_ready,
     sparse_tensors_seen,
 )
 
@@ -419,7 +419,7 @@ def _guarded(
         graphs = report.graphs + report.cached
         calls = _ExactCalls(report)
         try:
-            with modes_ready(), calls, report.watch():
+            with dynamo_patches_held(), calls, report.watch():
                 out = compiled(*args, **kwargs)
         except Exception as exc:
             refusal = _fold_error_in(exc)

@@ -184,9 +184,9 @@ def _probe(dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     and ``±(1 + 3/4 ulp)`` (rounding toward zero, up or down gives another result)."""
     f = np.finfo(dtype)
     t = np.dtype(dtype).type
-    half = t(0.75) * f.eps
+    three_quarters_ulp = t(0.75) * f.eps
     a = np.array([f.smallest_subnormal, 1.0, -1.0], dtype)
-    b = np.array([f.smallest_subnormal, half, -half], dtype)
+    b = np.array([f.smallest_subnormal, three_quarters_ulp, -three_quarters_ulp], dtype)
     want = np.array([2 * f.smallest_subnormal, 1 + f.eps, -1 - f.eps], dtype)
     return a, b, want.view(f"u{want.itemsize}")  # compared as bits: DAZ reads 2^-148 as 0 too
 

@@ -541,8 +541,9 @@ def _install_product_kernels() -> None:
     _kernels["products"].append(library)
 
 
-def _install_kernels() -> None:
-    """Install the fold kernels (once) and those of extension ops registered since."""
+def install_kernels() -> None:
+    """Install the fold kernels (once; they stay, and cost each fold op of the process a Python
+    call from then on) and those of extension ops registered since."""
     with _registry_lock:
         if not _kernels["libraries"]:
             library = torch.library.Library("aten", "IMPL")
@@ -691,22 +692,15 @@ def _unpatch() -> None:
 
 
 @contextlib.contextmanager
-def modes_ready() -> Iterator[None]:
-    """Dynamo's patches held: what ``ExactMode.__enter__`` does besides installing the kernels
-    (:func:`install_kernels`) and :meth:`ExactMode.activate`, done once for a caller that
-    activates a mode many times (the eager stretches of a compiled call). The patches change
-    nothing while no mode is active."""
+def dynamo_patches_held() -> Iterator[None]:
+    """Dynamo's patches (:func:`_patch`) held for the block, for a caller that activates a mode
+    many times (:meth:`ExactMode.activate`: the eager stretches of a compiled call) instead of
+    entering it. The patches change nothing while no mode is active."""
     _patch()
     try:
         yield
     finally:
         _unpatch()
-
-
-def install_kernels() -> None:
-    """Install the fold kernels (once; they stay, and cost each fold op of the process a Python
-    call from then on) and those of extension ops registered since."""
-    _install_kernels()
 
 
 _COMPILED_REFUSAL = (
@@ -749,7 +743,7 @@ class ExactMode(TorchDispatchMode):
         self._extension = threading.local()  # .running: an extension op left to its package runs
 
     def __enter__(self) -> ExactMode:
-        _install_kernels()
+        install_kernels()
         _patch()
         try:
             return self.activate()
@@ -760,7 +754,7 @@ class ExactMode(TorchDispatchMode):
     def activate(self) -> ExactMode:
         """Make the mode the one that handles folds on this thread: ``__enter__`` without
         installing the kernels or Dynamo's patches, for a caller that made sure of both
-        (:func:`install_kernels`, :func:`modes_ready`); undone by :meth:`deactivate`."""
+        (:func:`install_kernels`, :func:`dynamo_patches_held`); undone by :meth:`deactivate`."""
         self._products_tokens.append(sparse.PRODUCTS.set(self.products))
         _set_modes((*active_modes(), self))
         self._entries.append((threading.get_ident(), False))
