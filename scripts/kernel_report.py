@@ -1252,6 +1252,9 @@ def report(names: list[str] | None = None, arches: tuple[str, ...] = ("cuda", "h
         def one(name: str) -> tuple[str, dict[str, Any]]:
             return name, analyse_cuda(variants[name], cuda_build["variants"][name], found, known)
 
+        # CPython 3.11's AST constructor is not thread-safe ("recursion depth mismatch" when
+        # two threads parse at once): parse the kernel sources before the pool starts.
+        source_functions()
         with ThreadPoolExecutor(_tmc().jobs()) as pool:
             cuda = dict(pool.map(one, names))
         amd: dict[str, Any] = {}
