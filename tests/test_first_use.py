@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -132,3 +133,68 @@ def test_read_only_and_writable_values_compile_one_kernel(route, D):
     assert compiled() == before
     assert np.asarray(again).tobytes() == np.asarray(writable).tobytes()
     assert before  # the route did run its kernel
+
+
+#: A kernel module of the test's own (its cache in the test's directory) and a process that
+#: imports it, says it is ready, waits for the word, calls the kernel and prints how many
+#: compilations it made (Numba's ``numba:compile`` event: a miss of both caches).
+KERNEL_MODULE = """
+import numpy as np
+from numba import njit
+from bitfold.kernels.compiling import one_compiler_at_a_time
+
+@njit(cache=True)
+def kernel(x):
+    total = 0.0
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            total += np.sin(x[i, j]) * np.cos(x[j % x.shape[0], i % x.shape[1]])
+    return total
+
+one_compiler_at_a_time(globals())
+"""
+RACER = """
+import os, sys, time
+import numpy as np
+from numba.core import event
+import kernel_module
+
+misses = []
+class Count(event.Listener):
+    def on_start(self, ev):
+        misses.append(1)
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Count())
+open(sys.argv[1] + ".ready", "w").close()
+while not os.path.exists("go"):
+    time.sleep(0.001)
+value = kernel_module.kernel(np.ones((3, 4)))
+print(len(misses), value)
+"""
+
+
+def test_processes_that_share_a_cache_compile_a_kernel_once(tmp_path):
+    """Three processes call a new kernel at the same moment: one compiles, two load its cache."""
+    (tmp_path / "kernel_module.py").write_text(KERNEL_MODULE)
+    (tmp_path / "racer.py").write_text(RACER)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]))
+    env.pop("NUMBA_CACHE_DIR", None)  # the cache beside kernel_module.py
+    racers = [subprocess.Popen([sys.executable, "racer.py", str(i)], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for i in range(3)]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while sum((tmp_path / f"{i}.ready").exists() for i in range(3)) < 3:
+            assert time.monotonic() < deadline, "the racers did not start"
+            time.sleep(0.05)
+        (tmp_path / "go").touch()
+        outs = [r.communicate(timeout=300) for r in racers]
+    finally:
+        for r in racers:
+            r.kill()
+    assert all(r.returncode == 0 for r in racers), [err[-2000:] for _, err in outs]
+    misses = [int(out.split()[0]) for out, _ in outs]
+    assert sorted(misses) == [0, 0, 1], misses
+    assert len({out.split()[1] for out, _ in outs}) == 1
+    assert list(tmp_path.glob("__pycache__/kernel_module.kernel-*.lock"))

@@ -48,7 +48,7 @@ from numba import njit, parallel_chunksize, prange
 
 from ..formats import F32, F64, FLOATS, decode_shift
 from .bitcast import float32_of_bits
-from .compiling import read_only
+from .compiling import one_compiler_at_a_time, read_only
 from .ieee import (
     CHUNK,
     add_bits,
@@ -863,3 +863,6 @@ def round_doubles(sums, out_bits, target) -> None:
 
 
 __all__ = ["CHUNK", "SPILL_ROWS", "fold_buckets", "fold_staged", "redo_scalar", "round_doubles"]
+
+
+one_compiler_at_a_time(globals())

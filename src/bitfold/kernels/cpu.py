@@ -26,7 +26,7 @@ import numpy as np
 from numba import get_thread_id, njit, prange
 
 from ..formats import decoding
-from .compiling import quietly
+from .compiling import one_compiler_at_a_time, quietly
 from .ieee import (
     FINITE,
     NEGZERO,
@@ -518,3 +518,6 @@ def round_states(state, L, target, out_bits) -> None:
         _round_parallel(state, L, target, out_bits)
     else:
         _round_serial(state, L, target, out_bits)
+
+
+one_compiler_at_a_time(globals())

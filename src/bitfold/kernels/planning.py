@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .compiling import one_compiler_at_a_time
+
 #: Most position chunks of a plan's passes.
 MAX_CHUNKS = 64
 #: Up to this many counts per position, every one of MAX_CHUNKS chunks keeps its own.
@@ -466,3 +468,6 @@ __all__ = [
     "sorted_buckets",
     "stable_order",
 ]
+
+
+one_compiler_at_a_time(globals())

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import get_thread_id, njit, prange
 
-from .compiling import read_only
+from .compiling import one_compiler_at_a_time, read_only
 from .ieee import as_double, castable, checked_add, checked_add_narrow, round_row, round_scaled
 from .prefetch import prefetch_item, prefetch_row
 
@@ -466,3 +466,6 @@ def finish_half(sums, specials, bits, order, offsets, out_bits, target) -> None:
 
 
 __all__ = ["finish_half", "float_sums", "half_sums", "partition_sums", "sorted_sums"]
+
+
+one_compiler_at_a_time(globals())
