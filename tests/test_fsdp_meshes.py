@@ -6,8 +6,11 @@ several settings (``reshard_after_forward`` both ways, mixed precision with a fl
 or a bfloat16 reduction, a parameter of 7 rows that no world size here divides), and
 saves each run's full gradients. A step is four micro-batches of five rows dealt
 round-robin, so a rank runs 4, 2 or 1 of them: all but its last inside
-``no_reduce()``. The parent compares the bits across every world size and mesh shape,
-and the float32 runs with the exact sum of a plain model's micro-batch gradients.
+``no_reduce()``. With CPU offload (``CPUOffloadPolicy``) FSDP2 pins its CPU copies, which
+needs an accelerator: without one the ranks pin nothing (``pin_memory`` returns the tensor)
+and FSDP2's offload path runs otherwise as it is. The parent compares the bits across every
+world size and mesh shape, and the float32 runs with the exact sum of a plain model's
+micro-batch gradients.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ SETTINGS = {
     "bf16-params-fp32-reduce": (True, torch.bfloat16, torch.float32, torch.float32),
     "bf16-reduce": (False, None, torch.bfloat16, torch.float32),
     "bf16-model-fp32-reduce": (True, torch.bfloat16, torch.float32, torch.bfloat16),
+    "fp32-offload": (True, None, None, torch.float32),
 }
+OFFLOADED = {"fp32-offload"}  # with FSDP2's CPUOffloadPolicy
 
 
 def _meshes(world: int) -> list[tuple[int, ...]]:
@@ -60,13 +65,20 @@ def _loss(model, x, y, j):
 
 
 def _sharded(mesh, setting: str):
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     reshard, param_dtype, reduce_dtype, dtype = SETTINGS[setting]
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    offload = CPUOffloadPolicy() if setting in OFFLOADED else OffloadPolicy()
     model = _model().to(dtype)
     for part in (model[0], model[2], model):
-        fully_shard(part, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(part, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy,
+                    offload_policy=offload)  # fmt: skip
     return model
 
 
@@ -77,6 +89,8 @@ def _rank(rank: int, world: int, init: str, out: str) -> None:
     from bitfold.distributed import exact_fsdp
 
     torch.set_num_threads(1)
+    if not torch.accelerator.is_available():  # CPUOffloadPolicy pins its copies: not here
+        torch.Tensor.pin_memory = lambda self, *args, **kwargs: self
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     x, y = _data()
     saved: dict[str, np.ndarray] = {}
@@ -220,6 +234,7 @@ def test_every_mesh_shape_gives_the_exact_sum_of_the_micro_batch_gradients(resul
     for label, grads in runs.items():
         assert grads == want, label
     assert _runs(results, "fp32-keep") == runs  # reshard_after_forward=False: the same bits
+    assert _runs(results, "fp32-offload") == runs  # CPUOffloadPolicy: the same bits
 
 
 @pytest.mark.slow
