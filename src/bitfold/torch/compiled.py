@@ -333,10 +333,17 @@ _eager_torch_function = torch._dynamo.disable(_ExactCalls._eager, recursive=True
 
 def _generated_code_dir() -> tuple[str, ...]:
     """The folder of inductor's generated code (as given and resolved): its calls (``torch.mm``
-    for a graph's products) run the compiled graphs, not eager code."""
+    for a graph's products) run the compiled graphs, not eager code. Looked up once for each
+    value of ``TORCHINDUCTOR_CACHE_DIR`` (inductor's own lookup makes the folder and resolves
+    links: 13 us, at every compiled call)."""
+    return _generated_code_dir_for(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+
+
+@functools.lru_cache(maxsize=8)
+def _generated_code_dir_for(setting: str | None) -> tuple[str, ...]:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    given = cache_dir()
+    given = cache_dir()  # ``setting``, made absolute, or inductor's default folder
     return tuple({os.path.join(given, ""), os.path.join(os.path.realpath(given), "")})
 
 
