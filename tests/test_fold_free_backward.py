@@ -167,3 +167,42 @@ def test_with_a_sparse_tensor_every_eager_node_runs_its_backward_exactly():
     assert x.grad.item() == 1 + 2.0**-23  # one rounding; torch's sum gives 1.0
     assert step.bitfold.counts["sparse_mm"] == 2, step.bitfold  # forward and backward
     torch._dynamo.reset()
+
+
+def test_the_functions_eager_stretches_run_outside_the_mode_fold_nothing_forward():
+    """Each function a compiled call's eager stretch runs without activating the exact mode,
+    run on dense tensors under a full mode (which sees every ATen op): nothing counted, nothing
+    passed. Their backward folds (a gather's) still get the exact rules: the test above."""
+    from bitfold.torch.compiled import _GATHERS_AND_ELEMENTWISE
+
+    x, w = _leaf(4, 6), _leaf(5, 6, seed=1)
+    table, idx = _leaf(10, 6, seed=2), torch.tensor([0, 2, 2, 1])
+    F = torch.nn.functional
+    calls = {
+        torch.Tensor.__getitem__: lambda: (x[idx], x[x > 0], x[1:3, idx[:2]]),
+        torch.Tensor.__eq__: lambda: x == x,
+        torch.Tensor.__bool__: lambda: bool(x[0, 0] > 0),
+        torch.Tensor.size: lambda: x.size(),
+        torch.Tensor.stride: lambda: x.stride(),
+        torch.Tensor.dim: lambda: x.dim(),
+        torch.Tensor.detach: lambda: x.detach(),
+        torch.Tensor.to: lambda: x.to(torch.float64),
+        torch.Tensor.chunk: lambda: x.chunk(2),
+        torch.Tensor.unbind: lambda: x.unbind(),
+        torch.Tensor.unsqueeze: lambda: x.unsqueeze(0),
+        torch.Tensor.view: lambda: x.view(6, 4),
+        torch.Tensor.reshape: lambda: x.reshape(3, 8),
+        torch.Tensor.mul: lambda: x.mul(x),
+        torch.Tensor.add: lambda: x.add(x),
+        torch.where: lambda: torch.where(x > 0, x, w[:4]),
+        torch.arange: lambda: torch.arange(5),
+        torch.mm: lambda: torch.mm(x, w.T),
+        torch.matmul: lambda: torch.matmul(x, w.T),
+        F.linear: lambda: F.linear(x, w),
+        F.embedding: lambda: F.embedding(idx, table),
+    }
+    assert set(calls) == set(_GATHERS_AND_ELEMENTWISE)  # every one of them is run here
+    for func, call in calls.items():
+        with bt.exact_mode(full=True) as mode:
+            call()
+        assert not mode.counts and not mode.passed, (func, mode.counts, mode.passed)
