@@ -141,7 +141,7 @@ def test_read_only_and_writable_values_compile_one_kernel(route, D):
 KERNEL_MODULE = """
 import numpy as np
 from numba import njit
-from bitfold.kernels.compiling import one_compiler_at_a_time
+from bitfold.kernels.compile_lock import one_compiler_at_a_time
 
 @njit(cache=True)
 def kernel(x):

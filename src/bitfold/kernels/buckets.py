@@ -48,7 +48,8 @@ from numba import njit, parallel_chunksize, prange
 
 from ..formats import F32, F64, FLOATS, decode_shift
 from .bitcast import float32_of_bits
-from .compiling import one_compiler_at_a_time, read_only
+from .compile_lock import one_compiler_at_a_time
+from .compiling import read_only
 from .ieee import (
     CHUNK,
     add_bits,

@@ -26,7 +26,8 @@ import numpy as np
 from numba import get_thread_id, njit, prange
 
 from ..formats import decoding
-from .compiling import one_compiler_at_a_time, quietly
+from .compile_lock import one_compiler_at_a_time
+from .compiling import quietly
 from .ieee import (
     FINITE,
     NEGZERO,

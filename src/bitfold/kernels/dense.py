@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit, prange
 from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
-from .compiling import one_compiler_at_a_time
+from .compile_lock import one_compiler_at_a_time
 from .ieee import (
     add_bits,
     add_exact_sum,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .compiling import one_compiler_at_a_time
+from .compile_lock import one_compiler_at_a_time
 
 #: Most position chunks of a plan's passes.
 MAX_CHUNKS = 64

@@ -32,7 +32,8 @@ from __future__ import annotations
 import numpy as np
 from numba import get_thread_id, njit, prange
 
-from .compiling import one_compiler_at_a_time, read_only
+from .compile_lock import one_compiler_at_a_time
+from .compiling import read_only
 from .ieee import as_double, castable, checked_add, checked_add_narrow, round_row, round_scaled
 from .prefetch import prefetch_item, prefetch_row
 
