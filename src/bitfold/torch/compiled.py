@@ -21,7 +21,9 @@ sparse tensors: a function that touches one (``torch.sparse.mm(A, x)``, an
 uncoalesced COO tensor's ``to_dense``) is run by Python op by op, as is the
 op at a graph break. The same function mode sends each such eager call
 through :class:`bitfold.torch.exact_mode`'s rules (a sparse product as its
-exact autograd function, every other fold by its ATen rule), and the
+exact autograd function, every other fold by its ATen rule), but for the
+functions whose forward on dense tensors folds nothing (indexing, views,
+arithmetic, dense products: ``_GATHERS_AND_ELEMENTWISE``), and the
 autograd nodes those calls create run their backward under the same rules
 (all but those whose backward cannot fold: :data:`FOLD_FREE_BACKWARD`),
 so their folds are exact forward and backward and appear in ``counts`` (once
