@@ -80,18 +80,15 @@ def test_import_bitfold_does_not_import_numba_cuda():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-#: Runs a script (argv[1], its arguments after it) with the simulator's zero fills small: a
-#: zero fill launched without a shape (a state's first zeroing) takes one simulated Python
-#: thread per element, most of the smoke run at K = 5000; the small shape's grid-stride loop
-#: clears the same elements (as in tests/cuda_cases.py, which checks both shapes).
+#: Runs a script (argv[2], its arguments after it) with the simulator's zero fills small
+#: (tests/simulated_fills.py, from the folder argv[1]): unshaped fills took most of the smoke
+#: run at K = 5000.
 SMALL_ZERO_FILLS = """
 import runpy, sys
-from bitfold.kernels import cuda as kernels
-real = kernels.launch_zero
-def small(flat, stream, shape=None):
-    real(flat, stream, shape or kernels.LaunchShape(32, 3))
-kernels.launch_zero = small
-sys.argv = sys.argv[1:]
+sys.path.insert(0, sys.argv[1])
+from simulated_fills import use_small_zero_fills
+use_small_zero_fills()
+sys.argv = sys.argv[2:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
@@ -112,9 +109,9 @@ def test_the_gpu_benchmark_script_runs_on_the_simulator(tmp_path):
     script = CASES.parent.parent / "scripts" / "gpu_check.py"
     out = tmp_path / "gpu_bench.json"
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, "-c", SMALL_ZERO_FILLS, str(script), "--smoke",
-                           "--out", str(out)], env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", SMALL_ZERO_FILLS, str(CASES.parent), str(script),
+                           "--smoke", "--out", str(out)], env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     report = json.loads(out.read_text())
