@@ -32,9 +32,10 @@ def bits(a):
 
 
 def oracle(arrays, out="float32", mean_over=1):
-    """Element by element: the exact sum (divided by mean_over) rounded once."""
+    """Element by element: the exact sum (divided by mean_over) rounded once (bfloat16: held in
+    a float32)."""
     n = arrays[0].size
-    want = np.empty(n, out)
+    want = np.empty(n, "float32" if out == "bfloat16" else out)
     for i in range(n):
         terms = [float(a.reshape(-1)[i]) for a in arrays]
         special = any(math.isnan(t) or math.isinf(t) for t in terms)
@@ -48,7 +49,8 @@ def oracle(arrays, out="float32", mean_over=1):
             value = round_fraction(total, out) if total else (-0.0 if negzero else 0.0)
         want[i] = value
     nan = np.isnan(want)
-    want.view(UINT[want.itemsize])[nan] = bitfold.CANONICAL_NAN_BITS[out]
+    held = 16 if out == "bfloat16" else 0  # a bfloat16's bits are a float32's high half
+    want.view(UINT[want.itemsize])[nan] = bitfold.CANONICAL_NAN_BITS[out] << held
     return want
 
 
@@ -90,6 +92,24 @@ def test_sums_and_means_equal_the_oracle(dtype, out, spread, mean_over):
     got = s.result(None if out == "float64" or dtype != "float32" else out, mean_over=mean_over)
     assert np.array_equal(bits(got), bits(oracle(arrays, out, mean_over)))
     assert bits(got)[10] == 1 << (8 * np.dtype(out).itemsize - 1)  # -0.0: every term was
+
+
+@pytest.mark.parametrize("mean_over", [1, 3])
+def test_bfloat16_results_held_in_float32_equal_the_oracle(mean_over):
+    """A bfloat16 result of NumPy values comes as the float32 that holds it, rounded once."""
+    rng = np.random.default_rng(16 + mean_over)
+    arrays = [(rng.standard_normal(200) * 2.0 ** rng.integers(-12, 12, 200)).astype("float32")
+              for _ in range(5)]  # fmt: skip
+    arrays[1][:4] = [-0.0, np.inf, np.nan, 0.0]
+    for a in arrays:
+        a[10] = -0.0
+    s = DenseSum((200,))
+    for a in arrays:
+        s.add(a)
+    got = s.result("bfloat16", mean_over=mean_over)
+    assert got.dtype == np.float32
+    assert np.array_equal(bits(got), bits(oracle(arrays, "bfloat16", mean_over)))
+    assert bits(got)[10] == 1 << 31 and (bits(got) & 0xFFFF).max() == 0
 
 
 @pytest.mark.parametrize(("out", "mean_over"), [("float32", 3), ("float32", 5), ("float32", 4),

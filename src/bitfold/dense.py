@@ -58,6 +58,8 @@ BLOCK = 64
 #: Most ranks whose low lanes still sum without overflow (wide: 24-bit lanes in 31 bits;
 #: wider: 56-bit words in 63 bits).
 WIDE_MAX_RANKS = (1 << (31 - kernels.LANE_BITS)) - 1
+#: the float dtype of a result's integer width, for the float view the decode kernel reads
+_FLOAT_OF_WIDTH = {2: np.float64, 4: np.float32, 8: np.float64}
 
 
 @dataclass(frozen=True)
@@ -432,7 +434,9 @@ class DenseSum:
         shift = held_shift(out_name)
         out_bits = np.empty(stop - start, np.int32 if shift else target.signed_bits_dtype)
         fast = out_name in ("float32", "float64")
-        out_f = out_bits.view(out_name) if fast else np.empty(1)
+        # out_f is read only when fast: a bfloat16 result's (int32 bits) takes float32's
+        # compiled kernel, one signature fewer to compile
+        out_f = out_bits.view(out_name) if fast else np.empty(1, _FLOAT_OF_WIDTH[out_bits.itemsize])
         if stop - start >= (1 << 16):
             start_thread_pool()
         kernels.decode(
