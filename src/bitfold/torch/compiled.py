@@ -301,11 +301,12 @@ class _ExactCalls(TorchFunctionMode):
 
     def _eager(self, func: Any, args: Any, kwargs: dict[str, Any], caller: str) -> Any:
         """A call Dynamo runs itself, outside any graph (``caller``: the calling frame's file)."""
-        if _eager_fold_candidate(func, args, kwargs) and not caller.startswith(self._generated):
+        sparse = _has_sparse(args, kwargs)
+        if (sparse or _public_function(func)) and not caller.startswith(self._generated):
             if not self.eager:  # the first eager call of this compiled call
                 install_kernels()  # only now: once installed, every fold op calls Python
                 self.eager = True  # its autograd nodes get the exact rules (_mark)
-            if func in _GATHERS_AND_ELEMENTWISE and not _has_sparse(args, kwargs):
+            if func in _GATHERS_AND_ELEMENTWISE and not sparse:
                 return func(*args, **kwargs)  # folds nothing in its forward
             mode = self._mode.activate()  # the call holds Dynamo's patches
             try:
@@ -380,8 +381,9 @@ _GATHERS_AND_ELEMENTWISE = frozenset({
 })  # fmt: skip
 
 
-def _eager_fold_candidate(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether an eager call may fold: any call with a sparse tensor, any public function.
+def _public_function(func: Any) -> bool:
+    """Whether an eager call of ``func`` on dense tensors may fold: a public function (a call
+    with a sparse tensor may fold, whatever it calls).
 
     Left out: attribute reads (``__get__``), torch's private helpers, which
     the compiled graphs' own wrappers call on every run (``_set_grad_enabled``),
@@ -389,8 +391,6 @@ def _eager_fold_candidate(func: Any, args: tuple[Any, ...], kwargs: dict[str, An
     calls for the kernels it does not generate: those nodes went through the
     graph pass already.
     """
-    if _has_sparse(args, kwargs):
-        return True
     if isinstance(func, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
         return False
     name = getattr(func, "__name__", "")
