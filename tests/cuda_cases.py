@@ -27,6 +27,7 @@ import os
 import numpy as np
 import pytest
 from oracle import boundary_buckets, exact_fold_oracle, ordered_fold_reference
+from simulated_fills import small_fills
 
 import bitfold
 
@@ -75,14 +76,10 @@ def _small_zero_fills(monkeypatch):
     The default shape's fill is checked once (test_a_default_zero_fill_clears_every_element)
     and on a GPU every fill keeps its own shape."""
     if SIM:
-        monkeypatch.setattr(kernels, "launch_zero", _small_zero_fill)
+        monkeypatch.setattr(kernels, "launch_zero", small_fills(_launch_zero))
 
 
 _launch_zero = kernels.launch_zero
-
-
-def _small_zero_fill(flat, stream, shape=None):
-    _launch_zero(flat, stream, shape or LAUNCHES[0])
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

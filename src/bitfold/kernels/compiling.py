@@ -127,5 +127,4 @@ class _Listener(event.Listener):
 
 event.register("numba:compile", _Listener())
 
-
 __all__ = ["MODULES", "announce", "first_use", "message", "quietly"]
