@@ -274,24 +274,18 @@ def _one_term_problem(dtype: str, width: tuple[int, ...], with_init: bool, speci
 def test_small_folds_of_distinct_ids_are_the_oracles_bits(
     dtype, width, with_init, specials, monkeypatch
 ):
-    """No bucket gets two rows: one IEEE addition a bucket (no NaN or infinity among the values),
-    else the bucket kernel; the Fraction oracle's bits either way."""
+    """No bucket gets two rows (the gradient of one expert's tokens): the direct way folds them,
+    the Fraction oracle's bits, subnormals, overflows and NaN payloads included."""
     from bitfold.torch import folds
 
     idx, vals, init, k = _one_term_problem(dtype, width, with_init, specials)
     taken = []
-    one = folds._one_term_buckets
-
-    def spy(*args):
-        out = one(*args)
-        taken.append(out is not None)
-        return out
-
-    monkeypatch.setattr(folds, "_one_term_buckets", spy)
+    direct = folds._small_host_fold
+    monkeypatch.setattr(folds, "_small_host_fold", lambda *a: taken.append(direct(*a)) or taken[-1])
     start = None if init is None else torch.from_numpy(init)
     with np.errstate(over="ignore", invalid="ignore"):
         got = fold_rows(torch.from_numpy(idx), torch.from_numpy(vals), k, init=start)
-    assert taken == [not specials or (specials == "init" and init is None)]
+    assert len(taken) == 1 and taken[0] is not None
     rows = vals.reshape(len(idx), -1)
     index, terms = idx, rows
     if init is not None:  # init is one more term of every bucket
@@ -303,11 +297,9 @@ def test_small_folds_of_distinct_ids_are_the_oracles_bits(
                                   np.asarray(want, dtype).reshape(-1).view(bits))  # fmt: skip
 
 
-def test_small_folds_of_distinct_ids_keep_subnormals_where_the_thread_flushes_them(monkeypatch):
+def test_small_folds_of_distinct_ids_keep_subnormals_where_the_thread_flushes_them():
     """With flush-to-zero and denormals-are-zero on (``torch.set_flush_denormal``), a plain
-    addition would lose subnormals: the one-addition way is not taken, the bits stay exact."""
-    from bitfold.torch import folds
-
+    addition would lose subnormals: the small fold's bits stay exact."""
     tiny = np.float32(2.0**-149)
     vals = torch.tensor([[tiny], [tiny * 3], [-tiny]])
     init = torch.tensor([[tiny], [0.0], [tiny * 2], [1.0]])
@@ -316,35 +308,39 @@ def test_small_folds_of_distinct_ids_keep_subnormals_where_the_thread_flushes_th
     try:
         assert torch.tensor([tiny]).add(0).item() == 0.0  # the mode is on
         got = fold_rows(torch.tensor([0, 2, 3]), vals, 4, init=init)
-        one = folds._one_term_buckets(np.array([0, 2, 3]), vals.numpy(), init.numpy(), 4)
     finally:
         torch.set_flush_denormal(False)
-    assert one is None
     want = np.array([2 * tiny, 0.0, 5 * tiny, 1.0 - tiny], np.float32)  # 1 - 2^-149 rounds to 1
     np.testing.assert_array_equal(got.numpy().reshape(-1).view(np.uint32), want.view(np.uint32))
 
 
-@pytest.mark.parametrize("rounding", [0x2000, 0x4000, 0x6000], ids=["down", "up", "to zero"])
-def test_small_folds_of_distinct_ids_take_no_plain_addition_in_another_rounding_mode(rounding):
-    """MXCSR's rounding control set away from nearest: a plain addition would round another
-    way, so the one-addition way is not taken (the probe sees it)."""
-    import fpmode
-
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_small_index_put_with_negative_ids_is_the_oracles_bits(dtype, monkeypatch):
+    """``x.index_put_((idx,), v, accumulate=True)`` in the mode, ids from the end among them,
+    takes the direct way (which wraps them, as torch's indexing) and gives the oracle's bits;
+    an id below ``-K`` is refused in the usual words."""
     from bitfold.torch import folds
 
-    if fpmode.unsupported_reason():
-        pytest.skip(fpmode.unsupported_reason())
-    rows = np.array([[1.0], [2.0**-30]], np.float32)
-    start = np.array([[2.0**-30], [1.0], [3.0]], np.float32)
-    before = fpmode.mxcsr()
-    fpmode.set_mxcsr(before | rounding)
-    try:
-        one = folds._one_term_buckets(np.array([0, 1]), rows, start, 3)
-    finally:
-        fpmode.set_mxcsr(before)
-    assert one is None
-    nearest = folds._one_term_buckets(np.array([0, 1]), rows, start, 3)
-    assert nearest is not None and nearest.reshape(-1).tolist() == [1.0, 1.0, 3.0]
+    rng = np.random.default_rng(7)
+    k, n = 23, 90
+    idx = rng.integers(-k, k, n)
+    vals = (rng.standard_normal((n, 4)) * 2.0 ** rng.integers(-40, 40, (n, 4))).astype(dtype)
+    start = (rng.standard_normal((k, 4)) * 1e6).astype(dtype)
+    taken = []
+    direct = folds._small_host_fold
+    monkeypatch.setattr(folds, "_small_host_fold",
+                        lambda *a, **kw: taken.append(direct(*a, **kw)) or taken[-1])  # fmt: skip
+    x = torch.from_numpy(start.copy())
+    with bt.exact_mode():
+        x.index_put_((torch.from_numpy(idx),), torch.from_numpy(vals), accumulate=True)
+    assert taken and taken[0] is not None
+    index = np.concatenate([np.arange(k), np.where(idx < 0, idx + k, idx)])
+    terms = np.concatenate([start, vals]).astype(np.float64)
+    want = np.asarray(rows_oracle(index, terms, k, dtype), dtype)
+    bits = np.uint32 if dtype == "float32" else np.uint64
+    np.testing.assert_array_equal(x.numpy().view(bits), want.view(bits))
+    with bt.exact_mode(), pytest.raises(bitfold.IndexRangeError, match=r"= -24 .*shape\[0\] = 23"):
+        x.index_put_((torch.tensor([0, -24]),), torch.ones(2, 4, dtype=x.dtype), accumulate=True)
 
 
 def test_small_cpu_folds_refuse_a_bad_index_in_the_usual_words():

@@ -44,6 +44,7 @@ from ..dispatch import fold as _engine_fold
 from ..errors import IndexRangeError
 from ..formats import limb_format_for
 from ..kernels import buckets as _bucket_kernels
+from ..kernels.planning import small_order
 from ..validate import index_range_error
 from .plan_cache import MIN_POSITIONS, PLANS
 
@@ -102,7 +103,11 @@ def fold_rows(
 
 
 def _small_host_fold(
-    index: torch.Tensor, values: torch.Tensor, K: int, init: torch.Tensor | None
+    index: torch.Tensor,
+    values: torch.Tensor,
+    K: int,
+    init: torch.Tensor | None,
+    wrap: bool = False,
 ) -> torch.Tensor | None:
     """:func:`fold_rows` of a small CPU fold, or None where it is not one.
 
@@ -115,13 +120,13 @@ def _small_host_fold(
     :data:`MIN_POSITIONS` positions (a size the plan cache never keeps, so no
     plan is lost), N times the row below :data:`SMALL_VALUES` (one task, as
     the host backend runs such a fold), and the host backend the one that
-    serves CPU tensors. The index is sorted by NumPy (a stable argsort and
-    the buckets' counts) and the host backend's bucket kernel sums every
-    bucket exactly, with ``init``'s entry as one more term, rounded once:
-    the bits of every exact route; where no bucket gets two values, one
-    IEEE addition a bucket gives those bits (:func:`_one_term_buckets`).
-    An index entry outside ``[0, K)`` goes the usual way, which raises the
-    usual :class:`bitfold.IndexRangeError`.
+    serves CPU tensors. One Numba call checks, counts and sorts the index
+    (:func:`bitfold.kernels.planning.small_order`), and the host backend's
+    bucket kernel sums every bucket exactly, with ``init``'s entry as one
+    more term, rounded once: the bits of every exact route. With ``wrap``,
+    an id in ``[-K, 0)`` counts from the end (torch's indexing). An index
+    entry outside the range goes the usual way, which raises the usual
+    :class:`bitfold.IndexRangeError`.
     """
     name = _SMALL_DTYPES.get(values.dtype)
     if (
@@ -135,7 +140,12 @@ def _small_host_fold(
     ):
         return None
     n = index.numel()
-    if not 0 < n < MIN_POSITIONS or values.shape[0] != n or values.numel() >= SMALL_VALUES:
+    if (
+        not 0 < n < MIN_POSITIONS
+        or values.shape[0] != n
+        or values.numel() >= SMALL_VALUES
+        or K <= 0
+    ):
         return None
     trailing = tuple(values.shape[1:])
     if init is not None:
@@ -150,75 +160,23 @@ def _small_host_fold(
     if torch.compiler.is_compiling() or registry.backend_for("torch", "cpu").name != "host":
         return None
     ids = index.detach().reshape(-1).numpy()
-    try:
-        counts = np.bincount(ids, minlength=K)  # a negative id raises, one past K lengthens it
-    except ValueError:
-        return None  # refused the usual way, in its words
-    if counts.size != K or K == 0:
-        return None
+    offsets = np.empty(K + 1, np.int32)
+    order = np.empty(n, np.int32)
+    if small_order(ids, K, wrap, offsets, order) < 0:
+        return None  # an id out of range: refused the usual way, in its words
     rows = values.numpy().reshape(n, -1)
     start = None if init is None else init.contiguous().numpy().reshape(K, rows.shape[1])
-    if counts.max() == 1:
-        one = _one_term_buckets(ids, rows, start, K)
-        if one is not None:
-            return torch.from_numpy(one).view((K, *trailing))
     kernel = _SMALL_KERNEL.get(name)
     if kernel is None:
         fmt = limb_format_for(name)
         kernel = _SMALL_KERNEL[name] = (fmt.limbs, _rounding_target(name, fmt),
                                         np.int32 if name == "float32" else np.int64)  # fmt: skip
     limbs, goal, bits = kernel
-    offsets = np.zeros(K + 1, np.int32)
-    counts.cumsum(out=offsets[1:])
-    order = ids.argsort(kind="stable").astype(np.int32)
     out = np.empty((K, rows.shape[1]), rows.dtype)
     tasks = np.array([[0, K, 0, 0, -1]], np.int64)
     _bucket_kernels.fold_buckets(rows, order, offsets, tasks, _NO_SPLIT, out, out.view(bits),
                                  goal, True, limbs, start)  # fmt: skip
     return torch.from_numpy(out).view((K, *trailing))
-
-
-def _probe(dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(a, b, bits of a + b)`` as this thread adds ``dtype`` values when it rounds to nearest and
-    keeps subnormals: the least subnormal twice (flush-to-zero or denormals-are-zero give 0),
-    and ``±(1 + 3/4 ulp)`` (rounding toward zero, up or down gives another result)."""
-    f = np.finfo(dtype)
-    t = np.dtype(dtype).type
-    three_quarters_ulp = t(0.75) * f.eps
-    a = np.array([f.smallest_subnormal, 1.0, -1.0], dtype)
-    b = np.array([f.smallest_subnormal, three_quarters_ulp, -three_quarters_ulp], dtype)
-    want = np.array([2 * f.smallest_subnormal, 1 + f.eps, -1 - f.eps], dtype)
-    return a, b, want.view(f"u{want.itemsize}")  # compared as bits: DAZ reads 2^-148 as 0 too
-
-
-#: per dtype, the additions that show this thread's float modes (:func:`_probe`)
-_PROBES = {np.dtype(t): _probe(t) for t in ("float32", "float64")}
-
-
-def _one_term_buckets(
-    ids: np.ndarray, rows: np.ndarray, start: np.ndarray | None, K: int
-) -> np.ndarray | None:
-    """The small fold where no bucket gets two rows (distinct ids: the gradient of ``x[idx]``
-    for one expert's tokens), or None where it cannot be taken this way.
-
-    A bucket's exact sum is then its one row, or ``start``'s entry plus that row: one IEEE
-    addition, which rounds correctly, the kernel's bits, while this thread does not flush
-    subnormals and rounds to nearest (checked: :func:`_probe`) and every value is finite (a
-    NaN's bits or ``inf - inf`` would differ from the canonical NaN). Empty buckets are
-    ``+0.0``, or ``start``'s entry.
-    """
-    a, b, nearest = _PROBES[rows.dtype]
-    if not np.array_equal((a + b).view(nearest.dtype), nearest) or not np.isfinite(rows).all():
-        return None
-    if start is None:
-        out = np.zeros((K, rows.shape[1]), rows.dtype)
-        out[ids] = rows
-        return out
-    if not np.isfinite(start).all():
-        return None
-    out = start.copy()
-    out[ids] += rows
-    return out
 
 
 def fold_positions(
@@ -518,6 +476,14 @@ def index_put(
     every value sent to it. An integer index outside ``[-size, size)`` of its
     dimension raises :class:`bitfold.IndexRangeError` naming it as given.
     """
+    first = indices[0] if len(indices) == 1 else None
+    if first is not None and first.dtype in _SMALL_INDEX and input.dim() >= 1:
+        rows = tuple(input.shape[1:])
+        if tuple(values.shape) == (first.numel(), *rows):  # the backward of x[idx], idx 1-D
+            small = _small_host_fold(first, values.detach().contiguous(), input.shape[0],
+                                     input, wrap=True)  # fmt: skip
+            if small is not None:
+                return small
     least: dict[int, int | None] = {}  # each integer index's least id, once all are in range
     for d, ix in enumerate(indices):  # before anything wraps or flattens them: the ids as given
         if ix is not None and ix.dtype not in (torch.bool, torch.uint8) and d < input.dim():
@@ -525,7 +491,6 @@ def index_put(
             least[d] = _least_in_range(ix, size)
             if least[d] is None:  # some id out of range (raises), or no ids
                 check_range(ix, size, f"input.shape[{d}] = {size}", negative=True)
-    first = indices[0] if len(indices) == 1 else None
     if first is not None and first.dtype not in (torch.bool, torch.uint8) and input.dim() >= 1:
         K = input.shape[0]
         idx = first.reshape(-1)
