@@ -403,6 +403,10 @@ def _register_on_import(library: Any, name: str, kernel: Callable[..., Any]) -> 
 
 
 def _fold_kernel(op: Any) -> Callable[..., Any]:
+    flag = _accumulate_position(op)
+    if flag is not None:  # a write unless its accumulate flag is set: told apart here
+        return _accumulating_kernel(op, flag)
+
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         _kernels["calls"] += 1
         mode = _handling()
@@ -411,6 +415,39 @@ def _fold_kernel(op: Any) -> Callable[..., Any]:
         return mode._fold(op, args, kwargs, lambda: op.redispatch(keyset & _BELOW, *args, **kwargs))
 
     return kernel
+
+
+def _accumulate_position(op: Any) -> int | None:
+    """The position of ``op``'s ``accumulate`` argument (``index_put``, ``put``), or None."""
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.name == "accumulate" and not arg.kwarg_only:
+            return i
+    return None
+
+
+def _accumulating_kernel(op: Any, flag: int) -> Callable[..., Any]:
+    """:func:`_fold_kernel` for an op that sums only with ``accumulate=True``: without it (a
+    write, as a model's masked assignments), ATen's kernel runs at once, as its rule would
+    say after binding every argument."""
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        _kernels["calls"] += 1
+        mode = _handling()
+        accumulate = args[flag] if len(args) > flag else kwargs.get("accumulate", False)
+        if mode is None or not accumulate:
+            return op.redispatch(keyset & _BELOW, *args, **kwargs)
+        return mode._fold(op, args, kwargs, lambda: op.redispatch(keyset & _BELOW, *args, **kwargs))
+
+    return kernel
+
+
+def _never_folds(op: Any) -> bool:
+    """An overload of a fold's packet that only writes (``scatter.src``, ``scatter_.value``: no
+    ``reduce`` argument): no kernel is installed for it, so it never enters Python."""
+    packet = op._schema.name.split("::")[1]
+    return packet in ("scatter", "scatter_") and all(
+        arg.name != "reduce" for arg in op._schema.arguments
+    )
 
 
 def _product_kernel(op: Any) -> Callable[..., Any]:
@@ -554,7 +591,7 @@ def install_kernels() -> None:
                     taken = torch._C._dispatch_has_kernel_for_dispatch_key(full, _FAST_KEY)
                 except RuntimeError:  # an overload torch keeps out of the dispatcher
                     continue
-                if taken or packet in _PRODUCTS:
+                if taken or packet in _PRODUCTS or _never_folds(op):
                     continue
                 _register(library, full.split("::")[1], _fold_kernel(op))
             _kernels["libraries"].append(library)
