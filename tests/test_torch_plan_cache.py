@@ -315,32 +315,43 @@ def test_small_folds_of_distinct_ids_keep_subnormals_where_the_thread_flushes_th
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_small_index_put_with_negative_ids_is_the_oracles_bits(dtype, monkeypatch):
-    """``x.index_put_((idx,), v, accumulate=True)`` in the mode, ids from the end among them,
-    takes the direct way (which wraps them, as torch's indexing) and gives the oracle's bits;
-    an id below ``-K`` is refused in the usual words."""
+@pytest.mark.parametrize("dims", [(23,), (6, 4)], ids=["x[i]", "x[i, j]"])
+def test_small_index_put_with_negative_ids_is_the_oracles_bits(dtype, dims, monkeypatch):
+    """``x.index_put_(ids, v, accumulate=True)`` in the mode, one index or one a leading dim,
+    ids from the end among them, takes the direct way (which wraps them, as torch's
+    indexing) and gives the oracle's bits; an id below ``-size`` is refused in the usual
+    words."""
     from bitfold.torch import folds
 
-    rng = np.random.default_rng(7)
-    k, n = 23, 90
-    idx = rng.integers(-k, k, n)
-    vals = (rng.standard_normal((n, 4)) * 2.0 ** rng.integers(-40, 40, (n, 4))).astype(dtype)
-    start = (rng.standard_normal((k, 4)) * 1e6).astype(dtype)
+    rng = np.random.default_rng(len(dims))
+    n, width = 90, 4
+    ids = [rng.integers(-size, size, n) for size in dims]
+    vals = (rng.standard_normal((n, width)) * 2.0 ** rng.integers(-40, 40, (n, width)))
+    vals = vals.astype(dtype)
+    start = (rng.standard_normal((*dims, width)) * 1e6).astype(dtype)
     taken = []
     direct = folds._small_host_fold
     monkeypatch.setattr(folds, "_small_host_fold",
                         lambda *a, **kw: taken.append(direct(*a, **kw)) or taken[-1])  # fmt: skip
     x = torch.from_numpy(start.copy())
     with bt.exact_mode():
-        x.index_put_((torch.from_numpy(idx),), torch.from_numpy(vals), accumulate=True)
+        x.index_put_(tuple(torch.from_numpy(i) for i in ids), torch.from_numpy(vals),
+                     accumulate=True)  # fmt: skip
     assert taken and taken[0] is not None
-    index = np.concatenate([np.arange(k), np.where(idx < 0, idx + k, idx)])
-    terms = np.concatenate([start, vals]).astype(np.float64)
+    k = int(np.prod(dims))
+    wrapped = tuple(np.where(i < 0, i + s, i) for i, s in zip(ids, dims, strict=True))
+    flat = np.ravel_multi_index(wrapped, dims)
+    index = np.concatenate([np.arange(k), flat])
+    terms = np.concatenate([start.reshape(k, width), vals]).astype(np.float64)
     want = np.asarray(rows_oracle(index, terms, k, dtype), dtype)
     bits = np.uint32 if dtype == "float32" else np.uint64
-    np.testing.assert_array_equal(x.numpy().view(bits), want.view(bits))
-    with bt.exact_mode(), pytest.raises(bitfold.IndexRangeError, match=r"= -24 .*shape\[0\] = 23"):
-        x.index_put_((torch.tensor([0, -24]),), torch.ones(2, 4, dtype=x.dtype), accumulate=True)
+    np.testing.assert_array_equal(x.numpy().reshape(k, width).view(bits), want.view(bits))
+    bad = tuple(torch.tensor([0, -s - 1]) for s in dims)
+    said = rf"= {-dims[-1] - 1} .*shape\[{len(dims) - 1}\] = {dims[-1]}"
+    if len(dims) == 2:
+        bad = (torch.tensor([0, 1]), bad[1])
+    with bt.exact_mode(), pytest.raises(bitfold.IndexRangeError, match=said):
+        x.index_put_(bad, torch.ones(2, width, dtype=x.dtype), accumulate=True)
 
 
 def test_small_cpu_folds_refuse_a_bad_index_in_the_usual_words():

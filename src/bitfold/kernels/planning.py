@@ -452,15 +452,29 @@ def partition_layout(index: np.ndarray, K: int, dest: np.ndarray, local: np.ndar
     return starts
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _flat_id(index, sizes, wrap, t):  # pragma: no cover - compiled
+    """Row-major id of position ``t`` of the ids ``index[:, t]`` into ``sizes``; -1 if out."""
+    flat = np.int64(0)
+    for d in range(index.shape[0]):
+        k = np.int64(index[d, t])
+        size = sizes[d]
+        if wrap and k < 0:
+            k += size
+        if k < 0 or k >= size:
+            return np.int64(-1)
+        flat = flat * size + k
+    return flat
+
+
 @njit(cache=True, nogil=True)
-def _small_order(index, K, wrap, offsets, order, cursor):  # pragma: no cover - compiled
-    n = index.shape[0]
+def _small_order(index, sizes, wrap, offsets, order, cursor):  # pragma: no cover - compiled
+    n = index.shape[1]
+    K = cursor.shape[0]
     offsets[:] = 0
     for t in range(n):
-        k = np.int64(index[t])
-        if wrap and k < 0:
-            k += K
-        if k < 0 or k >= K:
+        k = _flat_id(index, sizes, wrap, t)
+        if k < 0:
             return -1
         offsets[k + 1] += 1
     most = 0
@@ -469,30 +483,33 @@ def _small_order(index, K, wrap, offsets, order, cursor):  # pragma: no cover - 
         cursor[k] = offsets[k]
         offsets[k + 1] += offsets[k]
     for t in range(n):
-        k = np.int64(index[t])
-        if wrap and k < 0:
-            k += K
+        k = _flat_id(index, sizes, wrap, t)
         order[cursor[k]] = t
         cursor[k] += 1
     return most
 
 
 def small_order(
-    index: np.ndarray, K: int, wrap: bool, offsets: np.ndarray, order: np.ndarray
+    index: np.ndarray, sizes: np.ndarray, wrap: bool, offsets: np.ndarray, order: np.ndarray
 ) -> int:
     """Check, count and sort a small index in one call on this thread; its largest bucket.
 
-    ``index`` (N,) any integer dtype; ``offsets`` (K + 1) and ``order`` (N)
-    int32 receive the bucket starts and the stable order (as :func:`bucket_offsets`
-    and :func:`stable_order`). With ``wrap`` an entry in ``[-K, 0)`` stands for
-    itself plus K (torch's indexing). Returns the largest bucket's count (0 for
-    an empty index), or -1 when an entry is outside the range, having written
-    nothing usable: the caller refuses it the usual way. One Numba call in
-    place of the dozen NumPy calls a count, a sort and their checks take (a
-    fold of a few hundred rows, such as an ``index_add`` of one batch, spends
-    more on calls than on sums).
+    ``index`` (M, N) of any integer dtype holds, for each of N positions, its
+    ids along M dimensions of ``sizes`` (M int64): the position's bucket is
+    their row-major flat id, one of K = ``prod(sizes)`` (M = 1: the ids
+    themselves, below ``sizes[0]``). ``offsets`` (K + 1) and ``order`` (N)
+    int32 receive the bucket starts and the stable order (as
+    :func:`bucket_offsets` and :func:`stable_order`). With ``wrap`` an id in
+    ``[-size, 0)`` stands for itself plus its dimension's size (torch's
+    indexing). Returns the largest bucket's count (0 for no positions), or
+    -1 when an id is outside its range, having written nothing usable: the
+    caller refuses it the usual way. One Numba call in place of the dozen
+    NumPy calls a count, a sort and their checks take (a fold of a few
+    hundred rows, such as an ``index_add`` of one batch, spends more on calls
+    than on sums).
     """
-    return int(_small_order(index, K, wrap, offsets, order, np.empty(K, np.int32)))
+    K = offsets.shape[0] - 1
+    return int(_small_order(index, sizes, wrap, offsets, order, np.empty(K, np.int32)))
 
 
 __all__ = [

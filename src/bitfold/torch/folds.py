@@ -102,12 +102,24 @@ def fold_rows(
     return _engine_fold(plan, values, "exact", init=init.detach().contiguous())
 
 
+def _small_ids(ix: Any, first: torch.Tensor) -> bool:
+    """Whether ``ix`` is a plain CPU tensor of int32 or int64 ids, as ``first`` is (the same
+    dtype and number of ids; 1-D unless it is ``first`` itself)."""
+    return (
+        type(ix) is torch.Tensor
+        and ix.is_cpu
+        and ix.dtype in _SMALL_INDEX
+        and (ix is first or (ix.dtype == first.dtype and ix.dim() == 1 and ix.shape == first.shape))
+    )
+
+
 def _small_host_fold(
-    index: torch.Tensor,
+    index: torch.Tensor | tuple[torch.Tensor, ...],
     values: torch.Tensor,
     K: int,
     init: torch.Tensor | None,
     wrap: bool = False,
+    dims: tuple[int, ...] | None = None,
 ) -> torch.Tensor | None:
     """:func:`fold_rows` of a small CPU fold, or None where it is not one.
 
@@ -123,23 +135,24 @@ def _small_host_fold(
     serves CPU tensors. One Numba call checks, counts and sorts the index
     (:func:`bitfold.kernels.planning.small_order`), and the host backend's
     bucket kernel sums every bucket exactly, with ``init``'s entry as one
-    more term, rounded once: the bits of every exact route. With ``wrap``,
-    an id in ``[-K, 0)`` counts from the end (torch's indexing). An index
-    entry outside the range goes the usual way, which raises the usual
-    :class:`bitfold.IndexRangeError`.
+    more term, rounded once: the bits of every exact route. With ``dims``
+    (sizes whose product is K), ``index`` is a tuple of one 1-D tensor of ids
+    a dimension, each position's bucket their row-major flat id (the rows of
+    ``x[i, j] += v``). With ``wrap``, an id in ``[-size, 0)`` counts from the
+    end (torch's indexing). An index entry outside the range goes the usual
+    way, which raises the usual :class:`bitfold.IndexRangeError`.
     """
     name = _SMALL_DTYPES.get(values.dtype)
+    parts = (index,) if dims is None else index
     if (
         name is None
         or type(values) is not torch.Tensor
-        or type(index) is not torch.Tensor
         or not values.is_cpu
-        or not index.is_cpu
-        or index.dtype not in _SMALL_INDEX
         or values.dim() == 0
+        or not all(_small_ids(ix, parts[0]) for ix in parts)
     ):
         return None
-    n = index.numel()
+    n = parts[0].numel()
     if (
         not 0 < n < MIN_POSITIONS
         or values.shape[0] != n
@@ -159,10 +172,13 @@ def _small_host_fold(
             return None
     if torch.compiler.is_compiling() or registry.backend_for("torch", "cpu").name != "host":
         return None
-    ids = index.detach().reshape(-1).numpy()
+    if dims is None:
+        ids, sizes = index.detach().reshape(1, n).numpy(), np.array([K], np.int64)
+    else:
+        ids, sizes = torch.stack(parts).detach().numpy(), np.array(dims, np.int64)
     offsets = np.empty(K + 1, np.int32)
     order = np.empty(n, np.int32)
-    if small_order(ids, K, wrap, offsets, order) < 0:
+    if small_order(ids, sizes, wrap, offsets, order) < 0:
         return None  # an id out of range: refused the usual way, in its words
     rows = values.numpy().reshape(n, -1)
     start = None if init is None else init.contiguous().numpy().reshape(K, rows.shape[1])
@@ -476,14 +492,18 @@ def index_put(
     every value sent to it. An integer index outside ``[-size, size)`` of its
     dimension raises :class:`bitfold.IndexRangeError` naming it as given.
     """
-    first = indices[0] if len(indices) == 1 else None
-    if first is not None and first.dtype in _SMALL_INDEX and input.dim() >= 1:
-        rows = tuple(input.shape[1:])
-        if tuple(values.shape) == (first.numel(), *rows):  # the backward of x[idx], idx 1-D
-            small = _small_host_fold(first, values.detach().contiguous(), input.shape[0],
-                                     input, wrap=True)  # fmt: skip
+    m = len(indices)
+    if 0 < m <= input.dim() and all(ix is not None for ix in indices):
+        # the backward of x[idx] or x[i, j]: integer ids for the leading dims, a row each
+        dims, rows = tuple(input.shape[:m]), tuple(input.shape[m:])
+        if tuple(values.shape) == (indices[0].numel(), *rows):
+            small = _small_host_fold(indices[0] if m == 1 else tuple(indices),
+                                     values.detach().contiguous(), math.prod(dims),
+                                     input.reshape((math.prod(dims), *rows)), wrap=True,
+                                     dims=None if m == 1 else dims)  # fmt: skip
             if small is not None:
-                return small
+                return small.view(input.shape)
+    first = indices[0] if len(indices) == 1 else None
     least: dict[int, int | None] = {}  # each integer index's least id, once all are in range
     for d, ix in enumerate(indices):  # before anything wraps or flattens them: the ids as given
         if ix is not None and ix.dtype not in (torch.bool, torch.uint8) and d < input.dim():
