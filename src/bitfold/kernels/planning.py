@@ -452,38 +452,40 @@ def partition_layout(index: np.ndarray, K: int, dest: np.ndarray, local: np.ndar
     return starts
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _flat_id(index, sizes, wrap, t):  # pragma: no cover - compiled
-    """Row-major id of position ``t`` of the ids ``index[:, t]`` into ``sizes``; -1 if out."""
-    flat = np.int64(0)
-    for d in range(index.shape[0]):
-        k = np.int64(index[d, t])
-        size = sizes[d]
-        if wrap and k < 0:
-            k += size
-        if k < 0 or k >= size:
-            return np.int64(-1)
-        flat = flat * size + k
-    return flat
-
-
 @njit(cache=True, nogil=True)
-def _small_order(index, sizes, wrap, offsets, order, cursor):  # pragma: no cover - compiled
-    n = index.shape[1]
+def _small_order(index, sizes, wrap, offsets, order, cursor, flat):  # pragma: no cover - compiled
+    M, n = index.shape
     K = cursor.shape[0]
     offsets[:] = 0
-    for t in range(n):
-        k = _flat_id(index, sizes, wrap, t)
-        if k < 0:
-            return -1
-        offsets[k + 1] += 1
+    if M == 1:  # the common case, a loop of its own (about 8x as fast as the general one)
+        ids = index[0]
+        for t in range(n):
+            k = np.int64(ids[t])
+            if wrap and k < 0:
+                k += K
+            if k < 0 or k >= K:
+                return -1
+            flat[t] = k
+            offsets[k + 1] += 1
+    else:
+        for t in range(n):
+            k = np.int64(0)
+            for d in range(M):
+                j = np.int64(index[d, t])
+                if wrap and j < 0:
+                    j += sizes[d]
+                if j < 0 or j >= sizes[d]:
+                    return -1
+                k = k * sizes[d] + j
+            flat[t] = k
+            offsets[k + 1] += 1
     most = 0
     for k in range(K):
         most = max(most, offsets[k + 1])
         cursor[k] = offsets[k]
         offsets[k + 1] += offsets[k]
     for t in range(n):
-        k = _flat_id(index, sizes, wrap, t)
+        k = flat[t]
         order[cursor[k]] = t
         cursor[k] += 1
     return most
@@ -509,7 +511,8 @@ def small_order(
     than on sums).
     """
     K = offsets.shape[0] - 1
-    return int(_small_order(index, sizes, wrap, offsets, order, np.empty(K, np.int32)))
+    scratch = np.empty(K + index.shape[1], np.int32)
+    return int(_small_order(index, sizes, wrap, offsets, order, scratch[:K], scratch[K:]))
 
 
 __all__ = [

@@ -102,12 +102,22 @@ def fold_rows(
     return _engine_fold(plan, values, "exact", init=init.detach().contiguous())
 
 
+def _host_serves_cpu() -> bool:
+    """Whether the host backend is the one that serves CPU tensors now (never raises: with no
+    backend for them, the usual way refuses them in its words)."""
+    for backend in registry.backends():
+        if backend.serves("torch", "cpu"):
+            return backend.name == "host"
+    return False
+
+
 def _small_ids(ix: Any, first: torch.Tensor) -> bool:
     """Whether ``ix`` is a plain CPU tensor of int32 or int64 ids, as ``first`` is (the same
     dtype and number of ids; 1-D unless it is ``first`` itself)."""
     return (
         type(ix) is torch.Tensor
         and ix.is_cpu
+        and ix.layout is torch.strided
         and ix.dtype in _SMALL_INDEX
         and (ix is first or (ix.dtype == first.dtype and ix.dim() == 1 and ix.shape == first.shape))
     )
@@ -148,6 +158,7 @@ def _small_host_fold(
         name is None
         or type(values) is not torch.Tensor
         or not values.is_cpu
+        or values.layout is not torch.strided
         or values.dim() == 0
         or not all(_small_ids(ix, parts[0]) for ix in parts)
     ):
@@ -167,10 +178,11 @@ def _small_host_fold(
             type(init) is not torch.Tensor
             or init.dtype != values.dtype
             or not init.is_cpu
+            or init.layout is not torch.strided
             or tuple(init.shape) != (K, *trailing)
         ):
             return None
-    if torch.compiler.is_compiling() or registry.backend_for("torch", "cpu").name != "host":
+    if torch.compiler.is_compiling() or not _host_serves_cpu():
         return None
     if dims is None:
         ids, sizes = index.detach().reshape(1, n).numpy(), np.array([K], np.int64)
@@ -492,17 +504,9 @@ def index_put(
     every value sent to it. An integer index outside ``[-size, size)`` of its
     dimension raises :class:`bitfold.IndexRangeError` naming it as given.
     """
-    m = len(indices)
-    if 0 < m <= input.dim() and all(ix is not None for ix in indices):
-        # the backward of x[idx] or x[i, j]: integer ids for the leading dims, a row each
-        dims, rows = tuple(input.shape[:m]), tuple(input.shape[m:])
-        if tuple(values.shape) == (indices[0].numel(), *rows):
-            small = _small_host_fold(indices[0] if m == 1 else tuple(indices),
-                                     values.detach().contiguous(), math.prod(dims),
-                                     input.reshape((math.prod(dims), *rows)), wrap=True,
-                                     dims=None if m == 1 else dims)  # fmt: skip
-            if small is not None:
-                return small.view(input.shape)
+    small = small_index_put(input, indices, values)
+    if small is not None:
+        return small
     first = indices[0] if len(indices) == 1 else None
     least: dict[int, int | None] = {}  # each integer index's least id, once all are in range
     for d, ix in enumerate(indices):  # before anything wraps or flattens them: the ids as given
@@ -522,6 +526,47 @@ def index_put(
     where = torch.arange(input.numel(), device=input.device).view(input.shape)
     positions = torch.ops.aten.index.Tensor(where, list(indices))
     return fold_positions(positions, values.broadcast_to(positions.shape), input)
+
+
+def small_index_put(
+    input: torch.Tensor, indices: Sequence[torch.Tensor | None], values: torch.Tensor
+) -> torch.Tensor | None:
+    """:func:`index_put` of a small CPU fold by integer ids for the leading dims (the backward
+    of ``x[idx]`` or ``x[i, j]``: a row of ``values`` a position), by the direct way; None where
+    it is not one (or an id is out of range: :func:`index_put` then says so)."""
+    m = len(indices)
+    if not 0 < m <= input.dim() or any(ix is None for ix in indices):
+        return None
+    dims, rows = tuple(input.shape[:m]), tuple(input.shape[m:])
+    if tuple(values.shape) != (indices[0].numel(), *rows):
+        return None
+    K = math.prod(dims)
+    small = _small_host_fold(indices[0] if m == 1 else tuple(indices),
+                             values.detach().contiguous(), K, input.reshape((K, *rows)),
+                             wrap=True, dims=None if m == 1 else dims)  # fmt: skip
+    return None if small is None else small.view(input.shape)
+
+
+def small_index_add(
+    input: torch.Tensor, index: torch.Tensor, source: torch.Tensor
+) -> torch.Tensor | None:
+    """``input.index_add(0, index, source)`` of a small CPU fold by the direct way, or None
+    (not one, or an id out of range: :func:`index_add` then says so)."""
+    if input.dim() == 0 or index.dim() > 1:
+        return None
+    return _small_host_fold(index.reshape(-1), source.detach().contiguous(), input.shape[0], input)
+
+
+def small_embedding_backward(
+    grad: torch.Tensor, indices: torch.Tensor, num_weights: int
+) -> torch.Tensor | None:
+    """:func:`embedding_backward` without padding or frequency scaling, of a small CPU fold, by
+    the direct way, or None (not one, or an id out of range)."""
+    lead = indices.dim()
+    if tuple(grad.shape[:lead]) != tuple(indices.shape) or grad.dim() == lead:
+        return None
+    rows = grad.detach().reshape((indices.numel(), *grad.shape[lead:]))
+    return _small_host_fold(indices.reshape(-1), rows.contiguous(), num_weights, None)
 
 
 def put(input: torch.Tensor, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:

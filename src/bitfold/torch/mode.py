@@ -124,7 +124,7 @@ from ..errors import FoldError
 from ..validate import checked_options
 from . import extension_ops, sparse
 from .folds import divide_by_counts
-from .handlers import UNTOUCHED, Leave, bind, plain_index, written
+from .handlers import LANES, UNTOUCHED, Leave, bind, plain_index, written
 from .rules import rule_for
 
 # -- graphs compiled outside the mode ----------------------------------------------------------
@@ -877,6 +877,15 @@ class ExactMode(TorchDispatchMode):
         before = getattr(local, "inside", False)
         local.inside = True  # as _inside(True), without a generator: this runs for every fold
         try:
+            lane = LANES.get(func)
+            result = None if lane is None else lane(args, kwargs)
+            if result is not None:  # a small CPU fold, by the direct way
+                self.counts[kind] += 1
+                if not written(func):
+                    return result
+                target = args[0]  # a lane's in-place ops write self
+                target.copy_(result)
+                return target
             bound = {k: plain_index(v) for k, v in bind(func, args, kwargs).items()}
             if kind in _SPARSE_KINDS and not self._entries[-1][1]:
                 self._sparse_seen_below(func, kind, bound)
