@@ -168,6 +168,20 @@ def test_equal_priorities_keep_the_registration_order():
         assert [b.name for b in registry.backends() if b.name.startswith("fake-")] == names
 
 
+def test_the_order_asked_follows_every_change_of_the_table(monkeypatch):
+    """The order is kept between changes (asked before every small fold) and made again after
+    any change, a test's ``monkeypatch`` of the table included."""
+    entry = _fake("fake-first", 10_000)
+    assert registry.backends() is registry.backends()  # kept
+    monkeypatch.setitem(registry._REGISTRY, entry.name, entry)
+    assert registry.backends()[0] is entry
+    monkeypatch.delitem(registry._REGISTRY, entry.name)
+    assert entry not in registry.backends()
+    with _registered(entry):
+        assert registry.backends()[0] is entry
+    assert entry not in registry.backends()
+
+
 def test_a_backend_that_cannot_run_on_a_listed_device_does_not_serve_it():
     """``runs_on(device)`` False: the next backend is asked; forced, a clear DeviceError."""
     seen = []

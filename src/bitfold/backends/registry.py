@@ -196,7 +196,42 @@ class Backend:
         return gone
 
 
-_REGISTRY: dict[str, Backend] = {}
+class _Entries(dict[str, Backend]):
+    """The registry's table: a dict that forgets the order it was asked in whenever it changes
+    (by :func:`register`, :func:`unregister` or a test's ``monkeypatch.setitem``)."""
+
+    order: tuple[Backend, ...] | None = None
+
+    def __setitem__(self, name: str, backend: Backend) -> None:
+        self.order = None
+        super().__setitem__(name, backend)
+
+    def __delitem__(self, name: str) -> None:
+        self.order = None
+        super().__delitem__(name)
+
+    def pop(self, *args: Any) -> Any:
+        self.order = None
+        return super().pop(*args)
+
+    def clear(self) -> None:
+        self.order = None
+        super().clear()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.order = None
+        super().update(*args, **kwargs)
+
+    def setdefault(self, name: str, backend: Backend) -> Backend:  # type: ignore[override]
+        self.order = None
+        return super().setdefault(name, backend)
+
+    def popitem(self) -> tuple[str, Backend]:
+        self.order = None
+        return super().popitem()
+
+
+_REGISTRY: _Entries = _Entries()
 
 
 def register(backend: Backend) -> Backend:
@@ -240,7 +275,10 @@ def get_backend(name: str) -> Backend:
 def backends() -> tuple[Backend, ...]:
     """The registered backends, in the order they are asked: highest ``priority`` first,
     equal priorities in the order they were registered."""
-    return tuple(sorted(_REGISTRY.values(), key=lambda b: -b.priority))  # sorted() is stable
+    order = _REGISTRY.order
+    if order is None:  # asked before every small fold: sorted once a change
+        order = _REGISTRY.order = tuple(sorted(_REGISTRY.values(), key=lambda b: -b.priority))
+    return order  # sorted() is stable
 
 
 def device_types(family: str | None = None) -> tuple[str, ...]:

@@ -550,40 +550,63 @@ def fold_buckets(values, order, offsets, tasks, split, out, out_bits, target, fa
     :func:`_fold_buckets`; ``L`` the limbs of the values' limb format;
     ``init`` (K, D), in the values' dtype, an extra first term of every bucket.
     """
-    wide = values.dtype == np.float64
-    bits_dtype = np.int64 if wide else np.uint32
-    values, order, offsets = read_only(values), read_only(order), read_only(offsets)
-    bits = values.view(bits_dtype)
+    if tasks.shape[0] == 1:
+        fold_bucket_range(values, order, offsets, int(tasks[0, 0]), int(tasks[0, 1]), out,
+                          out_bits, target, fast, L, init)  # fmt: skip
+        return
+    from .cpu import start_thread_pool
+
     has_init = init is not None
-    if not has_init:
-        init = np.zeros((1, values.shape[1]), values.dtype)  # never read
-    init = read_only(init)
-    init_bits = init.view(bits_dtype)
+    wide, values, bits, order, offsets, init, init_bits = _kernel_arrays(values, order, offsets,
+                                                                         init)  # fmt: skip
     chunk = CHUNK if wide else ROW_CHUNK
     n_parts = int(split[:, 2].max()) if split.shape[0] else 0
     parts = np.empty((n_parts, values.shape[1], L + 5), np.int64)
-    if tasks.shape[0] > 1:
-        from .cpu import start_thread_pool
+    start_thread_pool()
+    with parallel_chunksize(1):  # dynamic: a slow thread takes fewer tasks
+        _fold_tasks_parallel(values, bits, order, offsets, tasks, parts, out, out_bits,
+                             target, fast, wide, L, init, init_bits, has_init, chunk)  # fmt: skip
+        if n_parts:
+            _merge_parts(parts, split, out_bits, target)
 
-        start_thread_pool()
-        with parallel_chunksize(1):  # dynamic: a slow thread takes fewer tasks
-            _fold_tasks_parallel(values, bits, order, offsets, tasks, parts, out, out_bits,
-                                 target, fast, wide, L, init, init_bits, has_init,
-                                 chunk)  # fmt: skip
-            if n_parts:
-                _merge_parts(parts, split, out_bits, target)
-        return
+
+def fold_bucket_range(values, order, offsets, k0, k1, out, out_bits, target, fast, L,
+                      init=None) -> None:  # fmt: skip
+    """:func:`fold_buckets` of buckets ``k0 .. k1-1`` on this thread (one task: a small fold's
+    way in, with no table of tasks to make)."""
+    has_init = init is not None
+    wide, values, bits, order, offsets, init, init_bits = _kernel_arrays(values, order, offsets,
+                                                                         init)  # fmt: skip
     D = values.shape[1]
     column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
-    k0, k1 = tasks[0, 0], tasks[0, 1]
     if D == 1:
         _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out, out_bits, target, fast,
                              wide, column, mag, init, init_bits, has_init)  # fmt: skip
     else:
-        limbs = np.empty((D, L + 5), np.int64)
         _fold_buckets(values, bits, order, offsets, k0, k1, out, out_bits, target, fast, wide,
-                      np.empty(D), limbs, column, mag, init, init_bits, has_init,
-                      chunk)  # fmt: skip
+                      np.empty(D), np.empty((D, L + 5), np.int64), column, mag, init, init_bits,
+                      has_init, CHUNK if wide else ROW_CHUNK)  # fmt: skip
+
+
+#: per (dtype, D): the read-only stand-in for a missing ``init`` (the kernels never read it)
+_STAND_INS: dict[tuple[np.dtype, int], np.ndarray] = {}
+
+
+def _never_read(dtype: np.dtype, D: int) -> np.ndarray:
+    found = _STAND_INS.get((dtype, D))
+    if found is None:
+        found = _STAND_INS[(dtype, D)] = read_only(np.zeros((1, D), dtype))
+    return found
+
+
+def _kernel_arrays(values, order, offsets, init):
+    """The arrays as the kernels take them: read-only inputs (one compiled type whatever the
+    caller's flags), the values' bits, and ``init`` or its stand-in, with its bits."""
+    wide = values.dtype == np.float64
+    bits_dtype = np.int64 if wide else np.uint32
+    values, order, offsets = read_only(values), read_only(order), read_only(offsets)
+    init = _never_read(values.dtype, values.shape[1]) if init is None else read_only(init)
+    return wide, values, values.view(bits_dtype), order, offsets, init, init.view(bits_dtype)
 
 
 # -- staged rows: hot buckets summed in position order, the other rows copied into order ---

@@ -68,7 +68,6 @@ _SMALL_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 _SMALL_INDEX = (torch.int64, torch.int32)
 #: what the bucket kernel takes for a dtype: (limbs, rounding target, integers of its width)
 _SMALL_KERNEL: dict[str, tuple[int, tuple[int, ...], Any]] = {}
-_NO_SPLIT = np.empty((0, 3), np.int64)
 
 
 # -- the two ways in ------------------------------------------------------------------------------
@@ -184,16 +183,19 @@ def _small_host_fold(
             return None
     if torch.compiler.is_compiling() or not _host_serves_cpu():
         return None
-    if dims is None:
-        ids, sizes = index.detach().reshape(1, n).numpy(), np.array([K], np.int64)
+    if dims is None:  # integer ids: never a gradient, so .numpy() needs no detach
+        ids, sizes = index.numpy().reshape(1, n), np.array([K], np.int64)
     else:
-        ids, sizes = torch.stack(parts).detach().numpy(), np.array(dims, np.int64)
+        ids, sizes = torch.stack(parts).numpy(), np.array(dims, np.int64)
     offsets = np.empty(K + 1, np.int32)
     order = np.empty(n, np.int32)
     if small_order(ids, sizes, wrap, offsets, order) < 0:
         return None  # an id out of range: refused the usual way, in its words
     rows = values.numpy().reshape(n, -1)
     start = None if init is None else init.contiguous().numpy().reshape(K, rows.shape[1])
+    for owned in (offsets, order, rows, start):  # read-only as the kernels take them, no view
+        if owned is not None:
+            owned.flags.writeable = False
     kernel = _SMALL_KERNEL.get(name)
     if kernel is None:
         fmt = limb_format_for(name)
@@ -201,9 +203,8 @@ def _small_host_fold(
                                         np.int32 if name == "float32" else np.int64)  # fmt: skip
     limbs, goal, bits = kernel
     out = np.empty((K, rows.shape[1]), rows.dtype)
-    tasks = np.array([[0, K, 0, 0, -1]], np.int64)
-    _bucket_kernels.fold_buckets(rows, order, offsets, tasks, _NO_SPLIT, out, out.view(bits),
-                                 goal, True, limbs, start)  # fmt: skip
+    _bucket_kernels.fold_bucket_range(rows, order, offsets, 0, K, out, out.view(bits), goal, True,
+                                      limbs, start)  # fmt: skip
     return torch.from_numpy(out).view((K, *trailing))
 
 
