@@ -177,13 +177,12 @@ MUTATIONS = (
         "one of our own: the exact mode and the compiled graphs share this sum",
     ),
     Mutation(
-        "one-term buckets: a plain addition while the thread flushes subnormals",
-        "torch/folds.py",
-        "    if not np.array_equal((a + b).view(nearest.dtype), nearest)"
-        " or not np.isfinite(rows).all():\n",
-        "    if not np.isfinite(rows).all():\n",
-        ("tests/test_torch_plan_cache.py", "-k", "flushes_them"),
-        "one of our own: under FTZ/DAZ a subnormal gradient row became 0.0",
+        "small folds: x[i, j] += v's ids flattened without j",
+        "kernels/planning.py",
+        "                k = k * sizes[d] + j\n",
+        "                k = k * sizes[d]\n",
+        ("tests/test_torch_plan_cache.py", "-k", "negative_ids"),
+        "a row of a two-index index_put sent to another bucket, with no error",
     ),
     Mutation(
         "means: divided by the count rounded to the dtype",
