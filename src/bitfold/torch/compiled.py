@@ -297,6 +297,8 @@ class _ExactCalls(TorchFunctionMode):
         if torch.compiler.is_compiling():
             return self._call(func, args, kwargs)
         caller = sys._getframe(1).f_code.co_filename
+        if _plain_call(func, caller.startswith(self._generated), self.eager):
+            return func(*args, **kwargs)
         return _eager_torch_function(self, func, args, kwargs, caller)
 
     def _eager(self, func: Any, args: Any, kwargs: dict[str, Any], caller: str) -> Any:
@@ -405,6 +407,44 @@ def _public_function(func: Any) -> bool:
 # experts). The handler runs as Python when it is a top-level frame; Dynamo still inlines it while
 # it traces a compiled function.
 torch._dynamo.eval_frame.skip_code(_ExactCalls.__torch_function__.__code__)
+
+#: function -> (routed: a ``bincount`` or an extension op; public: :func:`_public_function`;
+#: quiet: one of :data:`_GATHERS_AND_ELEMENTWISE`)
+_CALL_KINDS: dict[Any, tuple[bool, bool, bool]] = {}
+
+
+def _plain_call(func: Any, generated: bool, eager: bool) -> bool:
+    """Whether a call of ``func`` runs as it is, before anything else is asked: one that
+    :class:`_ExactCalls` neither routes (a ``bincount``, an extension op) nor runs in the exact
+    mode, as its eager handler (:meth:`_ExactCalls._eager`) would decide, with nothing else
+    for it to do. From inductor's generated code (``generated``), any call it does not
+    route. From elsewhere, while the process has no sparse tensor: a private function
+    (``Tensor._is_view``: about 65 calls a compiled step of a small transformer, from
+    AOTAutograd's runtime wrappers), and, once the call went ``eager`` (its first public
+    call did what the first does), a gather, view or element-wise call (about 150 a step of
+    a Mixtral-style model with eager experts). Kinds kept per function."""
+    try:
+        routed, public, quiet = _CALL_KINDS[func]
+    except KeyError:
+        routed, public, quiet = _CALL_KINDS[func] = _call_kinds(func)
+    except TypeError:  # an unhashable callable
+        routed, public, quiet = _call_kinds(func)
+    if routed:
+        return False
+    if generated:
+        return True
+    return (not public or (quiet and eager)) and not sparse_tensors_seen()
+
+
+@torch._dynamo.disable(recursive=True)
+def _call_kinds(func: Any) -> tuple[bool, bool, bool]:
+    routed = func in _BINCOUNTS or extension_ops.qualified_name(func) is not None
+    return routed, _public_function(func), func in _GATHERS_AND_ELEMENTWISE
+
+
+# run as Python from the handler, never compiled by Dynamo (as the handler itself, above)
+torch._dynamo.eval_frame.skip_code(_plain_call.__code__)
+torch._dynamo.eval_frame.skip_code(sparse_tensors_seen.__code__)
 
 #: the reports of the calls running now, by id (read by :func:`_left` while Dynamo traces)
 _REPORTS: weakref.WeakValueDictionary[int, CompileReport] = weakref.WeakValueDictionary()
