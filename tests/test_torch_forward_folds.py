@@ -108,6 +108,30 @@ def test_embedding_bag_forward_is_the_oracle_under_exact_mode_for_any_order(case
         assert mode.counts["embedding_bag"] == 1 and not mode.passed
 
 
+DIRECT = [c for c in BAG_CASES if not c[1] and c[2] is None and c[4] in (torch.float32,
+                                                                         torch.float64)]
+
+
+@pytest.mark.parametrize("case", DIRECT, ids=lambda c: "-".join(map(str, c)))
+def test_embedding_bag_forward_without_weights_or_padding_reads_the_table_directly(
+    case, monkeypatch
+):
+    """No per-sample weights, no padding, float32/float64: the bags are summed by the bucket
+    kernel straight from the table's rows (empty bags and a last offset included), the
+    oracle's bits."""
+    from bitfold.torch import folds
+
+    weight, ids, offsets, kwargs = _bag_input(case, seed=5)
+    taken = []
+    direct = folds._bag_sums
+    monkeypatch.setattr(folds, "_bag_sums", lambda *a: taken.append(direct(*a)) or taken[-1])
+    with bt.exact_mode(strict=True):
+        got = torch.nn.functional.embedding_bag(ids, torch.nn.Parameter(weight), offsets,
+                                                **kwargs)  # fmt: skip
+    assert taken and taken[0] is not None
+    assert same_bits(got, _bag_oracle(weight, ids, offsets, kwargs))
+
+
 @pytest.mark.parametrize("case", [BAG_CASES[1], BAG_CASES[6]], ids=["sum-psw", "mean-padding"])
 def test_embedding_bag_module_step_is_the_oracle_and_its_gradient_matches_the_drop_in(case):
     """nn.EmbeddingBag's forward and backward inside the mode: the forward is the oracle, and

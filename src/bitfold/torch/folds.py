@@ -193,7 +193,19 @@ def _small_host_fold(
         return None  # an id out of range: refused the usual way, in its words
     rows = values.numpy().reshape(n, -1)
     start = None if init is None else init.contiguous().numpy().reshape(K, rows.shape[1])
-    for owned in (offsets, order, rows, start):  # read-only as the kernels take them, no view
+    return _bucket_sums(name, rows, order, offsets, start).view((K, *trailing))
+
+
+def _bucket_sums(
+    name: str, rows: np.ndarray, order: np.ndarray, offsets: np.ndarray, start: np.ndarray | None
+) -> torch.Tensor:
+    """The host backend's bucket kernel on this thread: row k of the result (K, D) is the
+    correctly rounded sum of ``rows[order[offsets[k]:offsets[k + 1]]]`` (and ``start[k]``).
+
+    ``order`` and ``offsets`` int32; the arrays are marked read-only in place (the caller owns
+    them: views made for the call), as the kernels take them.
+    """
+    for owned in (offsets, order, rows, start):
         if owned is not None:
             owned.flags.writeable = False
     kernel = _SMALL_KERNEL.get(name)
@@ -202,10 +214,11 @@ def _small_host_fold(
         kernel = _SMALL_KERNEL[name] = (fmt.limbs, _rounding_target(name, fmt),
                                         np.int32 if name == "float32" else np.int64)  # fmt: skip
     limbs, goal, bits = kernel
+    K = offsets.shape[0] - 1
     out = np.empty((K, rows.shape[1]), rows.dtype)
     _bucket_kernels.fold_bucket_range(rows, order, offsets, 0, K, out, out.view(bits), goal, True,
                                       limbs, start)  # fmt: skip
-    return torch.from_numpy(out).view((K, *trailing))
+    return torch.from_numpy(out)
 
 
 def fold_positions(
@@ -724,6 +737,10 @@ def embedding_bag_forward(
     ids = indices.reshape(-1)
     num_bags = offsets.numel() - 1 if include_last_offset else offsets.numel()
     end = int(offsets[num_bags]) if include_last_offset and offsets.numel() > num_bags else None
+    if per_sample_weights is None and padding_idx < 0:
+        direct = _bag_sums(weight, ids, offsets, num_bags, end, mode)
+        if direct is not None:
+            return direct
     bags = bag_of_positions(offsets, num_bags, ids.numel(), end)
     psw = None if per_sample_weights is None else per_sample_weights.reshape(-1)
     inside = bags >= 0
@@ -741,6 +758,51 @@ def embedding_bag_forward(
         sums = fold_rows(bags, terms, num_bags)
     sizes = torch.zeros(num_bags, dtype=torch.int64, device=weight.device)
     sizes.index_add_(0, bags, torch.ones_like(bags))
+    if mode == 1:
+        sums = divide_by_counts(sums, sizes.clamp(min=1).view(-1, 1))
+    return sums, sizes
+
+
+def _bag_sums(
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    offsets: torch.Tensor,
+    num_bags: int,
+    end: int | None,
+    mode: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`embedding_bag_forward` of a plain CPU table of float32 or float64 without weights
+    or padding, by the bucket kernel reading the table's rows through the ids (no gathered
+    copy, no plan: a bag is a run of positions); None where it is not one.
+
+    Bags are ``[offsets[b], offsets[b + 1])`` (the last to ``end`` or the last id), offsets
+    starting at 0 and never decreasing; the ids are in range (ATen's op, run first on the
+    table's first column, checked them). The sums are the bits of every exact route.
+    """
+    name = _SMALL_DTYPES.get(weight.dtype)
+    n = ids.numel()
+    if (
+        name is None
+        or num_bags == 0
+        or type(weight) not in (torch.Tensor, torch.nn.Parameter)
+        or not weight.is_cpu
+        or weight.layout is not torch.strided
+        or weight.dim() != 2
+        or not _small_ids(ids, ids)
+        or not _small_ids(offsets, offsets)
+        or weight.shape[0] >= 1 << 31
+        or n >= 1 << 31
+        or not _host_serves_cpu()
+    ):
+        return None
+    bounds = np.empty(num_bags + 1, np.int32)
+    bounds[:num_bags] = offsets.numpy()[:num_bags]
+    bounds[num_bags] = n if end is None else min(end, n)
+    if bounds[0] != 0 or (np.diff(bounds) < 0).any():
+        return None
+    rows = weight.detach().contiguous().numpy()
+    sums = _bucket_sums(name, rows, ids.numpy().astype(np.int32), bounds, None)
+    sizes = torch.from_numpy(np.diff(bounds).astype(np.int64))
     if mode == 1:
         sums = divide_by_counts(sums, sizes.clamp(min=1).view(-1, 1))
     return sums, sizes
