@@ -413,14 +413,19 @@ def _register_on_import(library: Any, name: str, kernel: Callable[..., Any]) -> 
 
 
 def _fold_kernel(op: Any) -> Callable[..., Any]:
+    """The kernel of fold op ``op``: the innermost mode's fold, or ATen's kernel when no mode
+    handles it here. An op that sums only with ``accumulate=True`` (``index_put``, ``put``)
+    runs ATen's kernel at once without it (a write, as a model's masked assignments), as its
+    rule would say after binding every argument."""
     flag = _accumulate_position(op)
-    if flag is not None:  # a write unless its accumulate flag is set: told apart here
-        return _accumulating_kernel(op, flag)
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         _kernels["calls"] += 1
         mode = _handling()
-        if mode is None:
+        if mode is None or (
+            flag is not None
+            and not (args[flag] if len(args) > flag else kwargs.get("accumulate", False))
+        ):
             return op.redispatch(keyset & _BELOW, *args, **kwargs)
         return mode._fold(op, args, kwargs, lambda: op.redispatch(keyset & _BELOW, *args, **kwargs))
 
@@ -433,22 +438,6 @@ def _accumulate_position(op: Any) -> int | None:
         if arg.name == "accumulate" and not arg.kwarg_only:
             return i
     return None
-
-
-def _accumulating_kernel(op: Any, flag: int) -> Callable[..., Any]:
-    """:func:`_fold_kernel` for an op that sums only with ``accumulate=True``: without it (a
-    write, as a model's masked assignments), ATen's kernel runs at once, as its rule would
-    say after binding every argument."""
-
-    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
-        _kernels["calls"] += 1
-        mode = _handling()
-        accumulate = args[flag] if len(args) > flag else kwargs.get("accumulate", False)
-        if mode is None or not accumulate:
-            return op.redispatch(keyset & _BELOW, *args, **kwargs)
-        return mode._fold(op, args, kwargs, lambda: op.redispatch(keyset & _BELOW, *args, **kwargs))
-
-    return kernel
 
 
 def _never_folds(op: Any) -> bool:
