@@ -479,22 +479,20 @@ def _small_order(index, sizes, wrap, offsets, order, cursor, flat):  # pragma: n
                 k = k * sizes[d] + j
             flat[t] = k
             offsets[k + 1] += 1
-    most = 0
     for k in range(K):
-        most = max(most, offsets[k + 1])
         cursor[k] = offsets[k]
         offsets[k + 1] += offsets[k]
     for t in range(n):
         k = flat[t]
         order[cursor[k]] = t
         cursor[k] += 1
-    return most
+    return 0
 
 
 def small_order(
     index: np.ndarray, sizes: np.ndarray, wrap: bool, offsets: np.ndarray, order: np.ndarray
 ) -> int:
-    """Check, count and sort a small index in one call on this thread; its largest bucket.
+    """Check, count and sort a small index in one call on this thread: 0, or -1 for a bad id.
 
     ``index`` (M, N) of any integer dtype holds, for each of N positions, its
     ids along M dimensions of ``sizes`` (M int64): the position's bucket is
@@ -503,12 +501,11 @@ def small_order(
     int32 receive the bucket starts and the stable order (as
     :func:`bucket_offsets` and :func:`stable_order`). With ``wrap`` an id in
     ``[-size, 0)`` stands for itself plus its dimension's size (torch's
-    indexing). Returns the largest bucket's count (0 for no positions), or
-    -1 when an id is outside its range, having written nothing usable: the
-    caller refuses it the usual way. One Numba call in place of the dozen
-    NumPy calls a count, a sort and their checks take (a fold of a few
-    hundred rows, such as an ``index_add`` of one batch, spends more on calls
-    than on sums).
+    indexing). Returns 0, or -1 when an id is outside its range, having
+    written nothing usable: the caller refuses it the usual way. One Numba
+    call in place of the dozen NumPy calls a count, a sort and their checks
+    take (a fold of a few hundred rows, such as an ``index_add`` of one
+    batch, spends more on calls than on sums).
     """
     K = offsets.shape[0] - 1
     scratch = np.empty(K + index.shape[1], np.int32)
