@@ -776,8 +776,9 @@ def _bag_sums(
     copy, no plan: a bag is a run of positions); None where it is not one.
 
     Bags are ``[offsets[b], offsets[b + 1])`` (the last to ``end`` or the last id), offsets
-    starting at 0 and never decreasing; the ids are in range (ATen's op, run first on the
-    table's first column, checked them). The sums are the bits of every exact route.
+    starting at 0 and never decreasing, every id a row of the table (the kernel reads rows
+    unchecked: any other input goes the usual way). The sums are the bits of every exact
+    route.
     """
     name = _SMALL_DTYPES.get(weight.dtype)
     n = ids.numel()
@@ -800,6 +801,10 @@ def _bag_sums(
     bounds[num_bags] = n if end is None else min(end, n)
     if bounds[0] != 0 or (np.diff(bounds) < 0).any():
         return None
+    if n:
+        least, most = torch.aminmax(ids)
+        if int(least) < 0 or int(most) >= weight.shape[0]:
+            return None
     rows = weight.detach().contiguous().numpy()
     sums = _bucket_sums(name, rows, ids.numpy().astype(np.int32), bounds, None)
     sizes = torch.from_numpy(np.diff(bounds).astype(np.int64))
