@@ -38,7 +38,10 @@ def _args() -> argparse.Namespace:
 
 
 ARGS = _args()
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ARGS.devices}"
+sys.path.insert(0, os.path.dirname(__file__))
+from mesh_runs import bits_on_meshes, xla_flags  # noqa: E402
+
+os.environ["XLA_FLAGS"] = xla_flags(ARGS.devices)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
@@ -58,8 +61,6 @@ if ARGS.processes > 1:
         process_id=ARGS.process,
     )
 
-sys.path.insert(0, os.path.dirname(__file__))
-from mesh_runs import bits_on_meshes  # noqa: E402
 from psum_cases import CASES, global_terms  # noqa: E402
 
 import bitfold.jax as bj  # noqa: E402

@@ -8,6 +8,17 @@ from typing import Any
 Bits = dict[str, list[str]]
 
 
+def xla_flags(devices: int) -> str:
+    """``XLA_FLAGS`` for a check script: ``devices`` simulated CPU devices, and LLVM's
+    optimization level 0 for XLA's CPU code. What these scripts judge is integer arithmetic from
+    the bitcast of the inputs to that of the results (the psums' digit words), which no
+    optimization level changes (nor do IEEE float operations change without fast-math flags,
+    which XLA leaves off); level 0 takes about a quarter off the compilation of these large
+    programs, most of the scripts' time on a fresh clone. The examples and every in-process
+    JAX test compile at XLA's default level."""
+    return f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
+
+
 def bits_on_meshes(cases: dict[str, Any], run_case: Callable[..., Bits],
                    meshes: list[int] | None, x64: bool) -> dict[str, Bits]:  # fmt: skip
     """``{mesh size: {name: hex bits}}``: ``run_case(name, case, mesh, n)`` for every case of
