@@ -787,7 +787,7 @@ def _fold_staged_range(values, bits, order, offsets, k0, k1, out_f, out_bits, ta
 
 @njit(cache=True, parallel=True)
 def _fold_staged_parallel(values, bits, order, offsets, tasks, parts, out_f, out_bits, target,
-                          fast, L, chunk, is_hot, state, slot, pool, hot):  # fmt: skip
+                          fast, L, chunk, is_hot, state, slot, pool, hot, wide, has_init):
     # pragma: no cover - compiled
     """The second pass of :func:`fold_staged`, one parallel loop over ``tasks``.
 
@@ -796,7 +796,10 @@ def _fold_staged_parallel(values, bits, order, offsets, tasks, parts, out_f, out
     sums part ``p`` of a staged bucket into ``parts[p]``
     (:func:`_rows_into_limbs`); ``(h0, h1, -, -, -2)`` merges and rounds the
     hot buckets ``hot[h0:h1]`` (:func:`_merge_hot`). Every task writes
-    output rows no other task writes.
+    output rows no other task writes. ``wide`` and ``has_init`` are False
+    (float32 rows, no ``init``), passed in rather than written as constants:
+    a constant would be a type of its own, and :func:`_rows_into_limbs`
+    would compile again for this caller.
     """
     D = values.shape[1]
     for c in prange(tasks.shape[0]):
@@ -809,8 +812,8 @@ def _fold_staged_parallel(values, bits, order, offsets, tasks, parts, out_f, out
             continue
         acc = np.empty(D, np.float64)
         if p >= 0:
-            _rows_into_limbs(values, bits, order, k0, lo, hi, hi - 1, parts[p], acc, False,
-                             values[:1], bits[:1], False, chunk, target[0])  # fmt: skip
+            _rows_into_limbs(values, bits, order, k0, lo, hi, hi - 1, parts[p], acc, wide,
+                             values[:1], bits[:1], has_init, chunk, target[0])  # fmt: skip
             continue
         _fold_staged_range(values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast,
                            acc, column, mag, is_hot)  # fmt: skip
@@ -859,9 +862,10 @@ def fold_staged(values, route, bounds, hot, is_hot, stage, stage_order, stage_of
     n_parts = int(split[:, 2].max()) if split.shape[0] else 0
     parts = np.empty((n_parts, D, L + 5), np.int64)
     with parallel_chunksize(1):
-        _fold_staged_parallel(stage.view(np.float32), stage, stage_order, stage_offsets, tasks,
-                              parts, out, out_bits, target, fast, L, ROW_CHUNK, is_hot, state,
-                              slot, pool, hot)  # fmt: skip
+        # the staged rows read-only, as the bucket kernels take their inputs: one compiled type
+        _fold_staged_parallel(read_only(stage.view(np.float32)), read_only(stage), stage_order,
+                              stage_offsets, tasks, parts, out, out_bits, target, fast, L,
+                              ROW_CHUNK, is_hot, state, slot, pool, hot, False, False)  # fmt: skip
         if n_parts:
             _merge_parts(parts, split, out_bits, target)
     return True

@@ -21,6 +21,7 @@ import numpy as np
 from numba import njit, prange
 
 from .compile_lock import one_compiler_at_a_time
+from .compiling import read_only
 
 #: Most position chunks of a plan's passes.
 MAX_CHUNKS = 64
@@ -143,6 +144,7 @@ def same_entries(index: np.ndarray, compact: np.ndarray) -> bool:
     range (which no plan holds) never equals a plan's entry. Sizes must match.
     """
     n = index.shape[0]
+    index, compact = read_only(index), read_only(compact)
     C = 1 if n < PARALLEL_MIN_POSITIONS else MAX_CHUNKS
     if C == 1:
         return int(_differs_chunk(index, compact, 0, n)) == 0
@@ -157,6 +159,7 @@ def same_entries(index: np.ndarray, compact: np.ndarray) -> bool:
 def bucket_offsets(index: np.ndarray, K: int, dtype: np.dtype) -> np.ndarray:
     """The K + 1 offsets of a checked ``index``: one counting pass, then the running totals."""
     n = index.shape[0]
+    index = read_only(index)
     C = chunk_count(n, K)
     offsets = np.zeros(K + 1, dtype)
     counts = offsets[1:].reshape(1, K) if C == 1 else np.zeros((C, K), dtype)
@@ -241,6 +244,7 @@ def stable_order(index: np.ndarray, offsets: np.ndarray, order: np.ndarray) -> N
     earlier chunks' counts of k.
     """
     K = offsets.shape[0] - 1
+    index = read_only(index)
     C = chunk_count(index.shape[0], K)
     if C == 1:
         _place_chunk(index, offsets[:-1].copy(), order, 0, index.shape[0])
@@ -384,14 +388,15 @@ def radix_order(index: np.ndarray, K: int, order: np.ndarray, sorted_index: np.n
         bufs = [(sorted_index, order), (spare_keys, spare_positions)]
     else:
         bufs = [(spare_keys, spare_positions), (sorted_index, order)]
-    keys, positions = index, order  # positions unread in the first pass: they are 0 .. n-1
+    # positions unread in the first pass (they are 0 .. n-1); every pass reads its inputs only
+    keys, positions = read_only(index), read_only(order)
     for p in range(passes):
         shift = p * RADIX_BITS
         out_keys, out_positions = bufs[p % 2]
         _digit_counts_chunks(keys, shift, counts)
         _digit_cursors(counts, cursors)
         _digit_place_chunks(keys, positions, shift, cursors, out_keys, out_positions, p == 0)
-        keys, positions = out_keys, out_positions
+        keys, positions = read_only(out_keys), read_only(out_positions)
 
 
 # -- partitions: positions grouped by their id's high bits, for the partitioned stream ---------
@@ -443,6 +448,7 @@ def partition_layout(index: np.ndarray, K: int, dest: np.ndarray, local: np.ndar
         C = thread_count()
     counts = np.empty((C, 1 << RADIX_BITS), np.int64)
     cursors = np.empty_like(counts)
+    index = read_only(index)
     _digit_counts_chunks(index, PARTITION_BITS, counts)
     _digit_cursors(counts, cursors)
     starts = np.empty(partitions + 1, np.int64)
