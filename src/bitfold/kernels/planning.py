@@ -108,6 +108,7 @@ def scan_index(index: np.ndarray, compact: np.ndarray, counts: np.ndarray, K: in
     lowest such position is returned.
     """
     C = counts.shape[0]
+    index = read_only(index)  # the caller's array, writable or not: one compiled type
     if C == 1:
         return int(_scan_chunk(index, compact, counts[0], K, 0, index.shape[0]))
     from .cpu import dynamic_schedule
