@@ -279,7 +279,7 @@ class DenseSum:
         bits = flat.view(np.int64 if self._wide else np.uint32)
         args = (self._fast, self._slow_of, self._slow, self._used, flat, bits, offset)
         tail = (self.adds, self.format.unit_exp, dec, self._wide, self._bounds, BLOCK, first)
-        kernels.add_blocks(*args, *tail, self._pending)
+        kernels.add_blocks(*args, *tail, True, self._pending)
         for start, stop in self._pending.tolist():  # chunk by chunk: the rows' order is fixed
             while start >= 0:
                 args = (self._fast, self._slow_of, self._slow, self._used, flat, bits, offset)

@@ -246,10 +246,12 @@ def add_span(fast, slow_of, slow, used, values, bits, offset, i0, i1, adds, unit
 
 @njit(cache=True, parallel=True)
 def add_blocks(fast, slow_of, slow, used, values, bits, offset, adds, unit, dec, wide, bounds,
-               block, first, pending):  # fmt: skip  # pragma: no cover - compiled
+               block, first, strict, pending):  # fmt: skip  # pragma: no cover - compiled
     """:func:`add_span` of all of ``values`` in :data:`CHUNKS` chunks of whole blocks, in parallel.
 
-    Strict: no limb row is taken here. ``pending[c] = (start, stop)``: the
+    Strict: no limb row is taken here (``strict`` is True, an argument rather
+    than a constant, which would be a type of its own: :func:`add_span` then
+    compiles once for this caller and the limb rows' pass). ``pending[c] = (start, stop)``: the
     span of chunk c left for :func:`add_span` (start -1: none), to be run one
     chunk after the other. The chunks never depend on the thread count, and
     neither do the rows' order or any bit.
@@ -266,7 +268,7 @@ def add_blocks(fast, slow_of, slow, used, values, bits, offset, adds, unit, dec,
         i0 = max(0, (b0 + nb * c // CHUNKS) * block - offset)
         i1 = min(n, (b0 + nb * (c + 1) // CHUNKS) * block - offset)
         pending[c, 0] = add_span(fast, slow_of, slow, used, values, bits, offset, i0, i1, adds,
-                                 unit, dec, wide, bounds, block, first, True, tmp)  # fmt: skip
+                                 unit, dec, wide, bounds, block, first, strict, tmp)  # fmt: skip
         pending[c, 1] = i1
 
 
