@@ -1,4 +1,5 @@
-"""The loop the JAX collective check scripts share: every case on a mesh of each size."""
+"""What the JAX collective check scripts share: their XLA flags and the loop of every case on a
+mesh of each size."""
 
 from __future__ import annotations
 
