@@ -27,7 +27,7 @@ import os
 import numpy as np
 import pytest
 from oracle import boundary_buckets, exact_fold_oracle, ordered_fold_reference
-from simulated_fills import small_fills
+from simulated_fills import quick_thread_switches, small_fills
 
 import bitfold
 
@@ -80,6 +80,8 @@ def _small_zero_fills(monkeypatch):
 
 
 _launch_zero = kernels.launch_zero
+if SIM:
+    quick_thread_switches()
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

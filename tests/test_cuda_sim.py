@@ -80,14 +80,14 @@ def test_import_bitfold_does_not_import_numba_cuda():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-#: Runs a script (argv[2], its arguments after it) with the simulator's zero fills small
-#: (tests/simulated_fills.py, from the folder argv[1]): unshaped fills took most of the smoke
-#: run at K = 5000.
-SMALL_ZERO_FILLS = """
+#: Runs a script (argv[2], its arguments after it) with the simulator's zero fills small and its
+#: threads switching quickly (tests/simulated_fills.py, from the folder argv[1]): unshaped fills
+#: took most of the smoke run at K = 5000.
+QUICKER_SIMULATOR = """
 import runpy, sys
 sys.path.insert(0, sys.argv[1])
-from simulated_fills import use_small_zero_fills
-use_small_zero_fills()
+from simulated_fills import quicker_simulator
+quicker_simulator()
 sys.argv = sys.argv[2:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -109,7 +109,7 @@ def test_the_gpu_benchmark_script_runs_on_the_simulator(tmp_path):
     script = CASES.parent.parent / "scripts" / "gpu_check.py"
     out = tmp_path / "gpu_bench.json"
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, "-c", SMALL_ZERO_FILLS, str(CASES.parent), str(script),
+    proc = subprocess.run([sys.executable, "-c", QUICKER_SIMULATOR, str(CASES.parent), str(script),
                            "--smoke", "--out", str(out)], env=env, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
