@@ -119,8 +119,8 @@ def _define(overload: Any, rule: Rule) -> Any:
 
     def impl(*args: Any, **kwargs: Any) -> Any:
         result = None if kwargs else lane_call(args)
-        if result is not None:
-            return _fresh(result, args)
+        if result is not None:  # a new contiguous tensor (a lane folds into a new array)
+            return result
         values = full(args, kwargs)
         result = rule.handler({a.name: v for a, v in zip(schema, values, strict=True)})
         if isinstance(result, Leave):
