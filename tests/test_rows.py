@@ -442,6 +442,32 @@ def test_folding_into_an_existing_array_rounds_once(D, n):
     np.testing.assert_allclose(other[finite], ref[finite], rtol=1e-5, atol=1e-30)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("route", ["auto", "buckets"])
+def test_a_bucket_without_rows_keeps_its_old_value_bit_for_bit(dtype, route):
+    """Into an existing array, a bucket no row reaches is its old value: subnormals, -0.0 and
+    infinities as they were, any NaN the canonical one (as the oracle rounds one term)."""
+    rng = np.random.default_rng(7)
+    K, D, n = 40, 5, 30
+    idx = rng.integers(0, 10, n)  # buckets 10 .. 39 get no row
+    vals = rng.standard_normal((n, D)).astype(dtype)
+    init = rng.standard_normal((K, D)).astype(dtype)
+    u = UINT[init.itemsize]
+    top = np.dtype(u).type(1 << (8 * init.itemsize - 1))
+    exp = np.dtype(u).type(0x7F800000 if dtype == "float32" else 0x7FF0000000000000)
+    specials = [exp | 0x123, exp | 0x400 | top, exp + 1, top, 1, top | 5, exp, exp | top, 0]
+    for j, raw in enumerate(specials):
+        bits(init)[12 + j, j % D] = raw  # in buckets without rows
+        bits(init)[j, (j + 1) % D] = raw  # and in buckets with rows
+    plan = bitfold.Fold(idx, K)
+    got = dispatch.fold(plan, vals, init=init, **({} if route == "auto" else {"route": route}))
+    every = np.concatenate([idx, np.arange(K)])
+    for d in range(D):
+        terms = np.concatenate([vals[:, d], init[:, d]])
+        assert_bits(got[:, d], exact_fold_oracle(every, terms, K, dtype))
+    assert bits(got)[12, 0] == bitfold.CANONICAL_NAN_BITS[dtype]
+
+
 def test_init_is_checked():
     plan = bitfold.Fold([0, 1, 1], 2)
     with pytest.raises(bitfold.ShapeError, match=r"init of shape \(K,\) \+ trailing = \(2,\)"):

@@ -403,10 +403,11 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
     ``wide`` for float64 values. ``acc`` (D float64), ``limbs`` (D, L + 5),
     ``column`` (L + 5) and ``mag`` (L) are scratch. With ``has_init`` every
     bucket's sum has one more term, ``init[k, d]`` (the values' dtype; its
-    bits ``init_bits``): the result of a fold into an existing array. A bucket
-    of at most ``chunk`` rows is summed in float64 and cast or rounded from
-    it, column by column, where that sum is exact; any other bucket goes
-    through its limbs (:func:`_rows_into_limbs`).
+    bits ``init_bits``): the result of a fold into an existing array (a bucket
+    with no rows: ``init[k]`` copied when ``fast``, a NaN written as the
+    canonical one). A bucket of at most ``chunk`` rows is summed in float64
+    and cast or rounded from it, column by column, where that sum is exact;
+    any other bucket goes through its limbs (:func:`_rows_into_limbs`).
     """
     unit_exp = target[0]
     tiny = _cast_tiny(target)
@@ -419,6 +420,13 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
         if lo == hi and not has_init:
             for d in range(D):
                 out_bits[k, d] = 0
+            continue
+        if lo == hi and fast:  # init[k] alone, in its own dtype: itself (a NaN: the canonical one)
+            for d in range(D):
+                x = init[k, d]
+                out_f[k, d] = x  # a copy, bit for bit, in any floating-point mode
+                if x != x:
+                    out_bits[k, d] = target[4] << target[5]
             continue
         if hi - lo > chunk:
             _rows_into_limbs(values, bits, order, k, lo, hi, last, limbs, acc, wide, init,
