@@ -466,7 +466,8 @@ def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, 
                          wide, column, mag, init, init_bits, has_init):  # fmt: skip
     """:func:`_fold_buckets` for scalars (``D == 1``): the sums held in registers.
 
-    An empty bucket is ``+0.0``; a bucket of at most :data:`CHUNK` values whose
+    An empty bucket is ``+0.0`` (with ``init``, when ``fast``: ``init[k]``, a NaN
+    the canonical one); a bucket of at most :data:`CHUNK` values whose
     checked float64 sum is exact is rounded from it (cast when ``fast``); any
     other bucket is summed by :func:`bitfold.kernels.ieee.segment_bits`.
     """
@@ -479,6 +480,12 @@ def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, 
             out_bits[k, 0] = 0
             continue
         i = k % init.shape[0]
+        if lo == hi and fast:  # init[k] alone, as in _fold_buckets: copied, a NaN the canonical
+            x = init[i, 0]
+            out_f[k, 0] = x
+            if x != x:
+                out_bits[k, 0] = target[4] << target[5]
+            continue
         if hi - lo <= CHUNK:
             acc = -0.0
             if has_init:
