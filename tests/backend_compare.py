@@ -544,7 +544,7 @@ __all__ = [
 
 if __name__ == "__main__":
     if sys.argv[1] == "cuda" and os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        from simulated_fills import quicker_simulator
+        from quicker_simulator import quicker_simulator
 
         quicker_simulator()  # one Python thread per element otherwise
     print(json.dumps(compare(sys.argv[1])))

@@ -27,7 +27,7 @@ import os
 import numpy as np
 import pytest
 from oracle import boundary_buckets, exact_fold_oracle, ordered_fold_reference
-from simulated_fills import quick_thread_switches, small_fills
+from quicker_simulator import quick_thread_switches, small_fills
 
 import bitfold
 

@@ -81,12 +81,12 @@ def test_import_bitfold_does_not_import_numba_cuda():
 
 
 #: Runs a script (argv[2], its arguments after it) with the simulator's zero fills small and its
-#: threads switching quickly (tests/simulated_fills.py, from the folder argv[1]): unshaped fills
+#: threads switching quickly (tests/quicker_simulator.py, from the folder argv[1]): unshaped fills
 #: took most of the smoke run at K = 5000.
 QUICKER_SIMULATOR = """
 import runpy, sys
 sys.path.insert(0, sys.argv[1])
-from simulated_fills import quicker_simulator
+from quicker_simulator import quicker_simulator
 quicker_simulator()
 sys.argv = sys.argv[2:]
 runpy.run_path(sys.argv[0], run_name="__main__")
