@@ -480,7 +480,7 @@ def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, 
             out_bits[k, 0] = 0
             continue
         i = k % init.shape[0]
-        if lo == hi and fast:  # init[k] alone, as in _fold_buckets: copied, a NaN the canonical
+        if lo == hi and fast:  # init[k] alone: copied (a NaN: the canonical one), as for rows
             x = init[i, 0]
             out_f[k, 0] = x
             if x != x:
