@@ -26,6 +26,7 @@ compute capability 9.0 that the kernel itself is compiled for.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -108,6 +109,7 @@ def _compile_ptx_now(fn, sig):
         return cuda.compile_ptx(fn, sig, cc=CC)[0]
 
 
+@functools.cache  # one assembly a kernel, for both checks
 def _assemble(ptx: str) -> tuple[bytes, str]:
     """PTX -> sm_90 cubin with nvJitLink; returns (cubin, info log)."""
     from cuda.bindings import nvjitlink
