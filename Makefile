@@ -40,8 +40,8 @@ lint: $(VENV)/.installed-test
 # The test extras install these; the suite fails (not skips) if one cannot load.
 REQUIRED_BACKENDS := torch,triton,jax,sklearn,safetensors,numba_cuda,torch_geometric,grimp,importlinter,hypothesis,matplotlib,numpy_groupies,tqdm,ml_dtypes,mkdocs,mkdocstrings,material,transformers
 
-# On every core and one worker more (pytest-xdist; about a fifth of a run waits on the processes
-# its tests start, time a third worker fills: 801 -> 743 s on 2 cores, the same CPU), each test
+# On every core (pytest-xdist; a worker more than cores gave no time back: 761 s with 3 on 2
+# cores against 751 and 740 s with 2, alternating fresh-clone runs, and 70 core-s more), each test
 # file in one worker in its order: a module's fixtures
 # are built once, and a test that reads what an earlier one of its file wrote finds it (xdist's
 # loadgroup cannot group under pytest 9: it renames the tests' ids, which pytest 9 ignores),
@@ -49,8 +49,7 @@ REQUIRED_BACKENDS := torch,triton,jax,sklearn,safetensors,numba_cuda,torch_geome
 # --no-loadscope-reorder), so that no worker is left alone with a long file at the end.
 # Compiled kernels are cached in the checkout, shared by the workers (.cache/ and
 # src/bitfold/**/__pycache__), so that a second run is warm.
-WORKERS ?= $(shell $(PYTHON) -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count(); print((n or 1) + 1)")
-XDIST ?= -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+XDIST ?= -n auto --dist loadfile --no-loadscope-reorder
 
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
