@@ -78,35 +78,27 @@ def _jax_in_its_default_mode():
 
 #: The test files that take longest on 2 cores (most of a minute or more each, seconds from a
 #: cold run of `make test`), sent to the xdist workers first, longest first: a long file taken
-#: last would leave the other workers idle at the end (`--no-loadscope-reorder` in the Makefile
+#: last would leave the other worker idle at the end (`--no-loadscope-reorder` in the Makefile
 #: keeps this order; xdist would otherwise send the files with the most tests first). Every
 #: other file follows in its usual order; the tests of each file keep theirs.
 SLOWEST_FIRST = (
-    "test_cuda_sim.py",
-    "test_jax_adapter.py",
     "test_train_parallel.py",
-    "test_examples.py",
-    "test_torch_compile.py",
+    "test_jax_adapter.py",
     "test_bench.py",
-    "test_transformers_models.py",
-    "test_cuda_compile.py",
-    "test_backend_table.py",
-    "test_jax_psum.py",
-    "test_triton_backend.py",
-    "test_jax_psum_scatter.py",
     "test_dropins.py",
-    "test_fp_modes.py",
-    "test_triton_compile.py",
-    "test_bench_load.py",
-    "test_docs.py",
-    "test_mutants.py",
-    "test_jax_data_parallel_example.py",
-    "test_gpu_check_script.py",
-    "test_dense_device.py",
-    "test_backends.py",
+    "test_backend_table.py",
+    "test_cuda_sim.py",
     "test_torch_one_answer.py",
-    "test_portable.py",
+    "test_cuda_compile.py",
+    "test_torch_compile.py",
+    "test_mutants.py",
     "test_torch_compile_coverage.py",
+    "test_docs.py",
+    "test_jax_psum_scatter.py",
+    "test_jax_psum.py",
+    "test_transformers_models.py",
+    "test_examples.py",
+    "test_dense_device.py",
     "test_distributed.py",
 )
 
