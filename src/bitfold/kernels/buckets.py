@@ -127,6 +127,16 @@ def _cast_tiny(target):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _keep_old(x, out_f, out_bits, k, d, target):  # pragma: no cover - compiled
+    """Write ``x``, a bucket's old value and its only term, as the result: a copy, bit for bit
+    in any floating-point mode (a NaN: the canonical one). Only where ``fast`` (the output is
+    the old value's dtype)."""
+    out_f[k, d] = x
+    if x != x:
+        out_bits[k, d] = target[4] << target[5]
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _round_double(x, target):  # pragma: no cover - compiled
     """An exact float64 (not NaN) rounded once to the target: its bits."""
     _, precision, exp_bits, subnormal_exp, _, out_shift = target
@@ -421,12 +431,9 @@ def _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
             for d in range(D):
                 out_bits[k, d] = 0
             continue
-        if lo == hi and fast:  # init[k] alone, in its own dtype: itself (a NaN: the canonical one)
+        if lo == hi and fast:  # init[k] alone, in its own dtype: itself
             for d in range(D):
-                x = init[k, d]
-                out_f[k, d] = x  # a copy, bit for bit, in any floating-point mode
-                if x != x:
-                    out_bits[k, d] = target[4] << target[5]
+                _keep_old(init[k, d], out_f, out_bits, k, d, target)
             continue
         if hi - lo > chunk:
             _rows_into_limbs(values, bits, order, k, lo, hi, last, limbs, acc, wide, init,
@@ -480,11 +487,8 @@ def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, 
             out_bits[k, 0] = 0
             continue
         i = k % init.shape[0]
-        if lo == hi and fast:  # init[k] alone: copied (a NaN: the canonical one), as for rows
-            x = init[i, 0]
-            out_f[k, 0] = x
-            if x != x:
-                out_bits[k, 0] = target[4] << target[5]
+        if lo == hi and fast:  # init[k] alone, in its own dtype: itself, as for rows
+            _keep_old(init[i, 0], out_f, out_bits, k, 0, target)
             continue
         if hi - lo <= CHUNK:
             acc = -0.0
