@@ -40,9 +40,9 @@ lint: $(VENV)/.installed-test
 # The test extras install these; the suite fails (not skips) if one cannot load.
 REQUIRED_BACKENDS := torch,triton,jax,sklearn,safetensors,numba_cuda,torch_geometric,grimp,importlinter,hypothesis,matplotlib,numpy_groupies,tqdm,ml_dtypes,mkdocs,mkdocstrings,material,transformers
 
-# On every core (pytest-xdist; a worker more than cores gave no time back: 761 s with 3 on 2
-# cores against 751 and 740 s with 2, alternating fresh-clone runs, and 70 core-s more), each test
-# file in one worker in its order: a module's fixtures
+# On every core (pytest-xdist; one worker more than cores gave no time back: 761 and 797 s with
+# 3 on 2 cores against 751 and 740 s with 2 in alternating fresh-clone runs), each test file in
+# one worker in its order: a module's fixtures
 # are built once, and a test that reads what an earlier one of its file wrote finds it (xdist's
 # loadgroup cannot group under pytest 9: it renames the tests' ids, which pytest 9 ignores),
 # the slowest files first (tests/conftest.py's SLOWEST_FIRST, kept in order by
