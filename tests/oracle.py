@@ -78,18 +78,26 @@ def bucket_oracle(terms: list[float], out: str = "float32") -> float:
 
 
 def exact_fold_oracle(index, values, K: int, out: str = "float32") -> np.ndarray:
-    """The exact fold by definition: Fraction sums per bucket, each rounded once to ``out``.
+    """The exact fold by definition: each bucket's exact sum rounded once to ``out``.
 
-    A ``"bfloat16"`` result is returned as the float32 array holding it.
+    The sums are those of :func:`bucket_oracle` (integers over a power of two,
+    the zero, NaN and Inf rules), made for all buckets at once: each finite
+    value is ``M * 2**E`` (``|M| < 2**53``), ``M`` is cut into two integers
+    of at most 27 bits, and NumPy adds each bucket's halves of one exponent
+    in int64 (exact below 2**36 terms); Python's integers then add each
+    bucket's few exponent groups. ``tests/test_oracle.py`` holds it to
+    :func:`bucket_oracle`, bucket by bucket. A ``"bfloat16"`` result is
+    returned as the float32 array holding it.
     """
-    idx = np.asarray(index).reshape(-1)
-    vals = np.asarray(values).reshape(-1)
-    buckets: dict[int, list[float]] = {}
-    for k, v in zip(idx.tolist(), vals.astype(np.float64).tolist(), strict=True):
-        buckets.setdefault(k, []).append(v)
+    idx = np.asarray(index).reshape(-1).astype(np.int64)
+    vals = np.asarray(values).reshape(-1).astype(np.float64)
+    if idx.shape != vals.shape:
+        raise ValueError(f"{idx.size} ids for {vals.size} values")
+    if idx.size and (idx.min() < 0 or idx.max() >= K):
+        raise ValueError(f"ids outside [0, {K})")
     res = np.zeros(K, dtype=np.float64)  # an empty bucket: bucket_oracle([]) is +0.0
-    for k, terms in buckets.items():
-        res[k] = bucket_oracle(terms, out)
+    for k, value in _bucket_results(idx, vals, K, out):
+        res[k] = value
     # bfloat16 results come as the float32 holding them (NumPy has no bfloat16)
     held = "float32" if out == "bfloat16" else out
     with np.errstate(over="ignore", invalid="ignore"):
@@ -97,6 +105,43 @@ def exact_fold_oracle(index, values, K: int, out: str = "float32") -> np.ndarray
     nan = np.isnan(result)
     result.view(UINT[held])[nan] = CANONICAL_NAN[held]
     return result
+
+
+#: every finite float64 is M * 2**E with |M| < 2**53 and E >= -_LOWEST (a subnormal's M is
+#: smaller); sums are kept as integers over 2**_LOWEST
+_LOWEST = 1126
+_HALF = 26  # M = hi * 2**_HALF + lo, 0 <= lo < 2**_HALF
+
+
+def _bucket_results(idx: np.ndarray, vals: np.ndarray, K: int, out: str):
+    """``(k, bucket k's result as a Python float)`` for every bucket with terms."""
+    def flags(mask: np.ndarray) -> np.ndarray:
+        return np.bincount(idx[mask], minlength=K)
+
+    count, negzero = flags(np.ones(idx.size, bool)), flags((vals == 0) & np.signbit(vals))
+    nan, pos, neg = flags(np.isnan(vals)), flags(vals == np.inf), flags(vals == -np.inf)
+    live = np.isfinite(vals) & (vals != 0)
+    mantissa, exponent = np.frexp(vals[live])  # 0.5 <= |mantissa| < 1
+    M = np.ldexp(mantissa, 53).astype(np.int64)  # exact: an integer below 2**53
+    key = idx[live] * 4096 + (exponent.astype(np.int64) - 53 + _LOWEST)  # < 4096 above
+    order = np.argsort(key, kind="stable")
+    key, M = key[order], M[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else key
+    hi = np.add.reduceat(M >> _HALF, starts) if key.size else key
+    lo = np.add.reduceat(M & ((1 << _HALF) - 1), starts) if key.size else key
+    scaled: dict[int, int] = {}
+    for group, h, low in zip(key[starts].tolist(), hi.tolist(), lo.tolist(), strict=True):
+        k = group >> 12
+        scaled[k] = scaled.get(k, 0) + (((h << _HALF) + low) << (group & 4095))
+    for k in np.flatnonzero(count).tolist():
+        if nan[k] or (pos[k] and neg[k]):
+            yield k, math.nan
+        elif pos[k] or neg[k]:
+            yield k, math.inf if pos[k] else -math.inf
+        elif scaled.get(k, 0) == 0:
+            yield k, -0.0 if negzero[k] == count[k] else 0.0
+        else:
+            yield k, _round_ratio(scaled[k], 1 << _LOWEST, out)
 
 
 def ordered_fold_reference(index, values, K: int, out: str = "float32") -> np.ndarray:
