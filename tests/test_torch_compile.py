@@ -504,6 +504,38 @@ def test_rules_table_and_docstrings():
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
 
+def test_torch_compile_never_compiles_the_fold_kernels_left_installed():
+    """After an exact mode, the fold kernels stay installed (each fold op calls Python): an
+    eager fold of a function compiled by plain ``torch.compile`` (in a frame Dynamo skips) runs
+    the kernel as a new frame, which Dynamo must skip with all it calls (else it compiled the
+    kernel again at every call, its counter guarded)."""
+    from torch._dynamo.convert_frame import register_bytecode_hook
+
+    with bt.exact_mode():
+        torch.zeros(3).index_add_(0, torch.tensor([0]), torch.ones(1))
+
+    def eager_part(y, idx, v):  # Dynamo skips this frame only: what it calls, it watches
+        return torch.index_add(y, 0, idx, v)
+
+    eager = torch._dynamo.disable(eager_part, recursive=False)
+
+    def step(x, idx, v):
+        return eager(x * 2.0, idx, v) + 0.0
+
+    compiled_files = []
+    handle = register_bytecode_hook(lambda code, _new: compiled_files.append(code.co_filename))
+    try:
+        fn = torch.compile(step, backend="eager")
+        for _ in range(4):
+            got = fn(torch.zeros(3), torch.tensor([0, 0, 2]), torch.tensor([1.0, 2.0, 3.0]))
+    finally:
+        handle.remove()
+    assert got.tolist() == [3.0, 0.0, 3.0]
+    assert __file__ in compiled_files  # Dynamo did compile this test's frames
+    package = str(Path(bitfold.__file__).parent)
+    assert not [f for f in compiled_files if f.startswith(package)]
+
+
 def test_an_eager_fold_after_a_graph_break_compiles_nothing_of_bitfold(no_cache):
     """An eager fold of a compiled function (after a graph break) runs bitfold's exact rules
     unseen by Dynamo, which compiled the mode's own Python (its checks, its kernels) as frames

@@ -395,21 +395,53 @@ def _register(library: Any, name: str, kernel: Callable[..., Any], key: str = _F
     The dispatcher calls these Python kernels from eager ops, and an eager op of a compiled
     function (after a graph break) runs with dynamo watching every new Python frame: each
     kernel would be compiled as a frame of its own, and compiled again at every call (its
-    counter is guarded) until dynamo's recompile limit. About 0.4 us a call.
+    counter is guarded) until dynamo's recompile limit. The kernel's code is marked for Dynamo
+    to skip, with every frame it calls (:func:`_skipped_by_dynamo`): no wrapper runs on the
+    call.
     """
-    library.impl(name, torch._dynamo.disable(kernel, recursive=True), key, with_keyset=with_keyset)
+    library.impl(name, _skipped_by_dynamo(kernel), key, with_keyset=with_keyset)
 
 
 def _register_on_import(library: Any, name: str, kernel: Callable[..., Any]) -> None:
-    """:func:`_register` for the kernels installed when ``bitfold.torch`` is imported: the same
-    shield from Dynamo, made at the kernel's first call (torch's own lazy form of
-    ``torch._dynamo.disable``), so that importing bitfold does not import Dynamo (about a second
-    of start-up in every process)."""
+    """:func:`_register` for the kernels installed when ``bitfold.torch`` is imported (the mark
+    on the code imports nothing; where a torch has no such mark, torch's own lazy form of
+    ``torch._dynamo.disable``, so that importing bitfold does not import Dynamo: about a
+    second of start-up in every process)."""
     lazy = getattr(torch, "_disable_dynamo", None)
-    if lazy is None:  # a torch without it: the eager shield
-        _register(library, name, kernel)
-        return
-    library.impl(name, lazy(kernel, recursive=True), _FAST_KEY, with_keyset=True)
+    if _SKIP_WITH_CALLEES is None and lazy is not None:
+        kernel = lazy(kernel, recursive=True)
+    else:
+        kernel = _skipped_by_dynamo(kernel)
+    library.impl(name, kernel, _FAST_KEY, with_keyset=True)
+
+
+def _skip_with_callees() -> tuple[Callable[..., None], Any] | None:
+    """Dynamo's mark for a code object that it skips with every frame called from it, as
+    ``(set_code_exec_strategy, strategy)``, or None on a torch without it."""
+    try:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+    except ImportError:
+        return None
+    return set_code_exec_strategy, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+
+
+_SKIP_WITH_CALLEES = _skip_with_callees()
+
+
+def _skipped_by_dynamo(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """``kernel`` with its code marked for Dynamo to skip, with the frames it calls (the closures
+    of one kernel maker share the code); on a torch without the mark, wrapped by
+    ``torch._dynamo.disable(recursive=True)``, which runs on every call (about 1.5 us more a
+    call on a 2-core VM)."""
+    if _SKIP_WITH_CALLEES is None:
+        return torch._dynamo.disable(kernel, recursive=True)
+    mark, strategy = _SKIP_WITH_CALLEES
+    mark(kernel.__code__, strategy)
+    return kernel
 
 
 def _fold_kernel(op: Any) -> Callable[..., Any]:
