@@ -504,17 +504,11 @@ def test_rules_table_and_docstrings():
         assert result.attempted > 0 and result.failed == 0, module.__name__
 
 
-def test_torch_compile_never_compiles_the_fold_kernels_left_installed():
-    """After an exact mode, the fold kernels stay installed (each fold op calls Python): an
-    eager fold of a function compiled by plain ``torch.compile`` (in a frame Dynamo skips) runs
-    the kernel as a new frame, which Dynamo must skip with all it calls (else it compiled the
-    kernel again at every call, its counter guarded)."""
-    from torch._dynamo.convert_frame import register_bytecode_hook
+def _eager_fold_step():
+    """A step whose fold runs eagerly, in a frame Dynamo skips: what that frame calls, it
+    watches."""
 
-    with bt.exact_mode():
-        torch.zeros(3).index_add_(0, torch.tensor([0]), torch.ones(1))
-
-    def eager_part(y, idx, v):  # Dynamo skips this frame only: what it calls, it watches
+    def eager_part(y, idx, v):
         return torch.index_add(y, 0, idx, v)
 
     eager = torch._dynamo.disable(eager_part, recursive=False)
@@ -522,14 +516,34 @@ def test_torch_compile_never_compiles_the_fold_kernels_left_installed():
     def step(x, idx, v):
         return eager(x * 2.0, idx, v) + 0.0
 
-    compiled_files = []
-    handle = register_bytecode_hook(lambda code, _new: compiled_files.append(code.co_filename))
+    return step
+
+
+def _run_and_compiled_files(fn, *args, calls: int = 4):
+    """``fn(*args)`` after ``calls`` calls, and the files of the frames Dynamo compiled."""
+    from torch._dynamo.convert_frame import register_bytecode_hook
+
+    files = []
+    handle = register_bytecode_hook(lambda code, _new: files.append(code.co_filename))
     try:
-        fn = torch.compile(step, backend="eager")
-        for _ in range(4):
-            got = fn(torch.zeros(3), torch.tensor([0, 0, 2]), torch.tensor([1.0, 2.0, 3.0]))
+        for _ in range(calls):
+            got = fn(*args)
     finally:
         handle.remove()
+    return got, files
+
+
+def test_torch_compile_never_compiles_the_fold_kernels_left_installed():
+    """After an exact mode, the fold kernels stay installed (each fold op calls Python): an
+    eager fold of a function compiled by plain ``torch.compile`` (in a frame Dynamo skips) runs
+    the kernel as a new frame, which Dynamo must skip with all it calls (else it compiled the
+    kernel again at every call, its counter guarded)."""
+    with bt.exact_mode():
+        torch.zeros(3).index_add_(0, torch.tensor([0]), torch.ones(1))
+    fn = torch.compile(_eager_fold_step(), backend="eager")
+    got, compiled_files = _run_and_compiled_files(
+        fn, torch.zeros(3), torch.tensor([0, 0, 2]), torch.tensor([1.0, 2.0, 3.0])
+    )
     assert got.tolist() == [3.0, 0.0, 3.0]
     assert __file__ in compiled_files  # Dynamo did compile this test's frames
     package = str(Path(bitfold.__file__).parent)
@@ -540,26 +554,10 @@ def test_an_eager_fold_after_a_graph_break_compiles_nothing_of_bitfold(no_cache)
     """An eager fold of a compiled function (after a graph break) runs bitfold's exact rules
     unseen by Dynamo, which compiled the mode's own Python (its checks, its kernels) as frames
     of their own, and a kernel again at every call (its counter is guarded)."""
-    from torch._dynamo.convert_frame import register_bytecode_hook
-
-    def eager_part(y, idx, v):  # Dynamo skips this frame only: what it calls, it watches
-        return torch.index_add(y, 0, idx, v)
-
-    eager = torch._dynamo.disable(eager_part, recursive=False)
-
-    def step(x, idx, v):
-        return eager(x * 2.0, idx, v) + 0.0
-
-    compiled_files = []
-    handle = register_bytecode_hook(lambda code, _new: compiled_files.append(code.co_filename))
-    try:
-        idx = torch.tensor([0, 0, 0, 2])
-        v = torch.tensor([1e8, 1.0, -1e8, 3.0])
-        fn = bt.compile(step)
-        for _ in range(4):
-            got = fn(torch.zeros(3), idx, v)
-    finally:
-        handle.remove()
+    fn = bt.compile(_eager_fold_step())
+    idx = torch.tensor([0, 0, 0, 2])
+    v = torch.tensor([1e8, 1.0, -1e8, 3.0])
+    got, compiled_files = _run_and_compiled_files(fn, torch.zeros(3), idx, v)
     assert got.tolist() == [1.0, 0.0, 3.0]  # exact: float32 additions in order lose the 1.0
     assert fn.bitfold.counts["index_add"] == 4
     assert __file__ in compiled_files  # Dynamo did compile this test's frames
