@@ -533,13 +533,36 @@ def _run_and_compiled_files(fn, *args, calls: int = 4):
     return got, files
 
 
-def test_torch_compile_never_compiles_the_fold_kernels_left_installed():
+@pytest.mark.parametrize("shield", ["mark", "wrapper"])
+def test_torch_compile_never_compiles_the_fold_kernels_left_installed(shield, monkeypatch):
     """After an exact mode, the fold kernels stay installed (each fold op calls Python): an
     eager fold of a function compiled by plain ``torch.compile`` (in a frame Dynamo skips) runs
     the kernel as a new frame, which Dynamo must skip with all it calls (else it compiled the
-    kernel again at every call, its counter guarded)."""
-    with bt.exact_mode():
-        torch.zeros(3).index_add_(0, torch.tensor([0]), torch.ones(1))
+    kernel again at every call, its counter guarded). Shielded by the mark on the kernels'
+    code, or (a torch without it) by ``torch._dynamo.disable``."""
+    from bitfold.torch import mode
+
+    if shield == "wrapper":
+        marked = mode._SKIP_WITH_CALLEES
+        if marked is not None:  # a mark stays on a code object: the fold kernels' goes first
+            from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy
+
+            unmarked = _FrameExecStrategy(_FrameAction.DEFAULT, _FrameAction.DEFAULT)
+            marked[0](mode._fold_kernel(torch.ops.aten.index_add_.default).__code__, unmarked)
+        monkeypatch.setattr(mode, "_SKIP_WITH_CALLEES", None)
+        mode._uninstall_kernels()  # installed again below, wrapped
+    try:
+        with bt.exact_mode():
+            torch.zeros(3).index_add_(0, torch.tensor([0]), torch.ones(1))
+        _check_no_kernel_compiled()
+    finally:
+        if shield == "wrapper":
+            mode._uninstall_kernels()  # the next mode installs them marked
+
+
+def _check_no_kernel_compiled():
+    """Plain ``torch.compile`` of the eager-fold step compiles this file's frames, none of
+    bitfold's."""
     fn = torch.compile(_eager_fold_step(), backend="eager")
     got, compiled_files = _run_and_compiled_files(
         fn, torch.zeros(3), torch.tensor([0, 0, 2]), torch.tensor([1.0, 2.0, 3.0])

@@ -424,9 +424,10 @@ def _skip_with_callees() -> tuple[Callable[..., None], Any] | None:
             _FrameExecStrategy,
             set_code_exec_strategy,
         )
-    except ImportError:
+
+        return set_code_exec_strategy, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    except (ImportError, AttributeError, TypeError):  # a torch without it, or another form
         return None
-    return set_code_exec_strategy, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
 
 
 _SKIP_WITH_CALLEES = _skip_with_callees()
