@@ -111,6 +111,29 @@ def exact_fold_oracle(index, values, K: int, out: str = "float32") -> np.ndarray
 #: smaller); sums are kept as integers over 2**_LOWEST
 _LOWEST = 1126
 _HALF = 26  # M = hi * 2**_HALF + lo, 0 <= lo < 2**_HALF
+_EXPONENT_BITS = 12  # E + _LOWEST < 2**_EXPONENT_BITS: a group's key is id and exponent
+
+
+def _scaled_sums(idx: np.ndarray, vals: np.ndarray) -> dict[int, int]:
+    """``{k: the exact sum of bucket k's finite values times 2**_LOWEST}`` (buckets with a
+    non-zero finite value), each value's integer mantissa added at its exponent."""
+    live = np.isfinite(vals) & (vals != 0)
+    if not live.any():
+        return {}
+    mantissa, exponent = np.frexp(vals[live])  # 0.5 <= |mantissa| < 1
+    M = np.ldexp(mantissa, 53).astype(np.int64)  # exact: an integer below 2**53
+    key = (idx[live] << _EXPONENT_BITS) + (exponent.astype(np.int64) - 53 + _LOWEST)
+    order = np.argsort(key, kind="stable")
+    key, M = key[order], M[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    hi = np.add.reduceat(M >> _HALF, starts)
+    lo = np.add.reduceat(M & ((1 << _HALF) - 1), starts)
+    scaled: dict[int, int] = {}
+    low_bits = (1 << _EXPONENT_BITS) - 1
+    for group, h, low in zip(key[starts].tolist(), hi.tolist(), lo.tolist(), strict=True):
+        k = group >> _EXPONENT_BITS
+        scaled[k] = scaled.get(k, 0) + (((h << _HALF) + low) << (group & low_bits))
+    return scaled
 
 
 def _bucket_results(idx: np.ndarray, vals: np.ndarray, K: int, out: str):
@@ -120,19 +143,7 @@ def _bucket_results(idx: np.ndarray, vals: np.ndarray, K: int, out: str):
 
     count, negzero = flags(np.ones(idx.size, bool)), flags((vals == 0) & np.signbit(vals))
     nan, pos, neg = flags(np.isnan(vals)), flags(vals == np.inf), flags(vals == -np.inf)
-    live = np.isfinite(vals) & (vals != 0)
-    mantissa, exponent = np.frexp(vals[live])  # 0.5 <= |mantissa| < 1
-    M = np.ldexp(mantissa, 53).astype(np.int64)  # exact: an integer below 2**53
-    key = idx[live] * 4096 + (exponent.astype(np.int64) - 53 + _LOWEST)  # < 4096 above
-    order = np.argsort(key, kind="stable")
-    key, M = key[order], M[order]
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else key
-    hi = np.add.reduceat(M >> _HALF, starts) if key.size else key
-    lo = np.add.reduceat(M & ((1 << _HALF) - 1), starts) if key.size else key
-    scaled: dict[int, int] = {}
-    for group, h, low in zip(key[starts].tolist(), hi.tolist(), lo.tolist(), strict=True):
-        k = group >> 12
-        scaled[k] = scaled.get(k, 0) + (((h << _HALF) + low) << (group & 4095))
+    scaled = _scaled_sums(idx, vals)
     for k in np.flatnonzero(count).tolist():
         if nan[k] or (pos[k] and neg[k]):
             yield k, math.nan
