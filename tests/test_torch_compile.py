@@ -543,12 +543,12 @@ def test_torch_compile_never_compiles_the_fold_kernels_left_installed(shield, mo
     from bitfold.torch import mode
 
     if shield == "wrapper":
-        marked = mode._SKIP_WITH_CALLEES
-        if marked is not None:  # a mark stays on a code object: the fold kernels' goes first
+        if mode._SKIP_WITH_CALLEES is not None:  # a mark stays on a code: take the kernels' off
             from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy
 
+            set_strategy, _skip = mode._SKIP_WITH_CALLEES
             unmarked = _FrameExecStrategy(_FrameAction.DEFAULT, _FrameAction.DEFAULT)
-            marked[0](mode._fold_kernel(torch.ops.aten.index_add_.default).__code__, unmarked)
+            set_strategy(mode._fold_kernel(torch.ops.aten.index_add_.default).__code__, unmarked)
         monkeypatch.setattr(mode, "_SKIP_WITH_CALLEES", None)
         mode._uninstall_kernels()  # installed again below, wrapped
     try:

@@ -387,34 +387,6 @@ def _full_name(op: Any) -> str:
     return op._schema.name + (f".{overload}" if overload else "")
 
 
-def _register(library: Any, name: str, kernel: Callable[..., Any], key: str = _FAST_KEY, *,
-              with_keyset: bool = True) -> None:  # fmt: skip
-    """Register ``kernel`` for op ``name`` at ``key``, never traced by dynamo, nor anything it
-    calls.
-
-    The dispatcher calls these Python kernels from eager ops, and an eager op of a compiled
-    function (after a graph break) runs with dynamo watching every new Python frame: each
-    kernel would be compiled as a frame of its own, and compiled again at every call (its
-    counter is guarded) until dynamo's recompile limit. The kernel's code is marked for Dynamo
-    to skip, with every frame it calls (:func:`_skipped_by_dynamo`): no wrapper runs on the
-    call.
-    """
-    library.impl(name, _skipped_by_dynamo(kernel), key, with_keyset=with_keyset)
-
-
-def _register_on_import(library: Any, name: str, kernel: Callable[..., Any]) -> None:
-    """:func:`_register` for the kernels installed when ``bitfold.torch`` is imported (the mark
-    on the code imports nothing; where a torch has no such mark, torch's own lazy form of
-    ``torch._dynamo.disable``, so that importing bitfold does not import Dynamo: about a
-    second of start-up in every process)."""
-    lazy = getattr(torch, "_disable_dynamo", None)
-    if _SKIP_WITH_CALLEES is None and lazy is not None:
-        kernel = lazy(kernel, recursive=True)
-    else:
-        kernel = _skipped_by_dynamo(kernel)
-    library.impl(name, kernel, _FAST_KEY, with_keyset=True)
-
-
 def _skip_with_callees() -> tuple[Callable[..., None], Any] | None:
     """Dynamo's mark for a code object that it skips with every frame called from it, as
     ``(set_code_exec_strategy, strategy)``, or None on a torch without it."""
@@ -443,6 +415,34 @@ def _skipped_by_dynamo(kernel: Callable[..., Any]) -> Callable[..., Any]:
     mark, strategy = _SKIP_WITH_CALLEES
     mark(kernel.__code__, strategy)
     return kernel
+
+
+def _register(library: Any, name: str, kernel: Callable[..., Any], key: str = _FAST_KEY, *,
+              with_keyset: bool = True) -> None:  # fmt: skip
+    """Register ``kernel`` for op ``name`` at ``key``, never traced by dynamo, nor anything it
+    calls.
+
+    The dispatcher calls these Python kernels from eager ops, and an eager op of a compiled
+    function (after a graph break) runs with dynamo watching every new Python frame: each
+    kernel would be compiled as a frame of its own, and compiled again at every call (its
+    counter is guarded) until dynamo's recompile limit. The kernel's code is marked for Dynamo
+    to skip, with every frame it calls (:func:`_skipped_by_dynamo`): no wrapper runs on the
+    call.
+    """
+    library.impl(name, _skipped_by_dynamo(kernel), key, with_keyset=with_keyset)
+
+
+def _register_on_import(library: Any, name: str, kernel: Callable[..., Any]) -> None:
+    """:func:`_register` for the kernels installed when ``bitfold.torch`` is imported (the mark
+    on the code imports nothing; where a torch has no such mark, torch's own lazy form of
+    ``torch._dynamo.disable``, so that importing bitfold does not import Dynamo: about a
+    second of start-up in every process)."""
+    lazy = getattr(torch, "_disable_dynamo", None)
+    if _SKIP_WITH_CALLEES is None and lazy is not None:
+        kernel = lazy(kernel, recursive=True)
+    else:
+        kernel = _skipped_by_dynamo(kernel)
+    library.impl(name, kernel, _FAST_KEY, with_keyset=True)
 
 
 def _fold_kernel(op: Any) -> Callable[..., Any]:
