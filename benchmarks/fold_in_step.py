@@ -18,6 +18,7 @@ between two folds. This measures both ways, one torch thread, in one process:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -117,17 +118,11 @@ def one_fold(n: int) -> dict[str, dict[str, float]]:
             mode_module._uninstall_kernels()
         else:
             mode_module.install_kernels()
-        context = bt.exact_mode() if kind == "exact_mode" else None
-        if context is not None:
-            context.__enter__()
-        try:
+        with bt.exact_mode() if kind == "exact_mode" else contextlib.nullcontext():
             for _ in range(200):
                 call()
             out[kind] = {"evicted_us": _median_us(call, evict, n),
                          "hot_us": _median_us(call, None, 10 * n)}  # fmt: skip
-        finally:
-            if context is not None:
-                context.__exit__(None, None, None)
     return out
 
 
