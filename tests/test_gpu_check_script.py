@@ -178,8 +178,9 @@ def test_the_smoke_run_without_the_triton_backend_skips_its_steps(tmp_path):
     run still passes on the numba kernels (one configuration, for time)."""
     pytest.importorskip("numba_cuda")
     out = tmp_path / "gpu_bench.json"
-    code = (
-        f"import sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); "
+    code = (  # the simulator made quicker as test_cuda_sim.py's runs make it
+        f"import sys; sys.path[:0] = [{str(SCRIPT.parent)!r}, {str(Path(__file__).parent)!r}]; "
+        "from quicker_simulator import quicker_simulator; quicker_simulator(); "
         "from bitfold.backends import registry; registry.unregister('triton'); "
         "import gpu_check; del gpu_check.SMOKE[1:]; "
         f"sys.exit(gpu_check.main(['--smoke', '--out', {str(out)!r}]))"
