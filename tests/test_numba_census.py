@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 CENSUS = Path(__file__).resolve().parents[1] / "benchmarks" / "numba_census"
 sys.path.insert(0, str(CENSUS))
 import census_summary as summary  # noqa: E402  (the census folder, put on the path above)
@@ -37,7 +35,6 @@ def test_the_summary_counts_top_level_compiles_and_repeats_across_processes():
 
 
 def test_a_process_with_the_census_on_its_path_logs_its_compiles(tmp_path):
-    pytest.importorskip("numba")
     log = tmp_path / "census.jsonl"
     code = (
         "from numba import njit\n"
