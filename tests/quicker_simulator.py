@@ -11,8 +11,9 @@ Each simulated block also has a Python thread that polls its threads until
 they end, and with the interpreter's default switch interval (5 ms) it keeps
 the lock they wait for: :func:`quick_thread_switches` shortens the interval
 (``tests/cuda_cases.py`` on the simulator: 52 -> 43 s) and makes that thread
-hand the lock over once a round of its polls (43 -> 30-33 s, 45 -> 34-37
-core-s). None of this changes what a kernel computes.
+hand the lock over once a round of its polls (three alternating runs: 38.4-41.5
+-> 31.5-37.9 s, 27.4-29.7 -> 20.7-25.8 user-s). None of this changes what a
+kernel computes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Log every Numba compile of every Python process started with this folder on ``PYTHONPATH``.
 
-    PYTHONPATH=benchmarks/numba_census NUMBA_CENSUS_LOG=/tmp/census.jsonl make test
+    PYTHONPATH=$PWD/benchmarks/numba_census NUMBA_CENSUS_LOG=/tmp/census.jsonl make test
     python benchmarks/numba_census/census_summary.py /tmp/census.jsonl
+
+Both paths absolute: the processes a run starts may work in other folders.
 
 Each process appends, at exit, one JSON line per signature its dispatchers
 took: the function, the signature, whether Numba compiled it (a cache miss)
