@@ -27,7 +27,7 @@ import os
 import numpy as np
 import pytest
 from oracle import boundary_buckets, exact_fold_oracle, ordered_fold_reference
-from quicker_simulator import quick_thread_switches, small_fills
+from quicker_simulator import blocks_as_greenlets, small_fills
 
 import bitfold
 
@@ -81,7 +81,7 @@ def _small_zero_fills(monkeypatch):
 
 _launch_zero = kernels.launch_zero
 if SIM:
-    quick_thread_switches()
+    blocks_as_greenlets()
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

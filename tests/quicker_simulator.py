@@ -1,4 +1,4 @@
-"""Quicker runs of the CUDA backend on numba-cuda's simulator: small fills, quick switches.
+"""Quicker runs of the CUDA backend on numba-cuda's simulator: small fills, blocks as greenlets.
 
 The simulator runs one Python thread per GPU thread, so a zero fill launched
 without a shape (a state's or scratch buffer's first zeroing: one thread per
@@ -7,47 +7,121 @@ small launch shape, whose grid-stride loop clears the same elements at a
 fraction of the threads. ``tests/cuda_cases.py`` checks the default shape's
 fill once; on a GPU nothing calls this.
 
-Each simulated block also has a Python thread that polls its threads until
-they end, and with the interpreter's default switch interval (5 ms) it keeps
-the lock they wait for: :func:`quick_thread_switches` shortens the interval
-(``tests/cuda_cases.py`` on the simulator: 52 -> 43 s) and makes that thread
-hand the lock over once a round of its polls (three alternating runs: 38.4-41.5
--> 31.5-37.9 s, 27.4-29.7 -> 20.7-25.8 user-s). None of this changes what a
-kernel computes.
+The simulator starts an operating-system thread for every simulated thread,
+and one more thread a block polls them until they end or all wait at a
+barrier. :func:`blocks_as_greenlets` runs a block's simulated threads as
+greenlets in the launching thread instead: each runs until it ends or reaches
+``syncthreads()`` (there it hands control back), and once every live one has
+done so, those waiting resume: the barrier rule of the simulator's own block
+manager (a barrier releases when every thread still alive has reached it), in
+a fixed order. Each simulated thread keeps its ``threadIdx``, ``blockIdx``,
+lane and barrier reductions; an exception in one is raised naming its thread
+and block, as the simulator does. No kernel computes anything else; only the
+interleaving between two barriers changes, which a correct kernel does not
+depend on (and the simulator's threads never gave any particular one).
+``tests/cuda_cases.py`` on the simulator: about 49 s with a thread per
+simulated thread, 14 s as greenlets (the same 117 cases passed).
+``tests/test_quicker_simulator.py`` checks the barrier, the indices and the
+error.
 """
 
 from __future__ import annotations
 
-import builtins
 import sys
-import time
+import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
 SMALL = (32, 3)  # threads a block, blocks: several blocks and a grid-stride loop
-#: seconds between the interpreter's thread switches on the simulator (Python's default: 0.005)
-SWITCH_INTERVAL = 0.001
+
+_current = threading.local()  # .thread: the simulated thread running here, if any
 
 
-def quick_thread_switches() -> None:
-    """Switch between this process's Python threads every :data:`SWITCH_INTERVAL` seconds, and
-    let the simulator's block threads run between two rounds of their manager's polls."""
-    sys.setswitchinterval(SWITCH_INTERVAL)
-    from numba.cuda.simulator import kernel
+class _Threading(types.ModuleType):
+    """The ``threading`` module as the simulator's kernel API sees it: ``current_thread()``
+    is the simulated thread running on this thread, when there is one."""
 
-    kernel.set = _set_after_yielding
+    def __getattr__(self, name: str) -> Any:
+        return getattr(threading, name)
+
+    @staticmethod
+    def current_thread() -> Any:
+        simulated = getattr(_current, "thread", None)
+        return threading.current_thread() if simulated is None else simulated
 
 
-def _set_after_yielding(items: Any = ()) -> set[Any]:
-    """``set(items)``, after handing the interpreter's lock to any thread waiting for it.
+class _SimulatedThread:
+    """One simulated GPU thread of a block: its indices, and a greenlet that runs the kernel
+    (the attributes the simulator's kernel API reads of its own thread objects)."""
 
-    The simulator's ``BlockManager.run`` polls its block's threads in a loop that
-    never waits, and makes a new ``set`` of the live threads once a round: in its
-    module this name stands for the builtin, so each round yields once
-    (``time.sleep(0)``) instead of holding the lock for a whole switch interval.
-    """
-    time.sleep(0)
-    return builtins.set(items)
+    def __init__(self, manager: Any, block: tuple[int, ...], thread: tuple[int, ...],
+                 run: Callable[[], None]) -> None:  # fmt: skip
+        import greenlet
+        from numba.cuda.simulator.kernelapi import Dim3
+
+        self._manager = manager
+        self.blockIdx = Dim3(*block)
+        self.threadIdx = Dim3(*thread)
+        x, y, _ = manager._block_dim
+        self.thread_id = self.threadIdx.x + x * (self.threadIdx.y + y * self.threadIdx.z)
+        self.exception: tuple[BaseException, Any] | None = None
+        self.greenlet = greenlet.greenlet(run)
+
+    def syncthreads(self) -> None:
+        self.greenlet.parent.switch()  # back to the block's loop, until every thread is here
+
+
+def _run_block(manager: Any, grid_point: tuple[int, ...], *args: Any) -> None:
+    """``BlockManager.run``: the block's threads as greenlets, barrier by barrier."""
+    import numpy as np
+
+    def kernel() -> None:
+        me = _current.thread
+        try:
+            manager._f(*args)
+        except Exception as e:  # as the simulator's threads report it
+            where = f"tid={list(me.threadIdx)} ctaid={list(me.blockIdx)}"
+            me.exception = (type(e)(f"{where}: {e}" if str(e) else where), sys.exc_info()[2])
+
+    live = [_SimulatedThread(manager, grid_point, point, kernel)
+            for point in np.ndindex(*manager._block_dim)]  # fmt: skip
+    outer = getattr(_current, "thread", None)
+    try:
+        while live:  # each round: every live thread runs to its next barrier or its end
+            waiting = []
+            for t in live:
+                _current.thread = t
+                t.greenlet.switch()
+                if t.exception is not None:
+                    raise t.exception[0].with_traceback(t.exception[1])
+                if not t.greenlet.dead:
+                    waiting.append(t)
+            live = waiting
+    finally:
+        _current.thread = outer
+
+
+def blocks_as_greenlets() -> None:
+    """In this process, the simulator runs each block's threads as greenlets
+    (:func:`_run_block`), not as one operating-system thread each. A block manager in debug
+    mode keeps the simulator's threads."""
+    from numba.cuda.simulator import kernel, kernelapi
+
+    if getattr(kernel.BlockManager.run, "as_greenlets", False):
+        return
+    threads_run = kernel.BlockManager.run
+
+    def run(self: Any, grid_point: tuple[int, ...], *args: Any) -> None:
+        if self._debug:
+            return threads_run(self, grid_point, *args)
+        return _run_block(self, grid_point, *args)
+
+    run.as_greenlets = True  # type: ignore[attr-defined]
+    for name in ("syncthreads_count", "syncthreads_and", "syncthreads_or"):
+        setattr(_SimulatedThread, name, getattr(kernel.BlockThread, name))
+    kernelapi.threading = _Threading("threading")
+    kernel.BlockManager.run = run
 
 
 def small_fills(launch_zero: Callable[..., None]) -> Callable[..., None]:
@@ -66,9 +140,9 @@ def small_fills(launch_zero: Callable[..., None]) -> Callable[..., None]:
 
 def quicker_simulator() -> None:
     """In this process: zero fills launched without a shape take ``LaunchShape(*SMALL)``, and
-    threads switch quickly (:func:`quick_thread_switches`)."""
+    blocks run as greenlets (:func:`blocks_as_greenlets`)."""
     from bitfold.kernels import cuda as kernels
 
-    quick_thread_switches()
+    blocks_as_greenlets()
     if not getattr(kernels.launch_zero, "small_fills", False):
         kernels.launch_zero = small_fills(kernels.launch_zero)

@@ -81,7 +81,7 @@ def test_import_bitfold_does_not_import_numba_cuda():
 
 
 #: Runs a script (argv[2], its arguments after it) with the simulator's zero fills small and its
-#: threads switching quickly (tests/quicker_simulator.py, from the folder argv[1]): unshaped fills
+#: blocks run as greenlets (tests/quicker_simulator.py, from the folder argv[1]): unshaped fills
 #: took most of the smoke run at K = 5000.
 QUICKER_SIMULATOR = """
 import runpy, sys
