@@ -399,7 +399,9 @@ def test_fx_graph_cache_keeps_exact_and_plain_graphs_apart():
     ):
         for comp, want in [(torch.compile, plain_bits), (bt.compile, exact_bits)] * 2:
             torch._dynamo.reset()
-            assert comp(tie_fold)(torch.zeros(1), TIE).item() == want, comp
+            # two buckets, not one: torch 2.13's inductor fails to generate the C++ of an
+            # index_add into a single element when torch runs more than one thread
+            assert comp(tie_fold)(torch.zeros(2), TIE)[0].item() == want, comp
     hits = (
         counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
     )
