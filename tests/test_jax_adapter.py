@@ -265,8 +265,11 @@ def test_x64_mode_in_a_subprocess():
     import sys
     from pathlib import Path
 
+    from mesh_runs import xla_flags
+
     here = Path(__file__).resolve().parent
-    env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu")
+    # one device, XLA's CPU code at LLVM level 0: the script judges bits (mesh_runs.xla_flags)
+    env = dict(os.environ, JAX_ENABLE_X64="1", JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(1))
     env["PYTHONPATH"] = os.pathsep.join([str(here.parent / "src"), str(here)])
     proc = subprocess.run(
         [sys.executable, str(here / "jax_x64_check.py")], env=env, capture_output=True,
