@@ -4,6 +4,7 @@ profiles, compiler caches in the checkout, and the grouping of tests for pytest-
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -51,6 +52,13 @@ import pytest  # noqa: E402  (after the environment Triton reads when imported)
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+# Triton's interpreter, where the kernels run on CPU tensors: triton.language patched once a
+# launch, not again at every call of a helper (tests/quicker_interpreter.py).
+if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None:
+    from quicker_interpreter import quicker_interpreter
+
+    quicker_interpreter()
 
 settings.register_profile(
     "default", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow]
