@@ -22,8 +22,9 @@ depend on (and the simulator's threads never gave any particular one).
 ``tests/cuda_cases.py`` on the simulator, two alternating runs each: 56.9 and
 60.2 s with a thread per simulated thread, 23.6 and 17.5 s as greenlets (the
 same 117 cases passed).
-``tests/test_quicker_simulator.py`` checks the barrier, the indices and the
-error.
+``tests/test_quicker_simulator.py`` checks the barrier, the indices, lanes and
+barrier counts, threads that end before a barrier, the error, and that one
+operating-system thread runs them all.
 """
 
 from __future__ import annotations
