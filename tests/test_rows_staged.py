@@ -1,14 +1,17 @@
 """Folds of rows read in position order (the staged path): every bit against the Fraction oracle.
 
 Past :data:`host_routes.STAGED_MIN_VALUES` float32 values, a fold of rows reads
-them once in position order: the rows of hot buckets are added into one
-float64 sum an element a stream task, each addition exact or its value spilled
-into integer limbs; the other rows are copied into the plan's order and summed
-bucket by bucket (``kernels/buckets.py``, :func:`fold_staged`). Lowered
-thresholds send small inputs down that path. The values are built to break the
-float64 sums (a huge exponent span, sums past 2^53 units), to need subnormals,
-and to carry -0.0, NaN and infinities in hot and cold buckets; a spill pool too
-small for them sends the fold back to the gather path, with the same bits.
+them once in position order: the rows of hot buckets are added into float64
+sums an element a stream task, in chunks whose magnitudes certify them exact (a
+row that cannot be certified tested value by value, a value or chunk sum that
+would round spilled into integer limbs); the other rows are copied into the
+plan's order and summed bucket by bucket, certified or tested
+(``kernels/buckets.py``, :func:`fold_staged`). Lowered thresholds send small
+inputs down that path. The values are built to break the float64 sums (a huge
+exponent span, sums past 2^53 units), to need subnormals, to pass their tests
+with no certificate, and to carry -0.0, NaN and infinities in hot and cold
+buckets; a spill pool too small for them sends the fold back to the gather
+path, with the same bits.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def _values(idx, rng, D=4):
     vals[three[::2], 1] = np.float32(2.0**-30)  # ... with terms 2^60 times smaller: limbs
     vals[cold[3], 0], vals[cold[4], 1] = np.nan, np.inf  # cold buckets take the gather rules
     vals[cold[::2], 2] = tiny
+    vals[cold[::3], 3] = np.float32(2.0**-40)  # 40 binades: no certificate, yet exact in float64
     return vals
 
 
@@ -92,6 +96,54 @@ def test_staged_rows_rounded_to_other_outputs(staged, out):
     if out == "bfloat16":  # a float32 array holding bfloat16 values
         want = want.astype(np.float32)
     assert_bits(np.asarray(got), want, f"staged to {out}")
+
+
+def _chunk_breaking_rows(rng, n, D):
+    """Rows of 2^20 and 2^-40 magnitudes, interleaved: each row alone is certified, a chunk of
+    both kinds is not, and a chunk of small rows rounds when added into the large sum."""
+    vals = rng.standard_normal((n, D)).astype(np.float32)
+    small = rng.random(n) < 0.4
+    vals[small] *= np.float32(2.0**-40)
+    vals[~small] *= np.float32(2.0**20)
+    return vals
+
+
+def test_chunks_flushed_and_spilled_give_the_oracle_bits(staged, monkeypatch):
+    """A hot bucket whose rows change magnitude: chunks end, and their sums spill to limbs."""
+    rng = np.random.default_rng(36)
+    idx = _index(rng)
+    vals = _chunk_breaking_rows(rng, N, 4)
+    calls = []
+    real = buckets.fold_staged
+    monkeypatch.setattr(buckets, "fold_staged", lambda *a: calls.append(real(*a)) or calls[-1])
+    assert_bits(bitfold.Fold(idx, K)(vals), rows_oracle(idx, vals, K), "chunks")
+    assert calls == [True]
+
+
+def test_stream_task_flushes_chunk_sums_into_limbs_exactly():
+    """The stream pass alone: its float64 sums plus spilled limbs are the exact sums."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(37)
+    n, D, L = 600, 3, 24
+    vals = _chunk_breaking_rows(rng, n, D)
+    route = np.full(n, -1, np.int64)  # every row into hot bucket 0
+    state = np.full((1, 1, D), -0.0)
+    slot = np.full((1, 1, D), -1, np.int32)
+    pool = np.zeros((1, 8, L + 5), np.int64)
+    used = np.zeros(1, np.int64)
+    bounds = np.array([0, n], np.int64)
+    stage = np.empty((0, D), np.uint32)
+    unit_exp = -149
+    buckets._stream_parallel(vals.view(np.uint32), route, bounds, stage, False, state, slot, pool,
+                             used, L, unit_exp)  # fmt: skip
+    assert used[0] == D  # every element spilled a chunk sum that would have rounded
+    for d in range(D):
+        limbs = pool[0, slot[0, 0, d], :L]
+        in_limbs = sum(Fraction(int(v)) * Fraction(2) ** (32 * i + unit_exp)
+                       for i, v in enumerate(limbs))  # fmt: skip
+        exact = sum(Fraction(float(v)) for v in vals[:, d])
+        assert Fraction(float(state[0, 0, d])) + in_limbs == exact
 
 
 def test_spill_pool_overflow_falls_back_with_the_same_bits(staged, monkeypatch):
