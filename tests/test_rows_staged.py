@@ -1,6 +1,7 @@
 """Folds of rows read in position order (the staged path): every bit against the Fraction oracle.
 
-Past :data:`host_routes.STAGED_MIN_VALUES` float32 values, a fold of rows reads
+Past :data:`host_routes.STAGED_MIN_VALUES` float32 values (unless long rows fit in
+half the last-level cache), a fold of rows reads
 them once in position order: the rows of hot buckets are added into float64
 sums an element a stream task, in chunks whose magnitudes certify them exact (a
 row that cannot be certified tested value by value, a value or chunk sum that
@@ -31,6 +32,7 @@ K, N = 40, 3000
 def staged(monkeypatch):
     """Staged from 64 values, hot from 100 positions, three stream tasks, run in parallel."""
     monkeypatch.setattr(host_routes, "STAGED_MIN_VALUES", 64)
+    monkeypatch.setattr(host_routes, "STAGED_MIN_CACHE_SHARE", 0.0)  # whatever the caches
     monkeypatch.setattr(host_routes, "HOT_MIN_ROWS", 100)
     monkeypatch.setattr(host_routes, "STREAM_TASKS", 3)
     monkeypatch.setattr(cpu, "PARALLEL_MIN_VALUES", 64)
@@ -164,6 +166,7 @@ def test_spill_pool_overflow_falls_back_with_the_same_bits(staged, monkeypatch):
 def test_staged_bits_equal_the_gather_path_for_any_cut(monkeypatch):
     """Normal rows, hot and cold: the same bits staged in 1, 3 or 4 tasks, or not staged."""
     monkeypatch.setattr(cpu, "PARALLEL_MIN_VALUES", 64)
+    monkeypatch.setattr(host_routes, "STAGED_MIN_CACHE_SHARE", 0.0)
     rng = np.random.default_rng(33)
     n, k, D = 8_000, 300, 16  # rows of whole cache lines: staged with non-temporal stores
     idx = np.minimum(rng.zipf(1.3, n) - 1, k - 1)
@@ -204,3 +207,24 @@ def test_one_shot_and_init_folds_are_not_staged(staged, monkeypatch):
     monkeypatch.setattr(buckets, "fold_staged", lambda *a: pytest.fail("staged"))
     got = bitfold.segment_sum(vals, idx, K)
     assert_bits(got, rows_oracle(idx, vals, K), "one-shot")
+
+
+def test_long_rows_within_the_cache_share_are_gathered(monkeypatch):
+    """Rows past the value count, long enough and within the cache share: the gather path."""
+    rng = np.random.default_rng(38)
+    idx = _index(rng)
+    vals = _values(idx, rng)  # rows of 16 bytes
+    monkeypatch.setattr(host_routes, "STAGED_MIN_VALUES", 64)
+    monkeypatch.setattr(host_routes, "GATHERED_MIN_ROW_BYTES", 16)
+    monkeypatch.setattr(host_routes, "last_level_cache_bytes", lambda: 2 * vals.nbytes)
+    plan = bitfold.Fold(idx, K)
+    monkeypatch.setattr(buckets, "fold_staged", lambda *a: pytest.fail("staged"))
+    assert_bits(plan(vals), rows_oracle(idx, vals, K), "gathered")
+    monkeypatch.setattr(host_routes, "last_level_cache_bytes", lambda: 2 * vals.nbytes - 2)
+    assert host_routes._is_staged(plan, vals)  # past the cache share
+    monkeypatch.setattr(host_routes, "last_level_cache_bytes", lambda: 2 * vals.nbytes)
+    monkeypatch.setattr(host_routes, "GATHERED_MIN_ROW_BYTES", 17)
+    assert host_routes._is_staged(plan, vals)  # rows too short
+    monkeypatch.setattr(host_routes, "last_level_cache_bytes", lambda: 0)
+    monkeypatch.setattr(host_routes, "GATHERED_MIN_ROW_BYTES", 16)
+    assert host_routes._is_staged(plan, vals)  # no cache reported
