@@ -25,6 +25,9 @@ def test_environment_records_determinism_variables(monkeypatch):
     assert env["versions"]["numpy"] == np.__version__
     assert env["cpu_count"] == __import__("os").cpu_count()
     assert env["threads"]["numba_max"] == __import__("numba").config.NUMBA_NUM_THREADS
+    from bitfold.backends.cpu_caches import last_level_cache_bytes
+
+    assert env["last_level_cache_bytes"] == last_level_cache_bytes()  # what the routes read
     json.dumps(env, allow_nan=False)  # plain JSON
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
+from ..backends.cpu_caches import last_level_cache_bytes
 
 #: Environment variables that can change the bits a run produces; recorded
 #: in every fingerprint (``None`` when unset).
@@ -222,7 +223,8 @@ def fingerprint() -> dict[str, Any]:
     """The environment fingerprint (see the module docstring for what taking it never does).
 
     Python, platform, CPU model, core counts (``cpu_count``; ``cpu_affinity``,
-    the cores this process may use), RAM, the versions of bitfold, NumPy and
+    the cores this process may use), RAM, the last-level cache (0 when the
+    operating system reports none), the versions of bitfold, NumPy and
     Numba, thread settings (:func:`thread_settings` without the pool), the
     environment variables of :data:`DETERMINISM_ENV_VARS`, and, for PyTorch,
     JAX, CuPy and numba-cuda *only when they are already imported*, their
@@ -239,6 +241,7 @@ def fingerprint() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu_affinity": _safe(usable_cores),
         "memory_bytes": physical_memory(),
+        "last_level_cache_bytes": last_level_cache_bytes(),
         "versions": {"bitfold": __version__, "numpy": np.__version__, "numba": numba.__version__},
         "threads": thread_settings(pool=False),
     }
