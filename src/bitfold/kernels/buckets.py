@@ -649,6 +649,17 @@ def _pool_row(slot, pool, used, h, d):  # pragma: no cover - compiled
     return j, used
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _kept_or_pool_row(state, slot, pool, used, h, d, s):  # pragma: no cover - compiled
+    """``(row, used)`` for a tested sum ``s`` of ``state[h, d]`` and a term: ``s`` is stored
+    and ``row`` is -2 when it is exact (not NaN); otherwise the term belongs in the element's
+    pool row ``row`` (:func:`_pool_row`; -1 when the pool is out of rows)."""
+    if s == s:
+        state[h, d] = s
+        return -2, used
+    return _pool_row(slot, pool, used, h, d)
+
+
 @njit(cache=True, nogil=True)
 def _spill_row(bits, i, state, h, slot, pool, used, L):  # pragma: no cover - compiled
     """The slow path of :func:`_stream_task` for hot row ``i`` of bucket slot ``h``.
@@ -658,14 +669,12 @@ def _spill_row(bits, i, state, h, slot, pool, used, L):  # pragma: no cover - co
     pool row (:func:`_pool_row`). Returns the pool rows used, or -1 when the pool ran out.
     """
     for d in range(bits.shape[1]):
-        s = _add_narrow(state[h, d], bits[i, d])
-        if s == s:
-            state[h, d] = s
-            continue
-        j, used = _pool_row(slot, pool, used, h, d)
-        if j < 0:
+        j, used = _kept_or_pool_row(state, slot, pool, used, h, d,
+                                    _add_narrow(state[h, d], bits[i, d]))  # fmt: skip
+        if j == -1:
             return -1
-        add_bits(pool[j], L, bits[i, d], _F32[0], _F32[1], _F32[2], False)
+        if j >= 0:
+            add_bits(pool[j], L, bits[i, d], _F32[0], _F32[1], _F32[2], False)
     return used
 
 
@@ -681,14 +690,12 @@ def _flush_chunk(acc, state, slot, pool, used, h, L, unit_exp):  # pragma: no co
     for d in range(acc.shape[1]):
         a = acc[h, d]
         acc[h, d] = -0.0
-        s = checked_add_narrow(state[h, d], a)
-        if s == s:
-            state[h, d] = s
-            continue
-        j, used = _pool_row(slot, pool, used, h, d)
-        if j < 0:
+        j, used = _kept_or_pool_row(state, slot, pool, used, h, d,
+                                    checked_add_narrow(state[h, d], a))  # fmt: skip
+        if j == -1:
             return -1
-        add_exact_sum(pool[j], L, a, 1, unit_exp)
+        if j >= 0:
+            add_exact_sum(pool[j], L, a, 1, unit_exp)
     return used
 
 
