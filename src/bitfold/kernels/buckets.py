@@ -842,15 +842,14 @@ def _fold_staged_range(values, bits, order, offsets, k0, k1, out_f, out_bits, ta
 
     Hot buckets (``is_hot[k]``) are left alone: :func:`_merge_hot` writes them.
 
-    The rows lie in order, one after the other, so no prefetch is needed.
+    The rows lie in order, one after the other (``order`` is the identity).
     A bucket of fewer than :data:`CERTIFY_MIN_TERMS` rows tests each addition
-    (:func:`_add_narrow`); a longer one is added in float64 without a test,
-    while each column's largest and smallest magnitudes are kept (``high``,
-    ``below``: D uint32 scratch), and a column they do not certify
-    (:func:`_certified`) is added again with a test per addition. (Certifying
-    a bucket of one row costs more than testing it: 262,144 rows of 64 into
-    10^6 buckets took 18% longer.) A column whose float64 sum is exact is
-    cast (``fast``) or rounded from it; any other one is summed exactly from
+    (:func:`_add_narrow`); a longer one is certified by its columns' largest
+    and smallest magnitudes, as the gather path does (:func:`_add_narrow_rows`;
+    ``high``, ``below``: D uint32 scratch). (Certifying a bucket of one row
+    costs more than testing it: 262,144 rows of 64 into 10^6 buckets took 18%
+    longer.) A column whose float64 sum is exact is cast (``fast``) or
+    rounded from it; any other one is summed exactly from
     its bits (:func:`_segment`, ``order`` the identity).
     """
     tiny = _cast_tiny(target)
@@ -863,29 +862,15 @@ def _fold_staged_range(values, bits, order, offsets, k0, k1, out_f, out_bits, ta
                 for d in range(D):
                     out_bits[k, d] = 0
             continue
-        for d in range(D):
-            acc[d] = -0.0
         if hi - lo < CERTIFY_MIN_TERMS:
+            for d in range(D):
+                acc[d] = -0.0
             for t in range(lo, hi):  # no row view: see _stream_task
                 for d in range(D):
                     acc[d] = _add_narrow(acc[d], bits[t, d])
-        else:
-            for d in range(D):
-                high[d] = 0
-                below[d] = 0xFFFFFFFF
-            for t in range(lo, hi):
-                for d in range(D):
-                    raw = bits[t, d]
-                    acc[d] += np.float64(float32_of_bits(raw))
-                    high[d] = max(high[d], _magnitude(raw))
-                    below[d] = min(below[d], _below(raw))
-            g = _ceil_log2(hi - lo)
-            for d in range(D):
-                if not _certified(high[d], below[d], g):  # added again, a test per addition
-                    a = -0.0
-                    for t in range(lo, hi):
-                        a = _add_narrow(a, bits[t, d])
-                    acc[d] = a
+        else:  # no init: the rows stand in for its bits, never read
+            _add_narrow_rows(values, bits, order, lo, hi, hi - 1, acc, high, below, bits, k,
+                             False)  # fmt: skip
         inexact = 0
         if fast:  # as in _fold_buckets
             for d in range(D):
