@@ -36,7 +36,7 @@ def test_rows_and_xla_rows_sweeps_run_small(tmp_path, monkeypatch) -> None:
     for name in ("rows", "xla-rows"):
         monkeypatch.setitem(SWEEPS, name, (f"small {name}", SMALL, SMALL))
     monkeypatch.setattr(host_routes, "STAGED_MIN_VALUES", 1 << 12)
-    monkeypatch.setattr(host_routes, "STAGED_MIN_CACHE_SHARE", 0.0)  # staged, whatever the L3
+    monkeypatch.setattr(host_routes, "GATHERED_MAX_CACHE_SHARE", 0.0)  # staged, whatever the L3
     staged = []
     real = buckets.fold_staged
     monkeypatch.setattr(buckets, "fold_staged", lambda *a: staged.append(real(*a)) or staged[-1])

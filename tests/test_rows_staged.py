@@ -32,7 +32,7 @@ K, N = 40, 3000
 def staged(monkeypatch):
     """Staged from 64 values, hot from 100 positions, three stream tasks, run in parallel."""
     monkeypatch.setattr(host_routes, "STAGED_MIN_VALUES", 64)
-    monkeypatch.setattr(host_routes, "STAGED_MIN_CACHE_SHARE", 0.0)  # whatever the caches
+    monkeypatch.setattr(host_routes, "GATHERED_MAX_CACHE_SHARE", 0.0)  # whatever the caches
     monkeypatch.setattr(host_routes, "HOT_MIN_ROWS", 100)
     monkeypatch.setattr(host_routes, "STREAM_TASKS", 3)
     monkeypatch.setattr(cpu, "PARALLEL_MIN_VALUES", 64)
@@ -166,7 +166,7 @@ def test_spill_pool_overflow_falls_back_with_the_same_bits(staged, monkeypatch):
 def test_staged_bits_equal_the_gather_path_for_any_cut(monkeypatch):
     """Normal rows, hot and cold: the same bits staged in 1, 3 or 4 tasks, or not staged."""
     monkeypatch.setattr(cpu, "PARALLEL_MIN_VALUES", 64)
-    monkeypatch.setattr(host_routes, "STAGED_MIN_CACHE_SHARE", 0.0)
+    monkeypatch.setattr(host_routes, "GATHERED_MAX_CACHE_SHARE", 0.0)
     rng = np.random.default_rng(33)
     n, k, D = 8_000, 300, 16  # rows of whole cache lines: staged with non-temporal stores
     idx = np.minimum(rng.zipf(1.3, n) - 1, k - 1)

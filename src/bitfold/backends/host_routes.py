@@ -220,9 +220,10 @@ STAGED_MIN_VALUES = 1 << 21
 #: order (an Intel VM with 480 MiB of L3, 2 cores, the fold interleaved with XLA's and
 #: torch's: 65,536 x 768 rows 31 ms gathered against 48-54 ms staged, 131,072 x 256 18
 #: against 31 ms, 262,144 x 128 23 against 26 ms; 262,144 x 64, 256-byte rows, 13 against
-#: 11 ms: staged). Where the operating system reports no cache, rows are staged.
+#: 11 ms: staged). Where the operating system reports no cache, rows are staged. (The
+#: route's reason says "half": change it with the share.)
 GATHERED_MIN_ROW_BYTES = 512
-STAGED_MIN_CACHE_SHARE = 0.5
+GATHERED_MAX_CACHE_SHARE = 0.5
 #: Buckets of at least this many positions are summed as the rows stream past ("hot") ...
 HOT_MIN_ROWS = 16
 #: ... as many of the largest as have a float64 sum a value of a row within this many bytes
@@ -262,9 +263,9 @@ class StagedLayout:
 
 def _gathered_in_cache(rows: np.ndarray) -> bool:
     """Rows of at least :data:`GATHERED_MIN_ROW_BYTES` that fit in
-    :data:`STAGED_MIN_CACHE_SHARE` of the last-level cache: gathering them is faster."""
+    :data:`GATHERED_MAX_CACHE_SHARE` of the last-level cache: gathering them is faster."""
     return (rows.shape[1] * rows.itemsize >= GATHERED_MIN_ROW_BYTES
-            and rows.nbytes <= STAGED_MIN_CACHE_SHARE * last_level_cache_bytes())  # fmt: skip
+            and rows.nbytes <= GATHERED_MAX_CACHE_SHARE * last_level_cache_bytes())  # fmt: skip
 
 
 def _is_staged(plan: PlanView, rows: np.ndarray) -> bool:
