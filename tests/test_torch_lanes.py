@@ -44,6 +44,11 @@ CASES = {
                          True), {}, False),
     "embedding backward": (aten.embedding_dense_backward.default, (_t(2, 7, 3, seed=4),
                            torch.stack([POS, POS.flip(0)]), 6, -1, False), {}, True),
+    "index_put_ scalars two ids": (aten._index_put_impl_.default, (_t(5, 2, 1), (IDX, POS % 2),
+                                   _t(7, 1, seed=3), True, False), {}, True),
+    "index_add_ 1-d": (aten.index_add_.default, (_t(5), 0, POS, _t(7, seed=1)), {}, True),
+    "embedding backward of negative zeros": (aten.embedding_dense_backward.default,
+                                             (-torch.zeros(7, 3), POS, 6, -1, False), {}, True),
     "embedding backward padded": (aten.embedding_dense_backward.default,
                                   (_t(7, 3, seed=4), POS, 6, 3, False), {}, False),
     "embedding backward scaled": (aten.embedding_dense_backward.default,
@@ -76,3 +81,48 @@ def test_a_lane_gives_the_rules_bits_and_counts(name, monkeypatch):
 def test_a_lane_leaves_an_id_out_of_range_to_the_rule():
     with bt.exact_mode(), pytest.raises(bitfold.IndexRangeError, match=r"= 9 .*shape\[0\] = 5"):
         torch.zeros(5, 3).index_add_(0, torch.tensor([0, 9]), torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("name", [n for n, case in CASES.items() if case[3] and n.startswith(
+    ("index_add_", "index_put_", "_index_put_impl_"))])  # fmt: skip
+def test_an_in_place_lane_writes_into_its_target(name):
+    op, args, kwargs, _ = CASES[name]
+    args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+    target, before = args[0], args[0].data_ptr()
+    with bt.exact_mode():
+        assert mode.LANES[op](args, kwargs) is target  # no result to copy back
+    assert target.data_ptr() == before
+
+
+def test_an_in_place_lane_leaves_the_target_as_it_was_for_an_id_out_of_range():
+    x = torch.arange(15.0).reshape(5, 3)
+    with bt.exact_mode(), pytest.raises(bitfold.IndexRangeError, match=r"= 9 "):
+        x.index_add_(0, torch.tensor([0, 9]), torch.ones(2, 3))
+    assert torch.equal(x, torch.arange(15.0).reshape(5, 3))
+
+
+def test_an_in_place_lane_leaves_values_that_share_the_targets_memory_to_the_rule():
+    x = torch.arange(12.0).reshape(4, 3)
+    with bt.exact_mode() as m:
+        x.index_add_(0, torch.tensor([0, 0]), x[1:3])  # the terms are read before any write
+    assert x[0].tolist() == [9.0, 12.0, 15.0] and x[1:].flatten().tolist() == list(
+        map(float, range(3, 12)))  # fmt: skip
+    assert dict(m.counts) == {"index_add": 1}
+
+
+@pytest.mark.parametrize("op", [aten.index_add_.default, aten.index_add.default])
+@pytest.mark.parametrize("columns", [2, 1])
+def test_a_lane_keeps_an_untouched_nan_as_the_canonical_one_and_signs_zero_sums(op, columns):
+    nan = 0x7FC0_0123  # a NaN with a payload, in a row no id reaches
+    x = torch.tensor([[-0.0, 0.0], [1.0, 0.0], [0.0, -0.0]])[:, :columns].contiguous()
+    x.view(torch.int32)[1, columns - 1] = nan
+    v = torch.tensor([[-0.0, -0.0], [-0.0, 0.0], [-0.0, -0.0]])[:, :columns].contiguous()
+    if columns == 1:  # 1-d: one value a position
+        x, v = x.view(-1), v.view(-1)
+    with bt.exact_mode() as m:
+        got = op(x, 0, torch.tensor([0, 0, 2]), v)
+    zero, neg_zero, canonical, one = 0, -(1 << 31), 0x7FC0_0000, 0x3F80_0000
+    want = [[neg_zero, zero], [one, canonical], [zero, neg_zero]]  # -0 -0 -0; +0 -0 +0; ...
+    if columns == 1:
+        want = [neg_zero, canonical, zero]
+    assert got.view(torch.int32).tolist() == want and dict(m.counts) == {"index_add": 1}

@@ -66,6 +66,7 @@ from .ieee import (
     round_scaled,
     segment_bits,
 )
+from .planning import touched_order
 from .prefetch import copy_row_streaming, prefetch_row, store_fence, streaming_rows_ok
 
 #: Rows (in the plan's order) prefetched ahead of the one being summed.
@@ -607,6 +608,65 @@ def fold_bucket_range(values, order, offsets, k0, k1, out, out_bits, target, fas
                       has_init, CHUNK if wide else ROW_CHUNK)  # fmt: skip
 
 
+@njit(cache=True, nogil=True)
+def _fold_rows_into(index, sizes, wrap, values, bits, target, target_bits, target_out_bits,
+                    goal, has_init, wide, L, chunk):  # fmt: skip  # pragma: no cover - compiled
+    """:func:`fold_rows_into` (``target_bits``/``target_out_bits``: ``target`` viewed as the
+    values' integers and as the output's signed ones)."""
+    U, slot, touched, offsets, order = touched_order(index, sizes, wrap)
+    if U < 0:
+        return -1
+    K, D = target.shape
+    init_bits = np.empty((U if has_init else 1, D), bits.dtype)  # the touched rows' old values
+    if has_init:
+        for u in range(U):
+            init_bits[u, :] = target_bits[touched[u], :]
+    init = init_bits.view(values.dtype)
+    out = np.empty((U, D), values.dtype)
+    out_bits = out.view(target_out_bits.dtype)
+    column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
+    if D == 1:
+        _fold_scalar_buckets(values, bits, order, offsets, 0, U, out, out_bits, goal, True,
+                             wide, column, mag, init, init_bits, has_init)  # fmt: skip
+    else:
+        _fold_buckets(values, bits, order, offsets, 0, U, out, out_bits, goal, True, wide,
+                      np.empty(D), np.empty((D, L + 5), np.int64), column, mag, init,
+                      init_bits, has_init, chunk)  # fmt: skip
+    for k in range(K):  # a bucket with no rows: its old value, a NaN the canonical one; or +0.0
+        if slot[k] < 0:
+            for d in range(D):
+                if has_init:
+                    _keep_old(target[k, d], target, target_out_bits, k, d, goal)
+                else:
+                    target_out_bits[k, d] = 0
+    for u in range(U):
+        target_out_bits[touched[u], :] = out_bits[u, :]
+    return 0
+
+
+def fold_rows_into(index, sizes, wrap, values, target, goal, has_init, L) -> int:  # fmt: skip
+    """Fold the rows ``values`` (N, D; float32 or float64) into ``target`` (K, D, the values'
+    dtype, C-contiguous, sharing no memory with ``values`` or ``index``) in place, on this
+    thread: 0, or -1 (an id out of range, found before anything is written).
+
+    Positions are bucketed by :func:`bitfold.kernels.planning.touched_order`
+    (``index`` (M, N) ids along the dimensions ``sizes``, ``wrap`` for
+    negative ids). Each bucket that some row reaches becomes the correctly
+    rounded sum of its rows and, with ``has_init``, its old value in
+    ``target`` (one rounding; ``goal`` is the output's rounding target, ``L``
+    its limb count). Every other bucket keeps its old value, a NaN written as
+    the canonical one, with ``has_init``; without it, the old values are not
+    read (``target`` may be uninitialised) and every other bucket is +0.0: the
+    bits of :func:`fold_buckets` with ``fast``. Only the touched rows are
+    summed; a fold of a few hundred rows costs one call.
+    """
+    wide = values.dtype == np.float64
+    bits_dtype = np.int64 if wide else np.uint32
+    return int(_fold_rows_into(index, sizes, wrap, values, values.view(bits_dtype), target,
+                               target.view(bits_dtype), target.view(np.int64 if wide else np.int32),
+                               goal, has_init, wide, L, CHUNK if wide else ROW_CHUNK))  # fmt: skip
+
+
 #: per (dtype, D): the read-only stand-in for a missing ``init`` (the kernels never read it)
 _STAND_INS: dict[tuple[np.dtype, int], np.ndarray] = {}
 
@@ -1000,7 +1060,8 @@ def round_doubles(sums, out_bits, target) -> None:
     _round_doubles(sums, out_bits, target)
 
 
-__all__ = ["CHUNK", "SPILL_ROWS", "fold_buckets", "fold_staged", "redo_scalar", "round_doubles"]
+__all__ = ["CHUNK", "SPILL_ROWS", "fold_buckets", "fold_rows_into", "fold_staged", "redo_scalar",
+           "round_doubles"]
 
 
 one_compiler_at_a_time(globals())

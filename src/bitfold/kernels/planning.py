@@ -460,63 +460,68 @@ def partition_layout(index: np.ndarray, K: int, dest: np.ndarray, local: np.ndar
 
 
 @njit(cache=True, nogil=True)
-def _small_order(index, sizes, wrap, offsets, order, cursor, flat):  # pragma: no cover - compiled
+def touched_order(index, sizes, wrap):  # pragma: no cover - compiled
+    """Check a small index and sort its positions by the buckets they touch, in one pass.
+
+    ``index`` (M, N) of any integer dtype holds, for each of N positions, its
+    ids along M dimensions of ``sizes`` (M int64): the position's bucket is
+    their row-major flat id, one of K = ``prod(sizes)`` (M = 1: the ids
+    themselves, below ``sizes[0]``). With ``wrap`` an id in ``[-size, 0)``
+    stands for itself plus its dimension's size (torch's indexing).
+
+    Returns ``(U, slot, touched, offsets, order)``: the U buckets the index
+    touches get compact ids ``0 .. U-1`` in the order they first appear
+    (``touched[u]`` is bucket ``u``'s flat id, ``slot[k]`` bucket ``k``'s
+    compact id or -1, int32 of K), and ``offsets`` (U + 1) and ``order`` (N)
+    int32 are their starts and the stable order of positions (as
+    :func:`bucket_offsets` and :func:`stable_order` of the compact ids). U is
+    -1 when an id is outside its range, found before anything is sorted: the
+    caller refuses it the usual way. One call in place of the dozen NumPy
+    calls a count, a sort and their checks take, and no pass over the K
+    buckets but one to mark them (a fold of a few hundred rows, such as an
+    ``index_add`` of one batch, spends more on calls than on sums).
+    """
     M, n = index.shape
-    K = cursor.shape[0]
-    offsets[:] = 0
-    if M == 1:  # the common case, a loop of its own (about 8x as fast as the general one)
-        ids = index[0]
-        for t in range(n):
-            k = np.int64(ids[t])
+    K = np.int64(1)
+    for d in range(M):
+        K *= sizes[d]
+    slot = np.full(K, -1, np.int32)
+    touched = np.empty(n, np.int64)
+    offsets = np.zeros(n + 1, np.int32)
+    order = np.empty(n, np.int32)
+    compact = np.empty(n, np.int32)
+    U = 0
+    for t in range(n):
+        if M == 1:  # the common case: no loop over dimensions
+            k = np.int64(index[0, t])
             if wrap and k < 0:
                 k += K
             if k < 0 or k >= K:
-                return -1
-            flat[t] = k
-            offsets[k + 1] += 1
-    else:
-        for t in range(n):
+                return -1, slot, touched, offsets, order
+        else:
             k = np.int64(0)
             for d in range(M):
                 j = np.int64(index[d, t])
                 if wrap and j < 0:
                     j += sizes[d]
                 if j < 0 or j >= sizes[d]:
-                    return -1
+                    return -1, slot, touched, offsets, order
                 k = k * sizes[d] + j
-            flat[t] = k
-            offsets[k + 1] += 1
-    for k in range(K):
-        cursor[k] = offsets[k]
-        offsets[k + 1] += offsets[k]
+        u = slot[k]
+        if u < 0:
+            u = slot[k] = U
+            touched[U] = k
+            U += 1
+        compact[t] = u
+        offsets[u + 1] += 1
+    for u in range(U):
+        offsets[u + 1] += offsets[u]
+    cursor = offsets[:U].copy()
     for t in range(n):
-        k = flat[t]
-        order[cursor[k]] = t
-        cursor[k] += 1
-    return 0
-
-
-def small_order(
-    index: np.ndarray, sizes: np.ndarray, wrap: bool, offsets: np.ndarray, order: np.ndarray
-) -> int:
-    """Check, count and sort a small index in one call on this thread: 0, or -1 for a bad id.
-
-    ``index`` (M, N) of any integer dtype holds, for each of N positions, its
-    ids along M dimensions of ``sizes`` (M int64): the position's bucket is
-    their row-major flat id, one of K = ``prod(sizes)`` (M = 1: the ids
-    themselves, below ``sizes[0]``). ``offsets`` (K + 1) and ``order`` (N)
-    int32 receive the bucket starts and the stable order (as
-    :func:`bucket_offsets` and :func:`stable_order`). With ``wrap`` an id in
-    ``[-size, 0)`` stands for itself plus its dimension's size (torch's
-    indexing). Returns 0, or -1 when an id is outside its range, having
-    written nothing usable: the caller refuses it the usual way. One Numba
-    call in place of the dozen NumPy calls a count, a sort and their checks
-    take (a fold of a few hundred rows, such as an ``index_add`` of one
-    batch, spends more on calls than on sums).
-    """
-    K = offsets.shape[0] - 1
-    scratch = np.empty(K + index.shape[1], np.int32)
-    return int(_small_order(index, sizes, wrap, offsets, order, scratch[:K], scratch[K:]))
+        u = compact[t]
+        order[cursor[u]] = t
+        cursor[u] += 1
+    return U, slot, touched, offsets[: U + 1], order
 
 
 __all__ = [
@@ -532,9 +537,9 @@ __all__ = [
     "radix_passes",
     "same_entries",
     "scan_index",
-    "small_order",
     "sorted_buckets",
     "stable_order",
+    "touched_order",
 ]
 
 

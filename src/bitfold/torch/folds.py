@@ -44,7 +44,6 @@ from ..dispatch import fold as _engine_fold
 from ..errors import IndexRangeError
 from ..formats import limb_format_for
 from ..kernels import buckets as _bucket_kernels
-from ..kernels.planning import small_order
 from ..validate import index_range_error
 from .plan_cache import MIN_POSITIONS, PLANS
 
@@ -66,8 +65,8 @@ SMALL_VALUES = 1 << 17
 #: the dtypes of the small folds' direct way: values, ``init`` and result all of one of them
 _SMALL_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 _SMALL_INDEX = (torch.int64, torch.int32)
-#: what the bucket kernel takes for a dtype: (limbs, rounding target, integers of its width)
-_SMALL_KERNEL: dict[str, tuple[int, tuple[int, ...], Any]] = {}
+#: what the bucket kernels take for a dtype: (limbs, rounding target)
+_SMALL_KERNEL: dict[str, tuple[int, tuple[int, ...]]] = {}
 
 
 # -- the two ways in ------------------------------------------------------------------------------
@@ -129,6 +128,7 @@ def _small_host_fold(
     init: torch.Tensor | None,
     wrap: bool = False,
     dims: tuple[int, ...] | None = None,
+    in_place: bool = False,
 ) -> torch.Tensor | None:
     """:func:`fold_rows` of a small CPU fold, or None where it is not one.
 
@@ -141,14 +141,17 @@ def _small_host_fold(
     :data:`MIN_POSITIONS` positions (a size the plan cache never keeps, so no
     plan is lost), N times the row below :data:`SMALL_VALUES` (one task, as
     the host backend runs such a fold), and the host backend the one that
-    serves CPU tensors. One Numba call checks, counts and sorts the index
-    (:func:`bitfold.kernels.planning.small_order`), and the host backend's
-    bucket kernel sums every bucket exactly, with ``init``'s entry as one
-    more term, rounded once: the bits of every exact route. With ``dims``
-    (sizes whose product is K), ``index`` is a tuple of one 1-D tensor of ids
-    a dimension, each position's bucket their row-major flat id (the rows of
-    ``x[i, j] += v``). With ``wrap``, an id in ``[-size, 0)`` counts from the
-    end (torch's indexing). An index entry outside the range goes the usual
+    serves CPU tensors. One Numba call
+    (:func:`bitfold.kernels.buckets.fold_rows_into`) checks and sorts the
+    index and sums every bucket it touches exactly, with ``init``'s entry as
+    one more term, rounded once: the bits of every exact route. With
+    ``dims`` (sizes whose product is K), ``index`` is a tuple of one 1-D
+    tensor of ids a dimension, each position's bucket their row-major flat
+    id (the rows of ``x[i, j] += v``). With ``wrap``, an id in ``[-size,
+    0)`` counts from the end (torch's indexing). With ``in_place`` the sums
+    are written into ``init`` itself (an in-place op's target: contiguous
+    and sharing no memory with the values or ids, or None is returned), and
+    ``init`` is returned. An index entry outside the range goes the usual
     way, which raises the usual :class:`bitfold.IndexRangeError`.
     """
     name = _SMALL_DTYPES.get(values.dtype)
@@ -179,21 +182,49 @@ def _small_host_fold(
             or not init.is_cpu
             or init.layout is not torch.strided
             or tuple(init.shape) != (K, *trailing)
+            or (in_place and not init.is_contiguous())
         ):
             return None
+    elif in_place:
+        return None
     if torch.compiler.is_compiling() or not _host_serves_cpu():
         return None
     if dims is None:  # integer ids: never a gradient, so .numpy() needs no detach
         ids, sizes = index.numpy().reshape(1, n), np.array([K], np.int64)
     else:
         ids, sizes = torch.stack(parts).numpy(), np.array(dims, np.int64)
-    offsets = np.empty(K + 1, np.int32)
-    order = np.empty(n, np.int32)
-    if small_order(ids, sizes, wrap, offsets, order) < 0:
-        return None  # an id out of range: refused the usual way, in its words
     rows = values.numpy().reshape(n, -1)
-    start = None if init is None else init.contiguous().numpy().reshape(K, rows.shape[1])
-    return _bucket_sums(name, rows, order, offsets, start).view((K, *trailing))
+    if in_place:
+        result = init
+        target = init.numpy().reshape(K, rows.shape[1])
+        if np.may_share_memory(target, rows) or np.may_share_memory(target, ids):
+            return None
+    elif init is None:  # every element written by the kernel
+        target = np.empty((K, rows.shape[1]), rows.dtype)
+        result = torch.from_numpy(target)
+    else:
+        result = init.clone(memory_format=torch.contiguous_format)
+        target = result.numpy().reshape(K, rows.shape[1])
+    if not _fold_rows_into(name, ids, sizes, wrap, rows, target, init is not None):
+        return None  # an id out of range: refused the usual way, in its words
+    return result if in_place else result.view((K, *trailing))
+
+
+def _fold_rows_into(
+    name: str,
+    ids: np.ndarray,
+    sizes: np.ndarray,
+    wrap: bool,
+    rows: np.ndarray,
+    target: np.ndarray,
+    has_init: bool,
+) -> bool:
+    """The host backend's small-fold kernel on this thread: row k of ``target`` (K, D) becomes
+    the correctly rounded sum of the rows ``ids`` put in bucket k (and, with ``has_init``, of
+    its old value); False (nothing written) for an id out of range."""
+    limbs, goal = _small_kernel(name)
+    return _bucket_kernels.fold_rows_into(ids, sizes, wrap, rows, target, goal, has_init,
+                                          limbs) == 0  # fmt: skip
 
 
 def _bucket_sums(
@@ -208,17 +239,22 @@ def _bucket_sums(
     for owned in (offsets, order, rows, start):
         if owned is not None:
             owned.flags.writeable = False
-    kernel = _SMALL_KERNEL.get(name)
-    if kernel is None:
-        fmt = limb_format_for(name)
-        kernel = _SMALL_KERNEL[name] = (fmt.limbs, _rounding_target(name, fmt),
-                                        np.int32 if name == "float32" else np.int64)  # fmt: skip
-    limbs, goal, bits = kernel
+    limbs, goal = _small_kernel(name)
     K = offsets.shape[0] - 1
     out = np.empty((K, rows.shape[1]), rows.dtype)
+    bits = np.int32 if name == "float32" else np.int64
     _bucket_kernels.fold_bucket_range(rows, order, offsets, 0, K, out, out.view(bits), goal, True,
                                       limbs, start)  # fmt: skip
     return torch.from_numpy(out)
+
+
+def _small_kernel(name: str) -> tuple[int, tuple[int, ...]]:
+    """What the bucket kernels take for a dtype: its limb count and rounding target."""
+    kernel = _SMALL_KERNEL.get(name)
+    if kernel is None:
+        fmt = limb_format_for(name)
+        kernel = _SMALL_KERNEL[name] = (fmt.limbs, _rounding_target(name, fmt))
+    return kernel
 
 
 def fold_positions(
@@ -543,11 +579,15 @@ def index_put(
 
 
 def small_index_put(
-    input: torch.Tensor, indices: Sequence[torch.Tensor | None], values: torch.Tensor
+    input: torch.Tensor,
+    indices: Sequence[torch.Tensor | None],
+    values: torch.Tensor,
+    in_place: bool = False,
 ) -> torch.Tensor | None:
     """:func:`index_put` of a small CPU fold by integer ids for the leading dims (the backward
     of ``x[idx]`` or ``x[i, j]``: a row of ``values`` a position), by the direct way; None where
-    it is not one (or an id is out of range: :func:`index_put` then says so)."""
+    it is not one (or an id is out of range: :func:`index_put` then says so). With
+    ``in_place``, the sums are written into ``input``, which is returned (``index_put_``)."""
     m = len(indices)
     if not 0 < m <= input.dim() or any(ix is None for ix in indices):
         return None
@@ -556,19 +596,24 @@ def small_index_put(
         return None
     K = math.prod(dims)
     small = _small_host_fold(indices[0] if m == 1 else tuple(indices),
-                             values.detach().contiguous(), K, input.reshape((K, *rows)),
-                             wrap=True, dims=None if m == 1 else dims)  # fmt: skip
-    return None if small is None else small.view(input.shape)
+                             values.detach().contiguous(), K, input.reshape((K, *rows)), wrap=True,
+                             dims=None if m == 1 else dims, in_place=in_place)  # fmt: skip
+    if small is None:
+        return None
+    return input if in_place else small.view(input.shape)
 
 
 def small_index_add(
-    input: torch.Tensor, index: torch.Tensor, source: torch.Tensor
+    input: torch.Tensor, index: torch.Tensor, source: torch.Tensor, in_place: bool = False
 ) -> torch.Tensor | None:
     """``input.index_add(0, index, source)`` of a small CPU fold by the direct way, or None
-    (not one, or an id out of range: :func:`index_add` then says so)."""
+    (not one, or an id out of range: :func:`index_add` then says so). With ``in_place``, the
+    sums are written into ``input``, which is returned (``index_add_``)."""
     if input.dim() == 0 or index.dim() > 1:
         return None
-    return _small_host_fold(index.reshape(-1), source.detach().contiguous(), input.shape[0], input)
+    small = _small_host_fold(index.reshape(-1), source.detach().contiguous(), input.shape[0],
+                             input, in_place=in_place)  # fmt: skip
+    return input if in_place and small is not None else small
 
 
 def small_embedding_backward(

@@ -286,18 +286,30 @@ def index_put(a: dict[str, Any]) -> torch.Tensor | Leave:
 
 
 # -- lanes: the commonest small CPU folds, taken before any argument is bound ------------------
-def _index_add_lane(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+def _index_add_lane(args: tuple[Any, ...], kwargs: dict[str, Any],
+                    in_place: bool = False) -> torch.Tensor | None:  # fmt: skip
     if kwargs or len(args) != 4 or args[1] != 0 or type(args[0]) is not torch.Tensor:
         return None
     x, _, index, source = args
-    return folds.small_index_add(x, index, source) if source.dtype == x.dtype else None
+    if source.dtype != x.dtype:
+        return None
+    return folds.small_index_add(x, index, source, in_place)
 
 
-def _index_put_lane(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+def _index_put_lane(args: tuple[Any, ...], kwargs: dict[str, Any],
+                    in_place: bool = False) -> torch.Tensor | None:  # fmt: skip
     if kwargs or len(args) < 4 or args[3] is not True or type(args[0]) is not torch.Tensor:
         return None
     x, indices, values = args[:3]
-    return folds.small_index_put(x, indices, values) if values.dtype == x.dtype else None
+    return folds.small_index_put(x, indices, values, in_place) if values.dtype == x.dtype else None
+
+
+def _index_add_lane_(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    return _index_add_lane(args, kwargs, in_place=True)
+
+
+def _index_put_lane_(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    return _index_put_lane(args, kwargs, in_place=True)
 
 
 def _embedding_lane(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
@@ -313,11 +325,11 @@ def _embedding_lane(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tens
 #: bit. In a model, binding the arguments and the checks of every layer cost about as much
 #: as the fold itself (a Mixtral-style step with eager experts: about 20 us of 60 a fold).
 LANES: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], torch.Tensor | None]] = {
-    aten.index_add_.default: _index_add_lane,
+    aten.index_add_.default: _index_add_lane_,
     aten.index_add.default: _index_add_lane,
-    aten.index_put_.default: _index_put_lane,
+    aten.index_put_.default: _index_put_lane_,
     aten.index_put.default: _index_put_lane,
-    aten._index_put_impl_.default: _index_put_lane,
+    aten._index_put_impl_.default: _index_put_lane_,
     aten.embedding_dense_backward.default: _embedding_lane,
 }
 

@@ -915,8 +915,9 @@ class ExactMode(TorchDispatchMode):
                 self.counts[kind] += 1
                 if not written(func):
                     return result
-                target = args[0]  # a lane's in-place ops write self
-                target.copy_(result)
+                target = args[0]  # a lane's in-place ops write self (most of them in place)
+                if result is not target:
+                    target.copy_(result)
                 return target
             bound = {k: plain_index(v) for k, v in bind(func, args, kwargs).items()}
             if kind in _SPARSE_KINDS and not self._entries[-1][1]:
