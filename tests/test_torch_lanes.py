@@ -126,3 +126,13 @@ def test_a_lane_keeps_an_untouched_nan_as_the_canonical_one_and_signs_zero_sums(
     if columns == 1:
         want = [neg_zero, canonical, zero]
     assert got.view(torch.int32).tolist() == want and dict(m.counts) == {"index_add": 1}
+
+
+def test_a_lane_without_an_old_value_gives_positive_zero_where_no_id_reaches():
+    for _ in range(3):  # the result's memory is reused: stale contents must not show
+        with bt.exact_mode() as m:
+            got = aten.embedding_dense_backward(-torch.zeros(7, 3), POS, 6, -1, False)
+        want = [[0 if k in (1, 5) else -(1 << 31)] * 3 for k in range(6)]  # only -0.0 terms
+        assert got.view(torch.int32).tolist() == want
+        assert dict(m.counts) == {"embedding_dense_backward": 1}
+        torch.full((6, 3), float("nan")).add_(1)  # leave NaN-filled memory about

@@ -632,13 +632,20 @@ def _fold_rows_into(index, sizes, wrap, values, bits, target, target_bits, targe
         _fold_buckets(values, bits, order, offsets, 0, U, out, out_bits, goal, True, wide,
                       np.empty(D), np.empty((D, L + 5), np.int64), column, mag, init,
                       init_bits, has_init, chunk)  # fmt: skip
+    nan = goal[4] << goal[5]
     for k in range(K):  # a bucket with no rows: its old value, a NaN the canonical one; or +0.0
-        if slot[k] < 0:
+        if slot[k] >= 0:
+            continue
+        if not has_init:
+            target_out_bits[k, :] = 0
+            continue
+        found = False  # read only (the old values stay): a NaN is rare
+        for d in range(D):
+            found |= target[k, d] != target[k, d]
+        if found:
             for d in range(D):
-                if has_init:
-                    _keep_old(target[k, d], target, target_out_bits, k, d, goal)
-                else:
-                    target_out_bits[k, d] = 0
+                if target[k, d] != target[k, d]:
+                    target_out_bits[k, d] = nan
     for u in range(U):
         target_out_bits[touched[u], :] = out_bits[u, :]
     return 0
