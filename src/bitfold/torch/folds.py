@@ -591,6 +591,8 @@ def small_index_put(
     m = len(indices)
     if not 0 < m <= input.dim() or any(ix is None for ix in indices):
         return None
+    if in_place and not input.is_contiguous():  # the (K, *rows) reshape below would be a copy
+        return None
     dims, rows = tuple(input.shape[:m]), tuple(input.shape[m:])
     if tuple(values.shape) != (indices[0].numel(), *rows):
         return None
