@@ -3,7 +3,9 @@
 The folds of the tiny transformers' steps (``mode_toll.py``): an ``index_add``
 of 256 rows of 32 floats into 64, an embedding gradient of an 8 x 32 batch
 into a 1000 x 64 table, an ``index_put`` (accumulate) of 130 rows of 64 floats
-into 256; and the drop-in :func:`bitfold.torch.index_add` of the first. A fold's
+into 256, and an ``index_add_`` of 128 rows of 64 floats into a 50,000 x 64
+tensor (in place, few rows of a large target); and the drop-in
+:func:`bitfold.torch.index_add` of the first. A fold's
 own cost is its time in the mode less its plain time.
 
     PYTHONPATH=src .venv/bin/python benchmarks/small_fold_cost.py [--out FILE]
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     x, idx, src = torch.zeros(64, 32), torch.randint(0, 64, (256,)), torch.randn(256, 32)
     grad, ids = torch.randn(8, 32, 64), torch.randint(0, 1000, (8, 32))
     w, rows, vals = torch.zeros(256, 64), torch.randint(0, 256, (130,)), torch.randn(130, 64)
+    big, few = torch.zeros(50_000, 64), torch.randint(0, 50_000, (128,))
+    few_vals = torch.randn(128, 64)
     aten = torch.ops.aten
     cases: dict[str, Callable[[], object]] = {
         "index_add (64, 32) <- 256 rows": lambda: x.index_add(0, idx, src),
@@ -51,6 +55,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         "_index_put_impl_ accumulate (256, 64) <- 130 rows": lambda: aten._index_put_impl_(
             w, [rows], vals, True, True
         ),
+        "index_add_ (50,000, 64) <- 128 rows": lambda: big.index_add_(0, few, few_vals),
     }
     load_before = os.getloadavg()
     result: dict[str, object] = {}
