@@ -637,7 +637,8 @@ def _fold_rows_into(index, sizes, wrap, values, bits, target, target_bits, targe
         if slot[k] >= 0:
             continue
         if not has_init:
-            target_out_bits[k, :] = 0
+            for d in range(D):
+                target_out_bits[k, d] = 0
             continue
         found = False  # read only (the old values stay): a NaN is rare
         for d in range(D):
