@@ -78,3 +78,59 @@ def test_an_eager_stretch_folds_the_same_with_and_without_the_fast_path(monkeypa
     assert fast_counts == slow_counts and fast_counts.get("index_add", 0) >= 2
     assert fast_counts.get("index_put", 0) >= 2  # x[idx]'s backward, each step
     assert torch.equal(fast.view(torch.int32), slow.view(torch.int32))
+
+
+class _Boom(torch.autograd.Function):
+    """The identity, whose backward raises while ``armed``."""
+
+    armed = True
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if _Boom.armed:
+            raise RuntimeError("boom")
+        return grad
+
+
+def test_an_eager_backward_that_raised_leaves_no_mode_behind_the_next_call():
+    """An eager node's backward raises between its exact mode's entry and exit: no mode is
+    left active, and the next call's backward (the same mode entered again) is exact."""
+    torch._dynamo.reset()
+
+    @torch._dynamo.disable
+    def experts(x, idx):
+        y = _Boom.apply(x[idx] * 3)  # x[idx]'s backward folds, after _Boom's
+        return torch.zeros(6, 3).index_add_(0, idx, y)
+
+    def f(w, idx):
+        return experts(w * 2, idx).pow(2).sum()
+
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(6, 3, generator=g) * 2.0 ** torch.randint(-20, 20, (6, 3), generator=g))
+    w.requires_grad_(True)
+    idx = torch.tensor([0, 5, 0, 2, 5, 5, 1, 0])
+    step = bt.compile(f)
+    _Boom.armed = True
+    with pytest.raises(RuntimeError, match="boom"):
+        step(w, idx).backward()
+    assert mode.active_modes() == ()  # autograd restores the thread's modes
+    _Boom.armed = False
+    try:
+        w.grad = None
+        step(w, idx).backward()
+    finally:
+        _Boom.armed = True
+    assert mode.active_modes() == ()
+    with bt.exact_mode():  # the same step, op by op, in one exact mode
+        w2 = w.detach().clone().requires_grad_(True)
+        _Boom.armed = False
+        try:
+            f(w2, idx).backward()
+        finally:
+            _Boom.armed = True
+    assert torch.equal(w.grad.view(torch.int32), w2.grad.view(torch.int32))
+    assert step.bitfold.counts.get("index_put", 0) >= 1
