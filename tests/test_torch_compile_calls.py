@@ -47,12 +47,14 @@ class _EveryCallRouted(dict):
         return (True, True, True)
 
 
-def _eager_stretch_step():
+def _eager_stretch(between=lambda y: y):
+    """``(f, w, idx)``: ``f(w, idx)`` runs a gather and an ``index_add_`` eagerly inside a
+    compiled call (``between`` applied to the gathered rows)."""
     torch._dynamo.reset()
 
     @torch._dynamo.disable
     def experts(x, idx):  # run eagerly inside the compiled call
-        y = x[idx] * 3  # a gather: its backward folds
+        y = between(x[idx] * 3)  # a gather: its backward folds
         return torch.zeros(6, 3).index_add_(0, idx, y)
 
     def f(w, idx):
@@ -60,8 +62,11 @@ def _eager_stretch_step():
 
     g = torch.Generator().manual_seed(3)
     w = (torch.randn(6, 3, generator=g) * 2.0 ** torch.randint(-20, 20, (6, 3), generator=g))
-    w.requires_grad_(True)
-    idx = torch.tensor([0, 5, 0, 2, 5, 5, 1, 0])
+    return f, w.requires_grad_(True), torch.tensor([0, 5, 0, 2, 5, 5, 1, 0])
+
+
+def _eager_stretch_step():
+    f, w, idx = _eager_stretch()
     step = bt.compile(f)
     for _ in range(2):
         w.grad = None
@@ -98,21 +103,8 @@ class _Boom(torch.autograd.Function):
 
 def test_an_eager_backward_that_raised_leaves_no_mode_behind_the_next_call():
     """An eager node's backward raises between its exact mode's entry and exit: no mode is
-    left active, and the next call's backward (the same mode entered again) is exact."""
-    torch._dynamo.reset()
-
-    @torch._dynamo.disable
-    def experts(x, idx):
-        y = _Boom.apply(x[idx] * 3)  # x[idx]'s backward folds, after _Boom's
-        return torch.zeros(6, 3).index_add_(0, idx, y)
-
-    def f(w, idx):
-        return experts(w * 2, idx).pow(2).sum()
-
-    g = torch.Generator().manual_seed(3)
-    w = (torch.randn(6, 3, generator=g) * 2.0 ** torch.randint(-20, 20, (6, 3), generator=g))
-    w.requires_grad_(True)
-    idx = torch.tensor([0, 5, 0, 2, 5, 5, 1, 0])
+    left active, and the next call's backward is exact."""
+    f, w, idx = _eager_stretch(_Boom.apply)  # x[idx]'s backward folds, after _Boom's
     step = bt.compile(f)
     _Boom.armed = True
     with pytest.raises(RuntimeError, match="boom"):
