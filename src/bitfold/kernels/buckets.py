@@ -609,10 +609,10 @@ def fold_bucket_range(values, order, offsets, k0, k1, out, out_bits, target, fas
 
 
 @njit(cache=True, nogil=True)
-def _fold_rows_into(index, sizes, wrap, values, bits, target, target_bits, target_out_bits,
-                    goal, has_init, wide, L, chunk):  # fmt: skip  # pragma: no cover - compiled
-    """:func:`fold_rows_into` (``target_bits``/``target_out_bits``: ``target`` viewed as the
-    values' integers and as the output's signed ones)."""
+def _fold_rows_into(index, sizes, wrap, values, bits, old, old_bits, target, target_bits, goal,
+                    has_init, in_place, wide, L, chunk):  # fmt: skip  # pragma: no cover
+    """:func:`fold_rows_into` (``old_bits``: ``old`` viewed as the values' integers;
+    ``target_bits``: ``target`` as the output's signed ones)."""
     U, slot, touched, offsets, order = touched_order(index, sizes, wrap)
     if U < 0:
         return -1
@@ -620,10 +620,10 @@ def _fold_rows_into(index, sizes, wrap, values, bits, target, target_bits, targe
     init_bits = np.empty((U if has_init else 1, D), bits.dtype)  # the touched rows' old values
     if has_init:
         for u in range(U):
-            init_bits[u, :] = target_bits[touched[u], :]
+            init_bits[u, :] = old_bits[touched[u], :]
     init = init_bits.view(values.dtype)
     out = np.empty((U, D), values.dtype)
-    out_bits = out.view(target_out_bits.dtype)
+    out_bits = out.view(target_bits.dtype)
     column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
     if D == 1:
         _fold_scalar_buckets(values, bits, order, offsets, 0, U, out, out_bits, goal, True,
@@ -638,41 +638,48 @@ def _fold_rows_into(index, sizes, wrap, values, bits, target, target_bits, targe
             continue
         if not has_init:
             for d in range(D):
-                target_out_bits[k, d] = 0
-            continue
-        found = False  # read only (the old values stay): a NaN is rare
-        for d in range(D):
-            found |= target[k, d] != target[k, d]
-        if found:
+                target_bits[k, d] = 0
+        elif not in_place:
             for d in range(D):
-                if target[k, d] != target[k, d]:
-                    target_out_bits[k, d] = nan
+                _keep_old(old[k, d], target, target_bits, k, d, goal)
+        else:
+            found = False  # read only (the old values stay): a NaN is rare
+            for d in range(D):
+                found |= target[k, d] != target[k, d]
+            if found:
+                for d in range(D):
+                    if target[k, d] != target[k, d]:
+                        target_bits[k, d] = nan
     for u in range(U):
-        target_out_bits[touched[u], :] = out_bits[u, :]
+        target_bits[touched[u], :] = out_bits[u, :]
     return 0
 
 
-def fold_rows_into(index, sizes, wrap, values, target, goal, has_init, L) -> int:  # fmt: skip
+def fold_rows_into(index, sizes, wrap, values, target, goal, L, old=None) -> int:  # fmt: skip
     """Fold the rows ``values`` (N, D; float32 or float64) into ``target`` (K, D, the values'
-    dtype, C-contiguous, sharing no memory with ``values`` or ``index``) in place, on this
-    thread: 0, or -1 (an id out of range, found before anything is written).
+    dtype, C-contiguous, sharing no memory with ``values`` or ``index``), on this thread: 0,
+    or -1 (an id out of range, found before anything is written).
 
     Positions are bucketed by :func:`bitfold.kernels.planning.touched_order`
     (``index`` (M, N) ids along the dimensions ``sizes``, ``wrap`` for
     negative ids). Each bucket that some row reaches becomes the correctly
-    rounded sum of its rows and, with ``has_init``, its old value in
-    ``target`` (one rounding; ``goal`` is the output's rounding target, ``L``
-    its limb count). Every other bucket keeps its old value, a NaN written as
-    the canonical one, with ``has_init``; without it, the old values are not
-    read (``target`` may be uninitialised) and every other bucket is +0.0: the
-    bits of :func:`fold_buckets` with ``fast``. Only the touched rows are
-    summed; a fold of a few hundred rows costs one call.
+    rounded sum of its rows and of its old value in ``old`` (K, D, the values'
+    dtype), when given (one rounding; ``goal`` is the output's rounding
+    target, ``L`` its limb count). Every other bucket is its old value, a NaN
+    written as the canonical one, or +0.0 without ``old``: the bits of
+    :func:`fold_buckets` with ``fast``. ``old`` may be ``target`` itself (a
+    fold in place: the other buckets are only read, for a NaN); otherwise
+    ``target``'s contents are never read. Only the touched rows are summed; a
+    fold of a few hundred rows costs one call.
     """
     wide = values.dtype == np.float64
     bits_dtype = np.int64 if wide else np.uint32
-    return int(_fold_rows_into(index, sizes, wrap, values, values.view(bits_dtype), target,
-                               target.view(bits_dtype), target.view(np.int64 if wide else np.int32),
-                               goal, has_init, wide, L, CHUNK if wide else ROW_CHUNK))  # fmt: skip
+    has_init, in_place = old is not None, old is target
+    old = target if old is None else old
+    return int(_fold_rows_into(index, sizes, wrap, values, values.view(bits_dtype), old,
+                               old.view(bits_dtype), target,
+                               target.view(np.int64 if wide else np.int32), goal, has_init,
+                               in_place, wide, L, CHUNK if wide else ROW_CHUNK))  # fmt: skip
 
 
 #: per (dtype, D): the read-only stand-in for a missing ``init`` (the kernels never read it)

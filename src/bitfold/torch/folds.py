@@ -194,18 +194,17 @@ def _small_host_fold(
     else:
         ids, sizes = torch.stack(parts).numpy(), np.array(dims, np.int64)
     rows = values.numpy().reshape(n, -1)
+    D = rows.shape[1]
     if in_place:
         result = init
-        target = init.numpy().reshape(K, rows.shape[1])
+        target = old = init.numpy().reshape(K, D)
         if np.may_share_memory(target, rows) or np.may_share_memory(target, ids):
             return None
-    elif init is None:  # every element written by the kernel
-        target = np.empty((K, rows.shape[1]), rows.dtype)
+    else:  # every element written by the kernel
+        target = np.empty((K, D), rows.dtype)
         result = torch.from_numpy(target)
-    else:
-        result = init.clone(memory_format=torch.contiguous_format)
-        target = result.numpy().reshape(K, rows.shape[1])
-    if not _fold_rows_into(name, ids, sizes, wrap, rows, target, init is not None):
+        old = None if init is None else init.contiguous().numpy().reshape(K, D)
+    if not _fold_rows_into(name, ids, sizes, wrap, rows, target, old):
         return None  # an id out of range: refused the usual way, in its words
     return result if in_place else result.view((K, *trailing))
 
@@ -217,14 +216,14 @@ def _fold_rows_into(
     wrap: bool,
     rows: np.ndarray,
     target: np.ndarray,
-    has_init: bool,
+    old: np.ndarray | None,
 ) -> bool:
     """The host backend's small-fold kernel on this thread: row k of ``target`` (K, D) becomes
-    the correctly rounded sum of the rows ``ids`` put in bucket k (and, with ``has_init``, of
-    its old value); False (nothing written) for an id out of range."""
+    the correctly rounded sum of the rows ``ids`` put in bucket k and of ``old[k]`` (``old``
+    may be ``target`` itself); False (nothing written) for an id out of range."""
     limbs, goal = _small_kernel(name)
-    return _bucket_kernels.fold_rows_into(ids, sizes, wrap, rows, target, goal, has_init,
-                                          limbs) == 0  # fmt: skip
+    return _bucket_kernels.fold_rows_into(ids, sizes, wrap, rows, target, goal, limbs,
+                                          old) == 0  # fmt: skip
 
 
 def _bucket_sums(
