@@ -608,6 +608,21 @@ def fold_bucket_range(values, order, offsets, k0, k1, out, out_bits, target, fas
                       has_init, CHUNK if wide else ROW_CHUNK)  # fmt: skip
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _sum_buckets(values, bits, order, offsets, k1, out, out_bits, goal, wide, L, init, init_bits,
+                 has_init, chunk):  # fmt: skip  # pragma: no cover - compiled
+    """Buckets ``0 .. k1-1`` of ``order``/``offsets`` summed into ``out`` (fast: one dtype)."""
+    D = values.shape[1]
+    column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
+    if D == 1:
+        _fold_scalar_buckets(values, bits, order, offsets, 0, k1, out, out_bits, goal, True,
+                             wide, column, mag, init, init_bits, has_init)  # fmt: skip
+    else:
+        _fold_buckets(values, bits, order, offsets, 0, k1, out, out_bits, goal, True, wide,
+                      np.empty(D), np.empty((D, L + 5), np.int64), column, mag, init,
+                      init_bits, has_init, chunk)  # fmt: skip
+
+
 @njit(cache=True, nogil=True)
 def _fold_rows_into(index, sizes, wrap, values, bits, old, old_bits, target, target_bits, goal,
                     has_init, in_place, wide, L, chunk):  # fmt: skip  # pragma: no cover
@@ -617,39 +632,43 @@ def _fold_rows_into(index, sizes, wrap, values, bits, old, old_bits, target, tar
     if U < 0:
         return -1
     K, D = target.shape
-    init_bits = np.empty((U if has_init else 1, D), bits.dtype)  # the touched rows' old values
-    if has_init:
+    if not has_init:  # every bucket written: the touched ones' positions put in bucket order
+        starts = np.zeros(K + 1, np.int32)
         for u in range(U):
-            init_bits[u, :] = old_bits[touched[u], :]
-    init = init_bits.view(values.dtype)
+            starts[touched[u] + 1] = offsets[u + 1] - offsets[u]
+        for k in range(K):
+            starts[k + 1] += starts[k]
+        by_bucket = np.empty_like(order)
+        for u in range(U):
+            at = starts[touched[u]] - offsets[u]
+            for j in range(offsets[u], offsets[u + 1]):
+                by_bucket[at + j] = order[j]
+        unread = np.empty((1, D), bits.dtype)  # no old value: the kernels never read it
+        _sum_buckets(values, bits, by_bucket, starts, K, target, target_bits, goal, wide, L,
+                     unread.view(values.dtype), unread, False, chunk)  # fmt: skip
+        return 0
+    init_bits = np.empty((U, D), bits.dtype)  # the touched rows' old values
+    for u in range(U):
+        init_bits[u, :] = old_bits[touched[u], :]
     out = np.empty((U, D), values.dtype)
     out_bits = out.view(target_bits.dtype)
-    column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
-    if D == 1:
-        _fold_scalar_buckets(values, bits, order, offsets, 0, U, out, out_bits, goal, True,
-                             wide, column, mag, init, init_bits, has_init)  # fmt: skip
-    else:
-        _fold_buckets(values, bits, order, offsets, 0, U, out, out_bits, goal, True, wide,
-                      np.empty(D), np.empty((D, L + 5), np.int64), column, mag, init,
-                      init_bits, has_init, chunk)  # fmt: skip
+    _sum_buckets(values, bits, order, offsets, U, out, out_bits, goal, wide, L,
+                 init_bits.view(values.dtype), init_bits, True, chunk)  # fmt: skip
     nan = goal[4] << goal[5]
-    for k in range(K):  # a bucket with no rows: its old value, a NaN the canonical one; or +0.0
+    for k in range(K):  # a bucket with no rows: its old value, a NaN the canonical one
         if slot[k] >= 0:
             continue
-        if not has_init:
-            for d in range(D):
-                target_bits[k, d] = 0
-        elif not in_place:
+        if not in_place:
             for d in range(D):
                 _keep_old(old[k, d], target, target_bits, k, d, goal)
-        else:
-            found = False  # read only (the old values stay): a NaN is rare
+            continue
+        found = False  # read only (the old values stay): a NaN is rare
+        for d in range(D):
+            found |= target[k, d] != target[k, d]
+        if found:
             for d in range(D):
-                found |= target[k, d] != target[k, d]
-            if found:
-                for d in range(D):
-                    if target[k, d] != target[k, d]:
-                        target_bits[k, d] = nan
+                if target[k, d] != target[k, d]:
+                    target_bits[k, d] = nan
     for u in range(U):
         target_bits[touched[u], :] = out_bits[u, :]
     return 0
