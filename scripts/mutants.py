@@ -313,6 +313,22 @@ MUTATIONS = (
         ("tests/test_triton_backend.py", "-k", "rows_with_hot"),
         "the split of hot buckets must cover every position once",
     ),
+    Mutation(
+        "small folds in place: a NaN in a row no id reaches kept with its payload",
+        "kernels/buckets.py",
+        "        if found:\n",
+        "        if False:\n",
+        ("tests/test_small_folds_oracle.py", "-k", "small_folds_are"),
+        "an untouched NaN must become the canonical one, as on every other route",
+    ),
+    Mutation(
+        "small folds with no old value: positions left in their compact order",
+        "kernels/buckets.py",
+        "                by_bucket[at + j] = order[j]\n",
+        "                by_bucket[j] = order[j]\n",
+        ("tests/test_small_folds_oracle.py", "-k", "small_folds_are"),
+        "each bucket's rows must be the ones its ids name",
+    ),
 )
 
 
