@@ -509,6 +509,22 @@ def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, 
                                   has_init, init[i, 0], init_bits[i, 0])  # fmt: skip
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _sum_buckets(values, bits, order, offsets, k0, k1, out, out_bits, target, fast, wide, L, init,
+                 init_bits, has_init, chunk):  # fmt: skip  # pragma: no cover - compiled
+    """Buckets ``k0 .. k1-1`` of ``order``/``offsets`` folded into ``out``: scalars by
+    :func:`_fold_scalar_buckets`, rows by :func:`_fold_buckets` (their arguments)."""
+    D = values.shape[1]
+    column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
+    if D == 1:
+        _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out, out_bits, target, fast,
+                             wide, column, mag, init, init_bits, has_init)  # fmt: skip
+    else:
+        _fold_buckets(values, bits, order, offsets, k0, k1, out, out_bits, target, fast, wide,
+                      np.empty(D), np.empty((D, L + 5), np.int64), column, mag, init,
+                      init_bits, has_init, chunk)  # fmt: skip
+
+
 @njit(cache=True, parallel=True)
 def _fold_tasks_parallel(values, bits, order, offsets, tasks, parts, out_f, out_bits, target,
                          fast, wide, L, init, init_bits, has_init, chunk):  # fmt: skip
@@ -517,21 +533,14 @@ def _fold_tasks_parallel(values, bits, order, offsets, tasks, parts, out_f, out_
     D = values.shape[1]
     for c in prange(tasks.shape[0]):
         k0, k1, lo, hi, p = tasks[c, 0], tasks[c, 1], tasks[c, 2], tasks[c, 3], tasks[c, 4]
-        acc = np.empty(D, np.float64)
         if p >= 0:  # positions lo .. hi-1 of bucket k0; init is the first part's term
+            acc = np.empty(D, np.float64)
             _rows_into_limbs(values, bits, order, k0, lo, hi, hi - 1, parts[p], acc, wide, init,
                              init_bits, has_init and lo == offsets[k0], chunk,
                              target[0])  # fmt: skip
             continue
-        column = np.empty(L + 5, np.int64)
-        mag = np.empty(L, np.int64)
-        if D == 1:
-            _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target,
-                                 fast, wide, column, mag, init, init_bits, has_init)  # fmt: skip
-        else:
-            _fold_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast,
-                          wide, acc, np.empty((D, L + 5), np.int64), column, mag, init,
-                          init_bits, has_init, chunk)  # fmt: skip
+        _sum_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, target, fast, wide,
+                     L, init, init_bits, has_init, chunk)  # fmt: skip
 
 
 @njit(cache=True, parallel=True)
@@ -608,21 +617,6 @@ def fold_bucket_range(values, order, offsets, k0, k1, out, out_bits, target, fas
                       has_init, CHUNK if wide else ROW_CHUNK)  # fmt: skip
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _sum_buckets(values, bits, order, offsets, k1, out, out_bits, goal, wide, L, init, init_bits,
-                 has_init, chunk):  # fmt: skip  # pragma: no cover - compiled
-    """Buckets ``0 .. k1-1`` of ``order``/``offsets`` summed into ``out`` (fast: one dtype)."""
-    D = values.shape[1]
-    column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
-    if D == 1:
-        _fold_scalar_buckets(values, bits, order, offsets, 0, k1, out, out_bits, goal, True,
-                             wide, column, mag, init, init_bits, has_init)  # fmt: skip
-    else:
-        _fold_buckets(values, bits, order, offsets, 0, k1, out, out_bits, goal, True, wide,
-                      np.empty(D), np.empty((D, L + 5), np.int64), column, mag, init,
-                      init_bits, has_init, chunk)  # fmt: skip
-
-
 @njit(cache=True, nogil=True)
 def _fold_rows_into(index, sizes, wrap, values, bits, old, old_bits, target, target_bits, goal,
                     has_init, in_place, wide, L, chunk):  # fmt: skip  # pragma: no cover
@@ -644,15 +638,15 @@ def _fold_rows_into(index, sizes, wrap, values, bits, old, old_bits, target, tar
             for j in range(offsets[u], offsets[u + 1]):
                 by_bucket[at + j] = order[j]
         unread = np.empty((1, D), bits.dtype)  # no old value: the kernels never read it
-        _sum_buckets(values, bits, by_bucket, starts, K, target, target_bits, goal, wide, L,
-                     unread.view(values.dtype), unread, False, chunk)  # fmt: skip
+        _sum_buckets(values, bits, by_bucket, starts, 0, K, target, target_bits, goal, True, wide,
+                     L, unread.view(values.dtype), unread, False, chunk)  # fmt: skip
         return 0
     init_bits = np.empty((U, D), bits.dtype)  # the touched rows' old values
     for u in range(U):
         init_bits[u, :] = old_bits[touched[u], :]
     out = np.empty((U, D), values.dtype)
     out_bits = out.view(target_bits.dtype)
-    _sum_buckets(values, bits, order, offsets, U, out, out_bits, goal, wide, L,
+    _sum_buckets(values, bits, order, offsets, 0, U, out, out_bits, goal, True, wide, L,
                  init_bits.view(values.dtype), init_bits, True, chunk)  # fmt: skip
     nan = goal[4] << goal[5]
     for k in range(K):  # a bucket with no rows: its old value, a NaN the canonical one
