@@ -606,15 +606,8 @@ def fold_bucket_range(values, order, offsets, k0, k1, out, out_bits, target, fas
     has_init = init is not None
     wide, values, bits, order, offsets, init, init_bits = _kernel_arrays(values, order, offsets,
                                                                          init)  # fmt: skip
-    D = values.shape[1]
-    column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
-    if D == 1:
-        _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out, out_bits, target, fast,
-                             wide, column, mag, init, init_bits, has_init)  # fmt: skip
-    else:
-        _fold_buckets(values, bits, order, offsets, k0, k1, out, out_bits, target, fast, wide,
-                      np.empty(D), np.empty((D, L + 5), np.int64), column, mag, init, init_bits,
-                      has_init, CHUNK if wide else ROW_CHUNK)  # fmt: skip
+    _sum_buckets(values, bits, order, offsets, k0, k1, out, out_bits, target, fast, wide, L, init,
+                 init_bits, has_init, CHUNK if wide else ROW_CHUNK)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
