@@ -82,15 +82,17 @@ CERTIFY_MIN_TERMS = 8
 #: Flushes into a column's limbs between carry normalisations (each flush adds < 2^33).
 FLUSHES_BETWEEN_CARRIES = 1 << 20
 
+_F32 = (FLOATS["float32"].exponent_bits, FLOATS["float32"].fraction_bits,
+        decode_shift("float32", F32))  # fmt: skip
+_F64 = (FLOATS["float64"].exponent_bits, FLOATS["float64"].fraction_bits,
+        decode_shift("float64", F64))  # fmt: skip
+
+
 # Helpers that pass arrays are inlined by Numba (``inline="always"``): a call passing arrays
 # takes and drops a reference to each (see _mend_row). Helpers of scalars only are plain
 # kernels: LLVM inlines them into their loops just the same (the rows benchmark and the small
 # folds measured as fast), and Numba does not copy their IR into every call site (a first
 # rows fold compiled in 11.1 CPU-s instead of 12.3 on the 2-core VM).
-_F32 = (FLOATS["float32"].exponent_bits, FLOATS["float32"].fraction_bits,
-        decode_shift("float32", F32))  # fmt: skip
-_F64 = (FLOATS["float64"].exponent_bits, FLOATS["float64"].fraction_bits,
-        decode_shift("float64", F64))  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -518,7 +520,12 @@ def _fold_scalar_buckets(values, bits, order, offsets, k0, k1, out_f, out_bits, 
 def _sum_buckets(values, bits, order, offsets, k0, k1, out, out_bits, target, fast, wide, L, init,
                  init_bits, has_init, chunk):  # fmt: skip  # pragma: no cover - compiled
     """Buckets ``k0 .. k1-1`` of ``order``/``offsets`` folded into ``out``: scalars by
-    :func:`_fold_scalar_buckets`, rows by :func:`_fold_buckets` (their arguments)."""
+    :func:`_fold_scalar_buckets`, rows by :func:`_fold_buckets` (their arguments).
+
+    The choice is made at run time, so a caller's first compile compiles both kernels; the
+    scalar one adds well under a CPU-second to a first fold of rows, as most of it is callees
+    the row kernel needs too (choosing in Python instead cost every small call 1.4 to 2.5 us:
+    ``benchmarks/results/2026-12-08-test-suite-cpu-2core/``)."""
     D = values.shape[1]
     column, mag = np.empty(L + 5, np.int64), np.empty(L, np.int64)
     if D == 1:
